@@ -1,0 +1,55 @@
+"""Declarative input cases attached to IR ops and layers, consumed by the conformance suites.
+
+A case builds its arguments from (dtype, device, generator) so one declaration serves every dtype,
+device and seed. `level` says from which conformance level on the case runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+LEVELS = ("quick", "standard", "full")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpCase:
+    """One named input case of an op: `make_args(dtype, device, generator)` -> positional args."""
+
+    name: str
+    make_args: Callable[[torch.dtype, str, torch.Generator], tuple[Any, ...]]
+    level: str = "quick"
+    dtypes: tuple[torch.dtype, ...] | None = None   # None: every dtype the platform supports
+    compare_nan: bool = True                         # special-value cases compare nan positions too
+
+    def __post_init__(self):
+        if self.level not in LEVELS:
+            raise ValueError(f"case {self.name!r}: level {self.level!r} is not one of {LEVELS}")
+
+    def runs_at(self, level: str) -> bool:
+        return LEVELS.index(self.level) <= LEVELS.index(level)
+
+
+def randn(shape, dtype, device, generator, scale: float = 1.0, offset: float = 0.0) -> torch.Tensor:
+    """Seeded normal values generated in float32 on the CPU, then moved, so all devices see the same."""
+    t = torch.randn(shape, generator=generator, dtype=torch.float32) * scale + offset
+    return t.to(device=device, dtype=dtype)
+
+
+def strided(t: torch.Tensor, step: int = 2) -> torch.Tensor:
+    """A non-contiguous view holding `t`'s values: every `step`-th column of a wider buffer."""
+    wide = torch.zeros(*t.shape[:-1], t.shape[-1] * step, dtype=t.dtype, device=t.device)
+    view = wide[..., ::step]
+    view.copy_(t)
+    return view
+
+
+def row_strided(t: torch.Tensor, pad: int = 7) -> torch.Tensor:
+    """A view of `t` whose rows are `pad` elements apart beyond their length (last dim contiguous)."""
+    wide = torch.zeros(*t.shape[:-1], t.shape[-1] + pad, dtype=t.dtype, device=t.device)
+    view = wide[..., : t.shape[-1]]
+    view.copy_(t)
+    return view

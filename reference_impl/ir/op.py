@@ -1,0 +1,393 @@
+"""The functional IR: `register_op`, `IrOp`, `IrOpImpl` and priority dispatch (PLUGIN_API.md section 3).
+
+An op's native function is its semantics. Each op is also a real torch library op in the
+`reference_ir` namespace (functional `default` overload, plus `maybe_inplace` where allowed),
+opaque to Dynamo and with a fake implementation, so eager calls and compiled graphs go through the
+same `IrOp.dispatch` selection rule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import typing
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.library import Library, infer_schema
+
+from reference_impl import config as _config
+from reference_impl import platforms as _platforms
+from reference_impl.ir.cases import OpCase
+
+logger = logging.getLogger("reference_impl.ir")
+
+LIB_NAMESPACE = "reference_ir"
+_lib = Library(LIB_NAMESPACE, "FRAGMENT")
+
+RESERVED_PROVIDERS = ("native",)
+
+# Per-dtype (atol, rtol) used when an op declares nothing else.
+DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1e-2, 1.6e-2),
+}
+
+
+class IrRegistrationError(ValueError):
+    """An op or implementation registration breaks a rule; the message names the op and provider."""
+
+
+class IrDispatchError(RuntimeError):
+    """Selection could not complete (for example `supports_args` returned a non-bool)."""
+
+
+def _type_hints(fn: Callable) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:
+        return {n: p.annotation for n, p in inspect.signature(fn).parameters.items()
+                if p.annotation is not inspect.Parameter.empty}
+
+
+class IrOpImpl:
+    """One provider's implementation of an op."""
+
+    def __init__(self, op: IrOp, provider: str, impl_fn: Callable, supported: bool,
+                 supports_args: Callable[..., bool] | None, inplace: bool):
+        self.op = op
+        self.provider = provider
+        self.impl_fn = impl_fn
+        self.supported = supported
+        self.supports_args = supports_args
+        self.inplace = inplace
+
+    def accepts(self, args: tuple) -> bool:
+        """`supports_args(*args)`, insisting on a real Python bool."""
+        if self.supports_args is None:
+            return True
+        answer = self.supports_args(*args)
+        if type(answer) is not bool:
+            raise IrDispatchError(
+                f"supports_args of provider '{self.provider}' for op '{self.op.name}' returned "
+                f"{type(answer).__name__} ({answer!r}), not a Python bool; it must decide from static "
+                "properties (dtype, shape outside the batch dimension, argument values)")
+        return answer
+
+    def __repr__(self) -> str:
+        return (f"IrOpImpl(op={self.op.name!r}, provider={self.provider!r}, supported={self.supported}, "
+                f"inplace={self.inplace}, supports_args={'yes' if self.supports_args else 'None'})")
+
+
+class IrOp:
+    """A declared IR op: semantics (native), implementations by provider, selection and cases."""
+
+    registry: dict[str, IrOp] = {}
+
+    def __init__(self, name: str, native_fn: Callable, activations: Sequence[str] | None = None,
+                 allow_inplace: bool = False,
+                 tolerances: dict[torch.dtype, tuple[float, float]] | None = None):
+        if name in IrOp.registry:
+            raise IrRegistrationError(f"IR op '{name}' is already registered")
+        signature = inspect.signature(native_fn)
+        params = list(signature.parameters.values())
+        if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY) for p in params):
+            raise IrRegistrationError(f"IR op '{name}': only positional-or-keyword parameters are "
+                                      "supported (compiled graphs pass arguments positionally)")
+        names = [p.name for p in params]
+        if activations is None:
+            activations = [n for n in names if n.startswith("x")]
+        unknown = [a for a in activations if a not in names]
+        if unknown:
+            raise IrRegistrationError(f"IR op '{name}': activations {unknown} are not parameters of {names}")
+
+        self.name = name
+        self.native_fn = native_fn
+        self.signature = signature
+        self.param_names = names
+        self.activations = list(activations)
+        self.activation_indices = [names.index(a) for a in self.activations]
+        self.allow_inplace = allow_inplace
+        self._defaults = tuple(p.default for p in params)
+        self._hints = _type_hints(native_fn)
+        self.schema = infer_schema(native_fn, mutates_args=())
+        self.impls: dict[str, IrOpImpl] = {}
+        self.cases: list[OpCase] = []
+        self.property_args: Callable | None = None
+        self._tolerances = dict(DEFAULT_TOLERANCES)
+        self._tolerances.update(tolerances or {})
+        self._priority_override: list[list[str]] = []
+        self._cache_key: tuple | None = None
+        self._cache_impls: list[IrOpImpl] = []
+        self._impl_generation = 0
+        self._fake_fn = native_fn
+
+        self.impls["native"] = IrOpImpl(self, "native", native_fn, True, None, False)
+
+        _lib.define(name + self.schema)
+        _lib.impl(name, self._functional_call, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{LIB_NAMESPACE}::{name}", self._fake_call, lib=_lib)
+        self.torch_op = getattr(getattr(torch.ops, LIB_NAMESPACE), name).default
+        if allow_inplace:
+            self.maybe_inplace = IrOpInplaceOverload(self)
+        IrOp.registry[name] = self
+
+    # ----- registration -------------------------------------------------------------------
+    def register_impl(self, provider: str, *, supported: bool = True,
+                      supports_args: Callable[..., bool] | None = None, inplace: bool = False):
+        """Decorator registering `fn` as `provider`'s implementation (rules in PLUGIN_API.md §3)."""
+        if not isinstance(provider, str) or not provider:
+            raise IrRegistrationError(f"op '{self.name}': provider must be a non-empty string, got {provider!r}")
+        if provider in RESERVED_PROVIDERS:
+            raise IrRegistrationError(f"op '{self.name}': provider name '{provider}' is reserved")
+        if provider in self.impls:
+            raise IrRegistrationError(f"op '{self.name}': provider '{provider}' is already registered")
+        if not isinstance(supported, bool):
+            raise IrRegistrationError(f"op '{self.name}', provider '{provider}': supported must be a bool, "
+                                      f"got {type(supported).__name__}")
+        if inplace and not self.allow_inplace:
+            raise IrRegistrationError(f"op '{self.name}' is not declared with allow_inplace=True, so provider "
+                                      f"'{provider}' cannot register an inplace=True implementation")
+        if supports_args is not None:
+            self._check_supports_args(provider, supports_args)
+
+        def decorator(fn: Callable) -> Callable:
+            self._check_impl_signature(provider, fn)
+            self.impls[provider] = IrOpImpl(self, provider, fn, supported, supports_args, inplace)
+            self._impl_generation += 1
+            logger.debug("registered provider %s for IR op %s (supported=%s, inplace=%s)",
+                         provider, self.name, supported, inplace)
+            return fn
+
+        return decorator
+
+    def remove_impl(self, provider: str) -> None:
+        """Drop a provider (used by tests and the harness to undo a plugin's registrations)."""
+        if provider == "native":
+            raise IrRegistrationError("the native implementation cannot be removed")
+        del self.impls[provider]
+        self._impl_generation += 1
+
+    def _check_impl_signature(self, provider: str, fn: Callable) -> None:
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError) as exc:
+            raise IrRegistrationError(f"op '{self.name}', provider '{provider}': cannot read signature: {exc}")
+        params = list(sig.parameters.values())
+        native = list(self.signature.parameters.values())
+        problem = None
+        if [p.name for p in params] != [p.name for p in native]:
+            problem = f"parameters {[p.name for p in params]} != native {[p.name for p in native]}"
+        elif any(p.kind != n.kind for p, n in zip(params, native)):
+            problem = "parameter kinds differ from native"
+        elif any(p.default != n.default for p, n in zip(params, native)):
+            problem = (f"defaults {[p.default for p in params]} != native {[n.default for n in native]}")
+        else:
+            hints = _type_hints(fn)
+            for p in params:
+                if p.name in hints and p.name in self._hints and hints[p.name] != self._hints[p.name]:
+                    problem = (f"annotation of '{p.name}' is {hints[p.name]!r}, native has "
+                               f"{self._hints[p.name]!r}")
+                    break
+        if problem:
+            raise IrRegistrationError(
+                f"op '{self.name}', provider '{provider}': implementation signature {sig} does not match "
+                f"native {self.signature}: {problem}")
+
+    def _check_supports_args(self, provider: str, supports_args: Callable) -> None:
+        if not callable(supports_args):
+            raise IrRegistrationError(f"op '{self.name}', provider '{provider}': supports_args must be callable")
+        sig = inspect.signature(supports_args)
+        params = list(sig.parameters.values())
+        if any(p.kind == p.KEYWORD_ONLY and p.default is p.empty for p in params):
+            raise IrRegistrationError(f"op '{self.name}', provider '{provider}': supports_args must not "
+                                      "have required keyword-only parameters")
+        if any(p.kind == p.VAR_POSITIONAL for p in params):
+            return
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(positional) != len(self.param_names):
+            raise IrRegistrationError(
+                f"op '{self.name}', provider '{provider}': supports_args takes {len(positional)} "
+                f"arguments, the op has {len(self.param_names)} ({', '.join(self.param_names)})")
+
+    def register_fake(self, fn: Callable) -> Callable:
+        """Use `fn` instead of the native function for fake (meta) tensor propagation."""
+        self._fake_fn = fn
+        return fn
+
+    def add_cases(self, *cases: OpCase) -> None:
+        """Attach input cases for the conformance suites."""
+        known = {c.name for c in self.cases}
+        for case in cases:
+            if case.name in known:
+                raise IrRegistrationError(f"op '{self.name}': case '{case.name}' declared twice")
+            known.add(case.name)
+            self.cases.append(case)
+
+    def set_property_args(self, fn: Callable) -> Callable:
+        """Attach a hypothesis draw function `fn(draw, dtype, device, generator) -> args`."""
+        self.property_args = fn
+        return fn
+
+    # ----- tolerances ---------------------------------------------------------------------
+    def get_tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
+        if dtype not in self._tolerances:
+            raise KeyError(f"op '{self.name}' declares no tolerance for {dtype}")
+        return self._tolerances[dtype]
+
+    def override_tolerance(self, dtype: torch.dtype, atol: float, rtol: float) -> None:
+        self._tolerances[dtype] = (float(atol), float(rtol))
+
+    # ----- priority -----------------------------------------------------------------------
+    def get_priority(self) -> list[str]:
+        """The effective provider order: override, else user priorities + platform defaults + native."""
+        if self._priority_override:
+            return list(self._priority_override[-1])
+        user = _config.get_current_config().kernel_config.ir_op_priority.get(self.name, [])
+        unknown = [p for p in user if p not in self.impls]
+        if unknown:
+            raise _config.ConfigError(
+                f"ir_op_priority for op '{self.name}' names unknown providers {unknown}; "
+                f"registered: {sorted(self.impls)}")
+        defaults = _platforms.get_current_platform().get_default_ir_op_priority().get(self.name, [])
+        merged = list(user)
+        for provider in defaults:
+            if provider in merged:
+                continue
+            if provider not in self.impls:
+                logger.warning("platform default priority for op %s names provider %r, which is not "
+                               "registered; skipping it", self.name, provider)
+                continue
+            merged.append(provider)
+        if "native" not in merged:
+            merged.append("native")
+        return merged
+
+    @contextlib.contextmanager
+    def set_priority(self, priority: Sequence[str]) -> Iterator[None]:
+        """Override the priority list inside the block (native is appended when missing)."""
+        priority = list(priority)
+        unknown = [p for p in priority if p not in self.impls]
+        if unknown:
+            raise _config.ConfigError(f"set_priority for op '{self.name}' names unknown providers "
+                                      f"{unknown}; registered: {sorted(self.impls)}")
+        if "native" not in priority:
+            priority.append("native")
+        self._priority_override.append(priority)
+        self._impl_generation += 1
+        try:
+            yield
+        finally:
+            self._priority_override.pop()
+            self._impl_generation += 1
+
+    def _candidate_impls(self) -> list[IrOpImpl]:
+        key = (_config.config_generation(), _platforms.platform_generation(), self._impl_generation,
+               id(_platforms._current_platform), id(_config.get_current_config()))
+        if key != self._cache_key:
+            names = self.get_priority()
+            self._cache_impls = [self.impls[p] for p in names if self.impls[p].supported]
+            self._cache_key = key
+        return self._cache_impls
+
+    # ----- selection and calls ------------------------------------------------------------
+    def complete_args(self, args: tuple, kwargs: dict | None = None) -> tuple:
+        """Positional arguments with the op's defaults filled in."""
+        if kwargs:
+            bound = self.signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return tuple(bound.arguments[n] for n in self.param_names)
+        if len(args) < len(self._defaults):
+            missing = self._defaults[len(args):]
+            if any(d is inspect.Parameter.empty for d in missing):
+                raise TypeError(f"op '{self.name}' got {len(args)} arguments, needs "
+                                f"{sum(d is inspect.Parameter.empty for d in self._defaults)}")
+            return tuple(args) + missing
+        return tuple(args)
+
+    def dispatch(self, *args, **kwargs) -> IrOpImpl:
+        """Select the implementation for these arguments (the one rule for eager and compile)."""
+        return self._select(self.complete_args(args, kwargs))
+
+    def _select(self, args: tuple) -> IrOpImpl:
+        for impl in self._candidate_impls():
+            if impl.accepts(args):
+                if logger.isEnabledFor(logging.DEBUG):
+                    self._log_selection(impl, args)
+                return impl
+        return self.impls["native"]
+
+    def _log_selection(self, chosen: IrOpImpl, args: tuple) -> None:
+        reasons = []
+        for provider in self.get_priority():
+            impl = self.impls[provider]
+            if impl is chosen:
+                break
+            if not impl.supported:
+                reasons.append(f"{provider}: supported=False")
+            else:
+                reasons.append(f"{provider}: supports_args returned False")
+        logger.debug("IR op %s: selected provider '%s'%s", self.name, chosen.provider,
+                     f" (passed over {'; '.join(reasons)})" if reasons else "")
+
+    def _functional_call(self, *args):
+        args = self.complete_args(args)
+        impl = self._select(args)
+        if impl.inplace:
+            args = list(args)
+            for i in self.activation_indices:
+                args[i] = args[i].clone()
+        return impl.impl_fn(*args)
+
+    def _fake_call(self, *args):
+        return self._fake_fn(*self.complete_args(args))
+
+    def __call__(self, *args, **kwargs):
+        """Functional call: inputs are never modified and outputs never alias them."""
+        return self.torch_op(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"IrOp({self.name!r}, providers={list(self.impls)})"
+
+
+class IrOpInplaceOverload:
+    """`op.maybe_inplace(...)`: the caller donates the activations; an in-place impl may reuse them."""
+
+    def __init__(self, op: IrOp):
+        hints = op._hints.get("return")
+        n_outputs = len(typing.get_args(hints)) if typing.get_origin(hints) is tuple else 1
+        if n_outputs != len(op.activations):
+            raise IrRegistrationError(
+                f"op '{op.name}' allows in-place but returns {n_outputs} tensors for "
+                f"{len(op.activations)} activations {op.activations}; they must match one to one")
+        self.op = op
+        self.name = f"{op.name}.maybe_inplace"
+        self.schema = infer_schema(op.native_fn, mutates_args=tuple(op.activations))
+        _lib.define(self.name + self.schema)
+        _lib.impl(self.name, self._inplace_call, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{LIB_NAMESPACE}::{self.name}", op._fake_call, lib=_lib)
+        self.torch_op = getattr(getattr(torch.ops, LIB_NAMESPACE), op.name).maybe_inplace
+
+    def _inplace_call(self, *args):
+        args = self.op.complete_args(args)
+        return self.op._select(args).impl_fn(*args)
+
+    def __call__(self, *args, **kwargs):
+        return self.torch_op(*args, **kwargs)
+
+
+def register_op(f: Callable | None = None, *, name: str | None = None,
+                activations: Sequence[str] | None = None, allow_inplace: bool = False,
+                tolerances: dict[torch.dtype, tuple[float, float]] | None = None):
+    """Declare an IR op from its native implementation; bare or with keyword arguments."""
+
+    def decorator(fn: Callable) -> IrOp:
+        return IrOp(name or fn.__name__, fn, activations, allow_inplace, tolerances)
+
+    if f is not None:
+        return decorator(f)
+    return decorator

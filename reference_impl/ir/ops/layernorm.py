@@ -1,0 +1,132 @@
+"""IR ops of the RMS-norm family: semantics (native), tolerances and input cases."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from reference_impl.ir.cases import OpCase, randn, row_strided, strided
+from reference_impl.ir.op import register_op
+
+NORM_TOLERANCES = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+
+
+@register_op(tolerances=NORM_TOLERANCES)
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    """Root-mean-square normalization over the last dim (statistics over its first `variance_size`)."""
+    orig_dtype = x.dtype
+    x = x.to(torch.float32)
+    x_var = x if variance_size is None else x[..., :variance_size]
+    variance = x_var.pow(2).mean(dim=-1, keepdim=True)
+    x = x * torch.rsqrt(variance + epsilon)
+    x = x.to(orig_dtype)
+    if weight is not None:
+        x = x * weight
+    return x
+
+
+@register_op(allow_inplace=True, tolerances=NORM_TOLERANCES)
+def fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
+                       variance_size: int | None = None) -> tuple[Tensor, Tensor]:
+    """`s = x + x_residual` in float32; returns (rms_norm of s, s cast to the input dtype)."""
+    orig_dtype = x.dtype
+    s = x.to(torch.float32) + x_residual.to(torch.float32)
+    residual_out = s.to(orig_dtype)
+    s_var = s if variance_size is None else s[..., :variance_size]
+    variance = s_var.pow(2).mean(dim=-1, keepdim=True)
+    out = (s * torch.rsqrt(variance + epsilon)).to(orig_dtype)
+    if weight is not None:
+        out = out * weight
+    return out, residual_out
+
+
+# ----- input cases ------------------------------------------------------------------------------
+# (name, shape, level, options) -- options: layout, weight, variance_size, scale, special, eps
+_NORM_CASES = [
+    ("tokens=1,hidden=128", (1, 128), "quick", {}),
+    ("tokens=7,hidden=769", (7, 769), "quick", {}),
+    ("tokens=5,hidden=1000,row_strided", (5, 1000), "quick", {"layout": "row_strided"}),
+    ("tokens=7,hidden=769,strided", (7, 769), "quick", {"layout": "strided"}),
+    ("tokens=4,hidden=256,no_weight", (4, 256), "quick", {"weight": False}),
+    ("tokens=4,hidden=256,variance_size=100", (4, 256), "quick", {"variance_size": 100}),
+    ("batch=2,seq=3,hidden=96", (2, 3, 96), "quick", {}),
+    ("tokens=3,hidden=512,tiny", (3, 512), "quick", {"scale": 1e-4, "eps": 1e-5}),
+    ("tokens=3,hidden=512,large", (3, 512), "standard", {"scale": 300.0}),
+    ("tokens=2,hidden=64,zeros", (2, 64), "standard", {"special": "zeros"}),
+    ("tokens=3,hidden=64,nan_row", (3, 64), "standard", {"special": "nan_row"}),
+    ("tokens=3,hidden=127,prime", (3, 127), "standard", {}),
+    ("tokens=17,hidden=4096", (17, 4096), "standard", {}),
+    ("tokens=2,hidden=16384,large_hidden", (2, 16384), "standard", {}),
+    ("tokens=1,hidden=1", (1, 1), "full", {}),
+    ("tokens=64,hidden=5120,no_weight,strided", (64, 5120), "full", {"weight": False, "layout": "strided"}),
+]
+
+
+def _activation(shape, dtype, device, gen, opts) -> Tensor:
+    special = opts.get("special")
+    if special == "zeros":
+        t = torch.zeros(shape, dtype=dtype, device=device)
+    else:
+        t = randn(shape, dtype, device, gen, scale=opts.get("scale", 1.0))
+        if special == "nan_row":
+            t[..., 1, :] = float("nan")
+    layout = opts.get("layout")
+    if layout == "strided":
+        t = strided(t)
+    elif layout == "row_strided":
+        t = row_strided(t)
+    return t
+
+
+def _weight(hidden, dtype, device, gen, opts) -> Tensor | None:
+    if opts.get("weight", True) is False:
+        return None
+    return randn((hidden,), dtype, device, gen, scale=0.1, offset=1.0)
+
+
+def _norm_case(name, shape, level, opts, with_residual):
+    def make_args(dtype, device, gen):
+        x = _activation(shape, dtype, device, gen, opts)
+        eps = opts.get("eps", 1e-6)
+        w = _weight(shape[-1], dtype, device, gen, opts)
+        if with_residual:
+            res = _activation(shape, dtype, device, gen, {**opts, "special": None})
+            return (x, res, w, eps, opts.get("variance_size"))
+        return (x, w, eps, opts.get("variance_size"))
+
+    return OpCase(name, make_args, level=level)
+
+
+rms_norm.add_cases(*(_norm_case(n, s, lvl, o, False) for n, s, lvl, o in _NORM_CASES))
+fused_add_rms_norm.add_cases(*(_norm_case(n, s, lvl, o, True) for n, s, lvl, o in _NORM_CASES))
+
+
+def _norm_property_args(with_residual):
+    def draw_args(draw, dtype, device, gen):
+        from hypothesis import strategies as st
+
+        tokens = draw(st.integers(1, 9), label="tokens")
+        hidden = draw(st.integers(1, 2100), label="hidden")
+        scale = draw(st.sampled_from([1e-3, 1.0, 30.0]), label="scale")
+        opts = {
+            "scale": scale,
+            "layout": draw(st.sampled_from([None, "strided", "row_strided"]), label="layout"),
+            "weight": draw(st.booleans(), label="weight"),
+        }
+        variance_size = draw(st.one_of(st.none(), st.integers(1, hidden)), label="variance_size")
+        x = _activation((tokens, hidden), dtype, device, gen, opts)
+        w = _weight(hidden, dtype, device, gen, opts)
+        if with_residual:
+            res = _activation((tokens, hidden), dtype, device, gen, opts)
+            return (x, res, w, 1e-6, variance_size)
+        return (x, w, 1e-6, variance_size)
+
+    return draw_args
+
+
+rms_norm.set_property_args(_norm_property_args(False))
+fused_add_rms_norm.set_property_args(_norm_property_args(True))

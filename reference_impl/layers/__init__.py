@@ -1,0 +1,1 @@
+"""Reference layers (spec/CATALOG.md), one module per family."""

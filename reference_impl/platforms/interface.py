@@ -1,0 +1,72 @@
+"""The `Platform` base class and `PlatformEnum`: what a vendor subclasses (PLUGIN_API.md section 2)."""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from reference_impl.config import RuntimeConfig
+
+
+class PlatformEnum(enum.Enum):
+    CUDA = enum.auto()
+    ROCM = enum.auto()
+    TPU = enum.auto()
+    XPU = enum.auto()
+    CPU = enum.auto()
+    OOT = enum.auto()
+    UNSPECIFIED = enum.auto()
+
+
+class Platform:
+    """A hardware platform: its identity, the dtypes it supports, and its kernel defaults.
+
+    Every hook has a working default so a vendor overrides only what differs.
+    """
+
+    _enum: PlatformEnum = PlatformEnum.UNSPECIFIED
+    device_name: str = "unspecified"
+    device_type: str = "cpu"
+    dispatch_key: str = "CPU"
+    supported_dtypes: list[torch.dtype] = [torch.float32, torch.float16, torch.bfloat16]
+
+    def is_cuda(self) -> bool:
+        return self._enum == PlatformEnum.CUDA
+
+    def is_rocm(self) -> bool:
+        return self._enum == PlatformEnum.ROCM
+
+    def is_tpu(self) -> bool:
+        return self._enum == PlatformEnum.TPU
+
+    def is_xpu(self) -> bool:
+        return self._enum == PlatformEnum.XPU
+
+    def is_cpu(self) -> bool:
+        return self._enum == PlatformEnum.CPU
+
+    def is_out_of_tree(self) -> bool:
+        return self._enum == PlatformEnum.OOT
+
+    def is_unspecified(self) -> bool:
+        return self._enum == PlatformEnum.UNSPECIFIED
+
+    def is_cuda_alike(self) -> bool:
+        return self._enum in (PlatformEnum.CUDA, PlatformEnum.ROCM)
+
+    def import_ir_kernels(self) -> None:
+        """Import the modules that register this platform's IR implementations (none by default)."""
+
+    def get_default_ir_op_priority(self) -> dict[str, list[str]]:
+        """Op name -> provider names, first preferred. An op left out uses `["native"]`."""
+        return {}
+
+    @classmethod
+    def check_and_update_config(cls, config: RuntimeConfig) -> None:
+        """Adjust the runtime config for this platform (nothing by default)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__module__}.{type(self).__qualname__}(device_name={self.device_name!r})"
