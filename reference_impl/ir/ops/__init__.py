@@ -1,7 +1,20 @@
 """Every declared IR op, as `ir.ops.<name>`; ops registered elsewhere (plugins) appear here too."""
 
 from reference_impl.ir.op import IrOp
+from reference_impl.ir.ops.activation import (
+    fatrelu_and_mul,
+    gelu_and_mul,
+    gelu_fast,
+    gelu_new,
+    mul_and_silu,
+    quick_gelu,
+    relu2,
+    silu_and_mul,
+    swigluoai_and_mul,
+)
 from reference_impl.ir.ops.layernorm import fused_add_rms_norm, rms_norm
+from reference_impl.ir.ops.quant import dynamic_group_quant_fp8, dynamic_quant_fp8, static_quant_fp8
+from reference_impl.ir.ops.rotary import rotary_embedding, rotary_embedding_query
 
 
 def __getattr__(name: str) -> IrOp:
@@ -15,4 +28,10 @@ def __dir__():
     return sorted(set(globals()) | set(IrOp.registry))
 
 
-__all__ = ["rms_norm", "fused_add_rms_norm"]
+__all__ = [
+    "rms_norm", "fused_add_rms_norm",
+    "silu_and_mul", "mul_and_silu", "gelu_and_mul", "fatrelu_and_mul", "swigluoai_and_mul",
+    "gelu_new", "gelu_fast", "quick_gelu", "relu2",
+    "rotary_embedding", "rotary_embedding_query",
+    "static_quant_fp8", "dynamic_quant_fp8", "dynamic_group_quant_fp8",
+]

@@ -1,0 +1,170 @@
+"""IR ops of the activation family: gated activations (`x -> act(gate) * up`) and the GELU family."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from reference_impl.ir.cases import OpCase, randn, row_strided, strided
+from reference_impl.ir.op import register_op
+
+ACT_TOLERANCES = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+
+
+def _halves(x: Tensor) -> tuple[Tensor, Tensor]:
+    d = x.shape[-1] // 2
+    return x[..., :d], x[..., d:]
+
+
+@register_op(tolerances=ACT_TOLERANCES)
+def silu_and_mul(x: Tensor) -> Tensor:
+    """silu(x[..., :d]) * x[..., d:] with d = last // 2."""
+    gate, up = _halves(x)
+    return F.silu(gate) * up
+
+
+@register_op(tolerances=ACT_TOLERANCES)
+def mul_and_silu(x: Tensor) -> Tensor:
+    """x[..., :d] * silu(x[..., d:])."""
+    a, b = _halves(x)
+    return a * F.silu(b)
+
+
+@register_op(tolerances=ACT_TOLERANCES)
+def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+    """gelu(x[..., :d], approximate) * x[..., d:]; approximate is 'none' or 'tanh'."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
+    gate, up = _halves(x)
+    return F.gelu(gate, approximate=approximate) * up
+
+
+@register_op(tolerances=ACT_TOLERANCES)
+def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
+    """threshold(x[..., :d], threshold, 0) * x[..., d:]."""
+    gate, up = _halves(x)
+    return F.threshold(gate, threshold, 0.0) * up
+
+
+@register_op(tolerances=ACT_TOLERANCES)
+def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
+    """Interleaved gate=x[..., ::2], up=x[..., 1::2]; (up + 1) * gate * sigmoid(alpha * gate) after clamps."""
+    gate, up = x[..., ::2], x[..., 1::2]
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    glu = gate * torch.sigmoid(gate * alpha)
+    return (up + 1) * glu
+
+
+@register_op(tolerances=ACT_TOLERANCES)
+def gelu_new(x: Tensor) -> Tensor:
+    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))."""
+    c = math.sqrt(2.0 / math.pi)
+    return 0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+@register_op(tolerances=ACT_TOLERANCES)
+def gelu_fast(x: Tensor) -> Tensor:
+    """0.5 * x * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 x^2)))."""
+    return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+
+@register_op(tolerances=ACT_TOLERANCES)
+def quick_gelu(x: Tensor) -> Tensor:
+    """x * sigmoid(1.702 x)."""
+    return x * torch.sigmoid(1.702 * x)
+
+
+@register_op(tolerances=ACT_TOLERANCES)
+def relu2(x: Tensor) -> Tensor:
+    """relu(x)^2."""
+    return torch.square(F.relu(x))
+
+
+# ----- input cases ------------------------------------------------------------------------------
+# (name, shape, level, options); for gated ops the last dim is 2*d.
+_GATED_CASES = [
+    ("tokens=1,d=1", (1, 2), "quick", {}),
+    ("tokens=7,d=769", (7, 1538), "quick", {}),
+    ("tokens=4,d=128,row_strided", (4, 256), "quick", {"layout": "row_strided"}),
+    ("tokens=5,d=100,strided", (5, 200), "quick", {"layout": "strided"}),
+    ("batch=2,seq=3,d=96", (2, 3, 192), "quick", {}),
+    ("tokens=3,d=512,tiny", (3, 1024), "quick", {"scale": 1e-4}),
+    ("tokens=3,d=512,large", (3, 1024), "standard", {"scale": 20.0}),
+    ("tokens=2,d=64,zeros", (2, 128), "standard", {"special": "zeros"}),
+    ("tokens=3,d=64,nan_row", (3, 128), "standard", {"special": "nan_row"}),
+    ("tokens=9,d=4099,prime", (9, 8198), "standard", {}),
+    ("tokens=4,d=11008", (4, 22016), "standard", {}),
+    ("tokens=64,d=1000,strided", (64, 2000), "full", {"layout": "strided"}),
+]
+# Element-wise (not gated) ops take the same shapes, any last dim.
+_UNARY_CASES = [(n.replace(",d=", ",hidden="), s, lvl, o) for n, s, lvl, o in _GATED_CASES]
+
+
+def make_activation(shape, dtype, device, gen, opts) -> Tensor:
+    special = opts.get("special")
+    if special == "zeros":
+        t = torch.zeros(shape, dtype=dtype, device=device)
+    else:
+        t = randn(shape, dtype, device, gen, scale=opts.get("scale", 2.0))
+        if special == "nan_row":
+            t[1] = float("nan")
+    layout = opts.get("layout")
+    if layout == "strided":
+        t = strided(t)
+    elif layout == "row_strided":
+        t = row_strided(t)
+    return t
+
+
+def _cases(table, extra_args=()):
+    def case(name, shape, level, opts):
+        def make_args(dtype, device, gen):
+            return (make_activation(shape, dtype, device, gen, opts), *extra_args)
+
+        return OpCase(name, make_args, level=level)
+
+    return [case(*row) for row in table]
+
+
+def _property_args(gated: bool, extra_args=()):
+    def draw_args(draw, dtype, device, gen):
+        from hypothesis import strategies as st
+
+        tokens = draw(st.integers(1, 9), label="tokens")
+        width = draw(st.integers(1, 1500), label="width")
+        opts = {
+            "scale": draw(st.sampled_from([1e-3, 1.0, 8.0]), label="scale"),
+            "layout": draw(st.sampled_from([None, "strided", "row_strided"]), label="layout"),
+        }
+        shape = (tokens, 2 * width if gated else width)
+        return (make_activation(shape, dtype, device, gen, opts), *extra_args)
+
+    return draw_args
+
+
+for _op in (silu_and_mul, mul_and_silu):
+    _op.add_cases(*_cases(_GATED_CASES))
+    _op.set_property_args(_property_args(True))
+for _approx in ("none", "tanh"):
+    gelu_and_mul.add_cases(*(OpCase(f"{c.name},approximate={_approx}", c.make_args, c.level)
+                             for c in _cases(_GATED_CASES, (_approx,))))
+gelu_and_mul.set_property_args(_property_args(True, ("tanh",)))
+fatrelu_and_mul.add_cases(*_cases(_GATED_CASES, (0.0,)))
+fatrelu_and_mul.add_cases(*(OpCase(f"{c.name},threshold=0.5", c.make_args, c.level)
+                            for c in _cases(_GATED_CASES[:4], (0.5,))))
+fatrelu_and_mul.set_property_args(_property_args(True, (0.25,)))
+swigluoai_and_mul.add_cases(*_cases(_GATED_CASES, (1.702, 7.0)))
+swigluoai_and_mul.add_cases(*(OpCase(f"{c.name},alpha=1.0,limit=2.0", c.make_args, c.level)
+                              for c in _cases(_GATED_CASES[:4], (1.0, 2.0))))
+swigluoai_and_mul.set_property_args(_property_args(True, (1.702, 7.0)))
+for _op in (gelu_new, gelu_fast, quick_gelu, relu2):
+    _op.add_cases(*_cases(_UNARY_CASES))
+    _op.set_property_args(_property_args(False))

@@ -1,0 +1,163 @@
+"""IR ops of fp8 (e4m3fn) quantization: static (given scales) and dynamic (computed scales).
+
+Scale semantics: `q = clamp(x / scale, -448, 448)` cast to float8_e4m3fn; a dynamic scale is
+`absmax / 448` clamped below at `1 / (448 * 512)`. Static scales are per-tensor `[1]`,
+per-token `[tokens, 1]` or per-group `[groups]` / `[tokens, groups]` (each scale covers
+`hidden / groups` consecutive features).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from reference_impl.ir.cases import OpCase, randn, row_strided
+from reference_impl.ir.op import register_op
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)          # 448
+FP8_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
+
+# Outputs are fp8 codes: one code step apart is allowed (rounding of x/scale at a boundary).
+QUANT_TOLERANCES = {
+    torch.float32: (2e-3, 0.13),
+    torch.float16: (2e-3, 0.13),
+    torch.bfloat16: (2e-3, 0.13),
+}
+
+
+def _quantize(x: Tensor, scale: Tensor) -> Tensor:
+    return (x.to(torch.float32) * scale.to(torch.float32).reciprocal()).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def expand_group_scale(scale: Tensor, hidden: int) -> Tensor:
+    """Broadcast a static scale over `hidden` features (per-tensor, per-token or per-group)."""
+    if scale.ndim == 1 and scale.numel() > 1:
+        scale = scale.unsqueeze(0)
+    if scale.ndim >= 1 and scale.shape[-1] > 1:
+        if hidden % scale.shape[-1]:
+            raise ValueError(f"static fp8 quant: hidden size {hidden} is not divisible into "
+                             f"{scale.shape[-1]} scale groups")
+        scale = scale.repeat_interleave(hidden // scale.shape[-1], dim=-1)
+    return scale
+
+
+@register_op(tolerances=QUANT_TOLERANCES)
+def static_quant_fp8(x: Tensor, scale: Tensor) -> Tensor:
+    """Quantize with given scales (per-tensor, per-token or per-group)."""
+    return _quantize(x, expand_group_scale(scale, x.shape[-1]))
+
+
+@register_op(tolerances=QUANT_TOLERANCES)
+def dynamic_quant_fp8(x: Tensor, per_token: bool, scale_ub: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Quantize with a computed per-tensor `[1]` or per-token `[tokens, 1]` scale; returns (q, scale)."""
+    if per_token:
+        absmax = x.abs().amax(dim=-1, keepdim=True).to(torch.float32)
+    else:
+        absmax = x.abs().amax().reshape(1).to(torch.float32)
+    if scale_ub is not None:
+        absmax = absmax.clamp(max=scale_ub.to(torch.float32))
+    scale = (absmax / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+    return _quantize(x, scale), scale
+
+
+@register_op(tolerances=QUANT_TOLERANCES)
+def dynamic_group_quant_fp8(x: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+    """Quantize with one computed scale per `group_size` features; returns (q, scales[..., groups])."""
+    hidden = x.shape[-1]
+    if hidden % group_size:
+        raise ValueError(f"dynamic_group_quant_fp8: hidden size {hidden} is not a multiple of group_size {group_size}")
+    groups = x.reshape(*x.shape[:-1], hidden // group_size, group_size).to(torch.float32)
+    scale = (groups.abs().amax(dim=-1) / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+    q = (groups / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).reshape(x.shape)
+    return q, scale
+
+
+# ----- input cases ------------------------------------------------------------------------------
+_QUANT_SHAPES = [
+    ("tokens=1,hidden=128", (1, 128), "quick", {}),
+    ("tokens=7,hidden=768", (7, 768), "quick", {}),
+    ("tokens=5,hidden=512,row_strided", (5, 512), "quick", {"layout": "row_strided"}),
+    ("tokens=4,hidden=256,tiny", (4, 256), "quick", {"scale": 1e-6}),
+    ("tokens=4,hidden=256,large", (4, 256), "standard", {"scale": 1000.0}),
+    ("tokens=2,hidden=128,zeros", (2, 128), "standard", {"special": "zeros"}),
+    ("batch=2,seq=3,hidden=384", (2, 3, 384), "standard", {}),
+    ("tokens=16,hidden=4096", (16, 4096), "standard", {}),
+    ("tokens=64,hidden=7168", (64, 7168), "full", {}),
+]
+
+
+def _x(shape, dtype, device, gen, opts) -> Tensor:
+    if opts.get("special") == "zeros":
+        t = torch.zeros(shape, dtype=dtype, device=device)
+    else:
+        t = randn(shape, dtype, device, gen, scale=opts.get("scale", 3.0))
+    return row_strided(t) if opts.get("layout") == "row_strided" else t
+
+
+def _static_case(name, shape, level, opts, kind):
+    def make_args(dtype, device, gen):
+        x = _x(shape, dtype, device, gen, opts)
+        ref = x.float().abs()
+        if kind == "per_tensor":
+            scale = ref.amax().reshape(1)
+        elif kind == "per_token":
+            scale = ref.amax(dim=-1, keepdim=True)
+        else:
+            scale = ref.reshape(*x.shape[:-1], -1, 128).amax(dim=-1)
+        scale = (scale / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+        return (x, scale)
+
+    return OpCase(f"{name},{kind}", make_args, level=level)
+
+
+for _kind in ("per_tensor", "per_token", "per_group"):
+    static_quant_fp8.add_cases(*(_static_case(*row, kind=_kind) for row in _QUANT_SHAPES))
+
+
+def _dynamic_case(name, shape, level, opts, per_token, with_ub):
+    def make_args(dtype, device, gen):
+        ub = torch.tensor([2.0], device=device) if with_ub else None
+        return (_x(shape, dtype, device, gen, opts), per_token, ub)
+
+    suffix = ("per_token" if per_token else "per_tensor") + (",scale_ub" if with_ub else "")
+    return OpCase(f"{name},{suffix}", make_args, level=level)
+
+
+for _per_token in (False, True):
+    dynamic_quant_fp8.add_cases(*(_dynamic_case(*row, _per_token, False) for row in _QUANT_SHAPES))
+dynamic_quant_fp8.add_cases(_dynamic_case(*_QUANT_SHAPES[1], True, True))
+
+
+def _group_case(name, shape, level, opts, group_size):
+    def make_args(dtype, device, gen):
+        return (_x(shape, dtype, device, gen, opts), group_size)
+
+    return OpCase(f"{name},group={group_size}", make_args, level=level)
+
+
+dynamic_group_quant_fp8.add_cases(*(_group_case(*row, 128) for row in _QUANT_SHAPES))
+dynamic_group_quant_fp8.add_cases(_group_case(*_QUANT_SHAPES[1], 64))
+
+
+def _quant_property_args(kind: str):
+    def draw_args(draw, dtype, device, gen):
+        from hypothesis import strategies as st
+
+        tokens = draw(st.integers(1, 9), label="tokens")
+        groups = draw(st.integers(1, 8), label="groups")
+        scale = draw(st.sampled_from([1e-3, 1.0, 100.0]), label="scale")
+        x = _x((tokens, groups * 128), dtype, device, gen, {"scale": scale})
+        if kind == "dynamic":
+            return (x, draw(st.booleans(), label="per_token"), None)
+        if kind == "group":
+            return (x, 128)
+        s = (x.float().abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+        return (x, s)
+
+    return draw_args
+
+
+static_quant_fp8.set_property_args(_quant_property_args("static"))
+dynamic_quant_fp8.set_property_args(_quant_property_args("dynamic"))
+dynamic_group_quant_fp8.set_property_args(_quant_property_args("group"))

@@ -1,0 +1,144 @@
+"""IR ops of rotary position embedding.
+
+`cos_sin_cache` is `[max_position, rotary_dim]`: cos in the first half of each row, sin in the
+second. Each head's first `rotary_dim` features are rotated, neox style (halves) or gptj style
+(interleaved pairs); the rest pass through. Query and key are `[tokens, heads * head_size]` or
+`[tokens, heads, head_size]`. `rotary_embedding_query` is the same for a query without a key.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from reference_impl.ir.cases import OpCase, randn, row_strided
+from reference_impl.ir.op import register_op
+
+ROPE_TOLERANCES = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool) -> Tensor:
+    if is_neox_style:
+        x1, x2 = torch.chunk(x, 2, dim=-1)
+    else:
+        x1, x2 = x[..., ::2], x[..., 1::2]
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    if is_neox_style:
+        return torch.cat((o1, o2), dim=-1)
+    return torch.stack((o1, o2), dim=-1).flatten(-2)
+
+
+def apply_rope(positions: Tensor, x: Tensor, head_size: int, cos_sin_cache: Tensor,
+               is_neox_style: bool) -> Tensor:
+    """Rotate one tensor of heads (the shared body of both ops)."""
+    rotary_dim = cos_sin_cache.shape[-1]
+    positions = positions.flatten()
+    num_tokens = positions.shape[0]
+    cos, sin = cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
+    cos = cos.unsqueeze(-2).to(x.dtype)
+    sin = sin.unsqueeze(-2).to(x.dtype)
+    shape = x.shape
+    heads = x.reshape(num_tokens, -1, head_size)
+    rotated = _rotate(heads[..., :rotary_dim], cos, sin, is_neox_style)
+    return torch.cat((rotated, heads[..., rotary_dim:]), dim=-1).reshape(shape)
+
+
+@register_op(allow_inplace=True, tolerances=ROPE_TOLERANCES)
+def rotary_embedding(positions: Tensor, x_query: Tensor, x_key: Tensor, head_size: int,
+                     cos_sin_cache: Tensor, is_neox_style: bool) -> tuple[Tensor, Tensor]:
+    """Rotary embedding of query and key; returns (query_out, key_out)."""
+    return (apply_rope(positions, x_query, head_size, cos_sin_cache, is_neox_style),
+            apply_rope(positions, x_key, head_size, cos_sin_cache, is_neox_style))
+
+
+@register_op(allow_inplace=True, tolerances=ROPE_TOLERANCES)
+def rotary_embedding_query(positions: Tensor, x_query: Tensor, head_size: int, cos_sin_cache: Tensor,
+                           is_neox_style: bool) -> Tensor:
+    """Rotary embedding of a query alone (the key=None form of the layer)."""
+    return apply_rope(positions, x_query, head_size, cos_sin_cache, is_neox_style)
+
+
+def compute_cos_sin_cache(head_size: int, rotary_dim: int, max_position: int, base: float,
+                          dtype: torch.dtype = torch.float32) -> Tensor:
+    """`[max_position, rotary_dim]` cache from inv_freq = 1 / base^(arange(0, rot, 2) / rot)."""
+    del head_size
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    t = torch.arange(max_position, dtype=torch.float64)
+    freqs = torch.outer(t, inv_freq)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+
+
+# ----- input cases ------------------------------------------------------------------------------
+# (name, tokens, q_heads, kv_heads, head_size, rotary_dim, neox, level, options)
+_ROPE_CASES = [
+    ("tokens=1,heads=1/1,head=64,neox", 1, 1, 1, 64, 64, True, "quick", {}),
+    ("tokens=7,heads=4/2,head=128,neox", 7, 4, 2, 128, 128, True, "quick", {}),
+    ("tokens=7,heads=4/2,head=128,gptj", 7, 4, 2, 128, 128, False, "quick", {}),
+    ("tokens=5,heads=3/1,head=80,rot=32,neox", 5, 3, 1, 80, 32, True, "quick", {}),
+    ("tokens=5,heads=3/1,head=80,rot=32,gptj", 5, 3, 1, 80, 32, False, "quick", {}),
+    ("tokens=6,heads=2/2,head=64,3d,neox", 6, 2, 2, 64, 64, True, "quick", {"layout": "3d"}),
+    ("tokens=6,heads=2/2,head=64,row_strided,gptj", 6, 2, 2, 64, 64, False, "quick",
+     {"layout": "row_strided"}),
+    ("tokens=33,heads=8/8,head=256,neox", 33, 8, 8, 256, 256, True, "standard", {}),
+    ("tokens=13,heads=32/8,head=128,rot=64,gptj", 13, 32, 8, 128, 64, False, "standard", {}),
+    ("tokens=3,heads=2/1,head=64,large,neox", 3, 2, 1, 64, 64, True, "standard", {"scale": 300.0}),
+    ("tokens=64,heads=16/4,head=96,rot=48,neox", 64, 16, 4, 96, 48, True, "full", {}),
+]
+MAX_POSITION = 4096
+
+
+def _rope_inputs(tokens, q_heads, kv_heads, head_size, rotary_dim, dtype, device, gen, opts):
+    positions = torch.randint(0, MAX_POSITION, (tokens,), generator=gen).to(device)
+    cache = compute_cos_sin_cache(head_size, rotary_dim, MAX_POSITION, 10000.0, dtype).to(device)
+    scale = opts.get("scale", 1.0)
+    if opts.get("layout") == "3d":
+        q = randn((tokens, q_heads, head_size), dtype, device, gen, scale)
+        k = randn((tokens, kv_heads, head_size), dtype, device, gen, scale)
+    else:
+        q = randn((tokens, q_heads * head_size), dtype, device, gen, scale)
+        k = randn((tokens, kv_heads * head_size), dtype, device, gen, scale)
+        if opts.get("layout") == "row_strided":
+            q, k = row_strided(q, head_size), row_strided(k, 3)
+    return positions, q, k, cache
+
+
+def _rope_case(name, tokens, qh, kh, hs, rot, neox, level, opts, with_key):
+    def make_args(dtype, device, gen):
+        positions, q, k, cache = _rope_inputs(tokens, qh, kh, hs, rot, dtype, device, gen, opts)
+        if with_key:
+            return (positions, q, k, hs, cache, neox)
+        return (positions, q, hs, cache, neox)
+
+    return OpCase(name, make_args, level=level)
+
+
+rotary_embedding.add_cases(*(_rope_case(*row, with_key=True) for row in _ROPE_CASES))
+rotary_embedding_query.add_cases(*(_rope_case(*row, with_key=False) for row in _ROPE_CASES))
+
+
+def _rope_property_args(with_key: bool):
+    def draw_args(draw, dtype, device, gen):
+        from hypothesis import strategies as st
+
+        tokens = draw(st.integers(1, 9), label="tokens")
+        kv_heads = draw(st.integers(1, 4), label="kv_heads")
+        q_heads = kv_heads * draw(st.integers(1, 3), label="group")
+        half_rot = draw(st.integers(1, 64), label="rotary_dim/2")
+        head_size = 2 * half_rot + draw(st.integers(0, 40), label="pass_dims")
+        neox = draw(st.booleans(), label="neox")
+        positions, q, k, cache = _rope_inputs(tokens, q_heads, kv_heads, head_size, 2 * half_rot,
+                                              dtype, device, gen, {})
+        if with_key:
+            return (positions, q, k, head_size, cache, neox)
+        return (positions, q, head_size, cache, neox)
+
+    return draw_args
+
+
+rotary_embedding.set_property_args(_rope_property_args(True))
+rotary_embedding_query.set_property_args(_rope_property_args(False))
