@@ -7,6 +7,9 @@ import torch.nn as nn
 
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
+from reference_impl.ir.cases import randn, strided
+from reference_impl.ir.ops.layernorm import NORM_TOLERANCES
+from reference_impl.layers.cases import LayerCase, randomize_parameters
 
 
 @CustomOp.register("rms_norm")
@@ -39,3 +42,28 @@ class RMSNorm(CustomOp):
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, eps={self.variance_epsilon}, has_weight={self.has_weight}"
+
+
+def _rms_case(name, tokens, hidden, *, residual=False, level="quick", layout=None, **kwargs):
+    def make_inputs(dtype, device, gen):
+        x = randn((tokens, hidden), dtype, device, gen)
+        if layout == "strided":
+            x = strided(x)
+        if residual:
+            return (x, randn((tokens, hidden), dtype, device, gen))
+        return (x,)
+
+    return LayerCase(name, lambda dtype: {"hidden_size": hidden, "dtype": dtype, **kwargs}, make_inputs,
+                     init_params=randomize_parameters, level=level)
+
+
+RMSNorm.tolerances = NORM_TOLERANCES
+RMSNorm.conformance_cases = [
+    _rms_case("tokens=7,hidden=769", 7, 769),
+    _rms_case("tokens=7,hidden=769,residual", 7, 769, residual=True),
+    _rms_case("tokens=4,hidden=256,strided", 4, 256, layout="strided"),
+    _rms_case("tokens=4,hidden=256,no_weight", 4, 256, has_weight=False),
+    _rms_case("tokens=4,hidden=256,var_hidden_size=64", 4, 256, var_hidden_size=64),
+    _rms_case("tokens=4,hidden=256,var_hidden_size=64,residual", 4, 256, var_hidden_size=64, residual=True),
+    _rms_case("tokens=16,hidden=4096,residual", 16, 4096, residual=True, level="standard"),
+]
