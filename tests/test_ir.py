@@ -333,3 +333,27 @@ def test_every_declared_op_has_cases_for_every_level():
         assert op.cases, f"{op.name} declares no cases"
         assert any(c.runs_at("quick") for c in op.cases), op.name
         assert op.property_args is not None, f"{op.name} declares no property draws"
+
+
+def test_eager_fast_path_and_dispatcher_path_agree_and_modes_see_the_op():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    op = _declare_add(allow_inplace=True)
+    _inplace_add_provider(op)
+    x, y = torch.arange(3.0), torch.ones(3)
+    with op.set_priority(["inplace"]):
+        fast = op(x, y)
+        with Recorder() as rec:
+            slow = op(x, y)
+    assert op.torch_op in rec.seen
+    assert all(torch.equal(a, b) for a, b in zip(fast, slow))
+    assert torch.equal(x, torch.arange(3.0))

@@ -123,6 +123,7 @@ class IrOp:
         self._priority_override: list[list[str]] = []
         self._cache_key: tuple | None = None
         self._cache_impls: list[IrOpImpl] = []
+        self._cache_unconditional: IrOpImpl | None = None
         self._impl_generation = 0
         self._fake_fn = native_fn
 
@@ -286,11 +287,14 @@ class IrOp:
             self._impl_generation += 1
 
     def _candidate_impls(self) -> list[IrOpImpl]:
-        key = (_config.config_generation(), _platforms.platform_generation(), self._impl_generation,
-               id(_platforms._current_platform), id(_config.get_current_config()))
+        """Supported impls in priority order, recomputed only when config, platform or impls change."""
+        key = (_config._generation, _platforms._generation, self._impl_generation)
         if key != self._cache_key:
             names = self.get_priority()
             self._cache_impls = [self.impls[p] for p in names if self.impls[p].supported]
+            # When the preferred impl accepts everything, selection needs no per-call work.
+            first = self._cache_impls[0]
+            self._cache_unconditional = first if first.supports_args is None else None
             self._cache_key = key
         return self._cache_impls
 
@@ -314,12 +318,17 @@ class IrOp:
         return self._select(self.complete_args(args, kwargs))
 
     def _select(self, args: tuple) -> IrOpImpl:
-        for impl in self._candidate_impls():
-            if impl.accepts(args):
-                if logger.isEnabledFor(logging.DEBUG):
-                    self._log_selection(impl, args)
-                return impl
-        return self.impls["native"]
+        candidates = self._candidate_impls()
+        chosen = self._cache_unconditional
+        if chosen is None:
+            chosen = self.impls["native"]
+            for impl in candidates:
+                if impl.accepts(args):
+                    chosen = impl
+                    break
+        if logger.isEnabledFor(logging.DEBUG):
+            self._log_selection(chosen, args)
+        return chosen
 
     def _log_selection(self, chosen: IrOpImpl, args: tuple) -> None:
         reasons = []
@@ -335,7 +344,8 @@ class IrOp:
                      f" (passed over {'; '.join(reasons)})" if reasons else "")
 
     def _functional_call(self, *args):
-        args = self.complete_args(args)
+        if len(args) != len(self._defaults):
+            args = self.complete_args(args)
         impl = self._select(args)
         if impl.inplace:
             args = list(args)
@@ -348,6 +358,8 @@ class IrOp:
 
     def __call__(self, *args, **kwargs):
         """Functional call: inputs are never modified and outputs never alias them."""
+        if not kwargs and _plain_eager(args):
+            return self._functional_call(*args)
         return self.torch_op(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -373,11 +385,28 @@ class IrOpInplaceOverload:
         self.torch_op = getattr(getattr(torch.ops, LIB_NAMESPACE), op.name).maybe_inplace
 
     def _inplace_call(self, *args):
-        args = self.op.complete_args(args)
-        return self.op._select(args).impl_fn(*args)
+        op = self.op
+        if len(args) != len(op._defaults):
+            args = op.complete_args(args)
+        return op._select(args).impl_fn(*args)
 
     def __call__(self, *args, **kwargs):
+        if not kwargs and _plain_eager(args):
+            return self._inplace_call(*args)
         return self.torch_op(*args, **kwargs)
+
+
+def _plain_eager(args: tuple) -> bool:
+    """True when calling the implementation directly is indistinguishable from going through the
+    torch dispatcher: no tracing (Dynamo, make_fx), no dispatch or function modes (fake tensors,
+    SchemaCheckMode), and a plain, non-meta first tensor. Skipping the dispatcher there halves the
+    eager call overhead; everywhere else the call goes through the registered torch op.
+    """
+    first = args[0] if args else None
+    return (type(first) is torch.Tensor and not first.is_meta
+            and not torch.compiler.is_compiling()
+            and torch._C._len_torch_dispatch_stack() == 0
+            and not torch._C._is_torch_function_mode_enabled())
 
 
 def register_op(f: Callable | None = None, *, name: str | None = None,
