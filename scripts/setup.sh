@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up a fresh checkout: a virtual environment in .venv with the project installed editable.
+# torch is pinned through constraints.txt to the CPU build (a local wheel on these machines; an
+# unpinned torch would pull a multi-GB CUDA build). No build isolation, so no second torch is fetched.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade "pip>=23" "setuptools>=68" wheel
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[bench]" --no-build-isolation
+.venv/bin/python -c "import torch, reference_impl, conformance; print('set-up ok: torch', torch.__version__)"
