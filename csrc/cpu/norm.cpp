@@ -1,0 +1,118 @@
+// RMS norm kernels: rms_norm (out of place) and fused_add_rms_norm (in place on x and residual).
+//
+// Semantics follow reference_impl/ir/ops/layernorm.py: statistics in fp32 over the first n_var
+// features, the normalized value cast to the input dtype BEFORE the weight multiply, and for the
+// fused form s = x + residual formed in fp32 (the normalization uses fp32 s, not its rounded copy).
+// One row per step of at::parallel_for; a row is read twice (the second read hits cache).
+#include "vec_common.h"
+
+namespace reference_cpu {
+namespace {
+
+// Sum of squares of the first n elements of a row.
+template <typename T>
+inline float sum_squares(const T* x, int64_t n) {
+  fVec acc0(0.f), acc1(0.f);
+  int64_t j = 0;
+  for (; j + kChunk <= n; j += kChunk) {
+    fVec a, b;
+    Io<T>::load(x + j, a, b);
+    acc0 = at::vec::fmadd(a, a, acc0);
+    acc1 = at::vec::fmadd(b, b, acc1);
+  }
+  if (j < n) {
+    fVec a, b;
+    load_tail(x + j, n - j, a, b);
+    acc0 = at::vec::fmadd(a, a, acc0);
+    acc1 = at::vec::fmadd(b, b, acc1);
+  }
+  return reduce_add(acc0 + acc1);
+}
+
+// Sum of squares of (x + r) over the first n elements.
+template <typename T>
+inline float sum_squares_added(const T* x, const T* r, int64_t n) {
+  fVec acc0(0.f), acc1(0.f);
+  for (int64_t j = 0; j < n; j += kChunk) {
+    const int64_t len = std::min<int64_t>(kChunk, n - j);
+    fVec a, b, ra, rb;
+    load_n(x + j, len, a, b);
+    load_n(r + j, len, ra, rb);
+    a = a + ra;
+    b = b + rb;
+    acc0 = at::vec::fmadd(a, a, acc0);
+    acc1 = at::vec::fmadd(b, b, acc1);
+  }
+  return reduce_add(acc0 + acc1);
+}
+
+inline float inv_rms(float sum_sq, int64_t n_var, float eps) {
+  const float variance = sum_sq / static_cast<float>(n_var);
+  return 1.0f / std::sqrt(variance + eps);
+}
+
+// o = cast(cast(v * inv) * w) for one chunk (w null: no multiply).
+template <typename T>
+inline void scale_chunk(fVec& a, fVec& b, const fVec& inv, const T* w, int64_t len) {
+  a = a * inv;
+  b = b * inv;
+  if (w != nullptr) {
+    Io<T>::round(a, b);
+    fVec wa, wb;
+    load_n(w, len, wa, wb);
+    a = a * wa;
+    b = b * wb;
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void rms_norm(const T* x, RowIndex x_rows, const T* weight, T* out, int64_t rows, int64_t hidden,
+              int64_t n_var, float eps) {
+  at::parallel_for(0, rows, row_grain(hidden), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + x_rows(r);
+      T* o = out + r * hidden;
+      const fVec inv(inv_rms(sum_squares(xr, n_var), n_var, eps));
+      for (int64_t j = 0; j < hidden; j += kChunk) {
+        const int64_t len = std::min<int64_t>(kChunk, hidden - j);
+        fVec a, b;
+        load_n(xr + j, len, a, b);
+        scale_chunk(a, b, inv, weight == nullptr ? nullptr : weight + j, len);
+        store_n(o + j, len, a, b);
+      }
+    }
+  });
+}
+
+template <typename T>
+void fused_add_rms_norm(T* x, RowIndex x_rows, T* residual, RowIndex res_rows, const T* weight,
+                        int64_t rows, int64_t hidden, int64_t n_var, float eps) {
+  at::parallel_for(0, rows, row_grain(hidden), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      T* xr = x + x_rows(r);
+      T* rr = residual + res_rows(r);
+      const fVec inv(inv_rms(sum_squares_added(xr, rr, n_var), n_var, eps));
+      for (int64_t j = 0; j < hidden; j += kChunk) {
+        const int64_t len = std::min<int64_t>(kChunk, hidden - j);
+        fVec a, b, ra, rb;
+        load_n(xr + j, len, a, b);
+        load_n(rr + j, len, ra, rb);
+        a = a + ra;
+        b = b + rb;
+        store_n(rr + j, len, a, b);
+        scale_chunk(a, b, inv, weight == nullptr ? nullptr : weight + j, len);
+        store_n(xr + j, len, a, b);
+      }
+    }
+  });
+}
+
+#define INSTANTIATE_NORM(T)                                                                      \
+  template void rms_norm<T>(const T*, RowIndex, const T*, T*, int64_t, int64_t, int64_t, float); \
+  template void fused_add_rms_norm<T>(T*, RowIndex, T*, RowIndex, const T*, int64_t, int64_t,     \
+                                      int64_t, float);
+REFERENCE_CPU_INSTANTIATE(INSTANTIATE_NORM)
+
+}  // namespace reference_cpu

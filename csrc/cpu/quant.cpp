@@ -1,0 +1,141 @@
+// fp8 (e4m3fn) quantization kernels: static scales (per tensor / token / group), dynamic per
+// tensor or per token (optional upper bound on absmax), and dynamic per group.
+//
+// Matches reference_impl/ir/ops/quant.py operation for operation: static and dynamic scales are
+// applied as x * (1 / scale), group scales as x / scale; values are clamped to +-448 (NaN stays
+// NaN) and encoded with round-to-nearest-even. A row is first scaled into an fp32 buffer, then
+// encoded by a plain loop the compiler vectorizes.
+#include <vector>
+
+#include "vec_common.h"
+
+namespace reference_cpu {
+namespace {
+
+// clamp to [-448, 448]; NaN passes through with its bits (and sign) intact, as torch.clamp does.
+inline fVec clamp_fp8(const fVec& v) {
+  const fVec hi(kFp8Max), lo(-kFp8Max);
+  const fVec r = fVec::blendv(v, hi, v > hi);
+  return fVec::blendv(r, lo, v < lo);
+}
+
+// buf[0:n) = clamp(x[0:n) * mul) (kDivide: x / mul).
+template <typename T, bool kDivide>
+inline void scale_into(const T* x, float mul, float* buf, int64_t n) {
+  const fVec m(mul);
+  for (int64_t j = 0; j < n; j += kChunk) {
+    const int64_t len = std::min<int64_t>(kChunk, n - j);
+    fVec a, b;
+    load_n(x + j, len, a, b);
+    if constexpr (kDivide) {
+      a = a / m;
+      b = b / m;
+    } else {
+      a = a * m;
+      b = b * m;
+    }
+    store_n(buf + j, len, clamp_fp8(a), clamp_fp8(b));
+  }
+}
+
+template <typename T>
+inline float absmax(const T* x, int64_t n) {
+  fVec m0(0.f), m1(0.f);
+  for (int64_t j = 0; j < n; j += kChunk) {
+    const int64_t len = std::min<int64_t>(kChunk, n - j);
+    fVec a, b;
+    load_n(x + j, len, a, b);  // tails are zero-filled, which never raises an absmax
+    m0 = at::vec::maximum(m0, a.abs());
+    m1 = at::vec::maximum(m1, b.abs());
+  }
+  return reduce_max(at::vec::maximum(m0, m1));
+}
+
+// min that propagates NaN, like torch.clamp(max=...).
+inline float nan_min(float a, float b) { return (std::isnan(a) || a < b) ? a : b; }
+
+inline float dynamic_scale(float amax, const float* scale_ub) {
+  if (scale_ub != nullptr) amax = nan_min(amax, *scale_ub);
+  return nan_max(amax / kFp8Max, kFp8MinScale);
+}
+
+}  // namespace
+
+template <typename T>
+void static_quant_fp8(const T* x, RowIndex x_rows, const float* scale, RowIndex scale_rows,
+                      int64_t scale_group_stride, int64_t groups, uint8_t* out, int64_t rows,
+                      int64_t hidden) {
+  const int64_t group = hidden / groups;
+  at::parallel_for(0, rows, row_grain(hidden), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(hidden);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + x_rows(r);
+      const float* sr = scale + scale_rows(r);
+      for (int64_t g = 0; g < groups; ++g) {
+        const float inv = 1.0f / sr[g * scale_group_stride];
+        scale_into<T, false>(xr + g * group, inv, buf.data() + g * group, group);
+      }
+      encode_fp8(buf.data(), out + r * hidden, hidden);
+    }
+  });
+}
+
+template <typename T>
+void dynamic_quant_fp8(const T* x, RowIndex x_rows, uint8_t* out, float* scale_out, int64_t rows,
+                       int64_t hidden, bool per_token, const float* scale_ub) {
+  float tensor_scale = 0.f;
+  if (!per_token) {
+    const float amax = at::parallel_reduce(
+        0, rows, row_grain(hidden), 0.f,
+        [&](int64_t begin, int64_t end, float acc) {
+          for (int64_t r = begin; r < end; ++r) acc = nan_max(acc, absmax(x + x_rows(r), hidden));
+          return acc;
+        },
+        [](float a, float b) { return nan_max(a, b); });
+    tensor_scale = dynamic_scale(amax, scale_ub);
+    scale_out[0] = tensor_scale;
+  }
+  at::parallel_for(0, rows, row_grain(hidden), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(hidden);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + x_rows(r);
+      float s = tensor_scale;
+      if (per_token) {
+        s = dynamic_scale(absmax(xr, hidden), scale_ub);
+        scale_out[r] = s;
+      }
+      scale_into<T, false>(xr, 1.0f / s, buf.data(), hidden);
+      encode_fp8(buf.data(), out + r * hidden, hidden);
+    }
+  });
+}
+
+template <typename T>
+void dynamic_group_quant_fp8(const T* x, RowIndex x_rows, uint8_t* out, float* scale_out,
+                             int64_t rows, int64_t hidden, int64_t group_size) {
+  const int64_t groups = hidden / group_size;
+  at::parallel_for(0, rows, row_grain(hidden), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(hidden);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + x_rows(r);
+      for (int64_t g = 0; g < groups; ++g) {
+        const T* xg = xr + g * group_size;
+        const float s = dynamic_scale(absmax(xg, group_size), nullptr);
+        scale_out[r * groups + g] = s;
+        scale_into<T, true>(xg, s, buf.data() + g * group_size, group_size);
+      }
+      encode_fp8(buf.data(), out + r * hidden, hidden);
+    }
+  });
+}
+
+#define INSTANTIATE_QUANT(T)                                                                      \
+  template void static_quant_fp8<T>(const T*, RowIndex, const float*, RowIndex, int64_t, int64_t, \
+                                    uint8_t*, int64_t, int64_t);                                  \
+  template void dynamic_quant_fp8<T>(const T*, RowIndex, uint8_t*, float*, int64_t, int64_t, bool, \
+                                     const float*);                                               \
+  template void dynamic_group_quant_fp8<T>(const T*, RowIndex, uint8_t*, float*, int64_t, int64_t, \
+                                           int64_t);
+REFERENCE_CPU_INSTANTIATE(INSTANTIATE_QUANT)
+
+}  // namespace reference_cpu

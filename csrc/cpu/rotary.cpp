@@ -1,0 +1,110 @@
+// Rotary embedding, in place on query and key (reference_impl/ir/ops/rotary.py).
+//
+// Per token the cos/sin row is read once into fp32 buffers (rounded to the activation dtype, as
+// the native op casts the cache to x.dtype), then every head of query and key is rotated
+// (products rounded to the activation dtype like the native op's arithmetic):
+// neox style pairs (i, i + rot/2), gptj style pairs (2i, 2i + 1). Features past rot_dim are
+// untouched.
+#include <vector>
+
+#include "vec_common.h"
+
+namespace reference_cpu {
+namespace {
+
+// o1 = x1 cos - x2 sin, o2 = x2 cos + x1 sin. The native op computes in the activation dtype,
+// so for 16-bit types each product is rounded to T before the add (which the store rounds);
+// matching that keeps large-magnitude cancellations identical to native.
+template <typename T>
+inline void rotate_pair(const fVec& x1, const fVec& x2, const fVec& c, const fVec& s, fVec& o1,
+                        fVec& o2) {
+  fVec x1c = x1 * c, x2s = x2 * s, x2c = x2 * c, x1s = x1 * s;
+  Io<T>::round(x1c, x2s);
+  Io<T>::round(x2c, x1s);
+  o1 = x1c - x2s;
+  o2 = x2c + x1s;
+}
+
+// x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin on halves [0, half) and [half, 2 half).
+template <typename T>
+inline void rotate_neox(T* h, const float* cos, const float* sin, int64_t half) {
+  for (int64_t j = 0; j < half; j += kChunk) {
+    const int64_t len = std::min<int64_t>(kChunk, half - j);
+    fVec x1a, x1b, x2a, x2b;
+    load_n(h + j, len, x1a, x1b);
+    load_n(h + half + j, len, x2a, x2b);
+    const fVec ca = fVec::loadu(cos + j), cb = fVec::loadu(cos + j + kF);
+    const fVec sa = fVec::loadu(sin + j), sb = fVec::loadu(sin + j + kF);
+    fVec o1a, o1b, o2a, o2b;
+    rotate_pair<T>(x1a, x2a, ca, sa, o1a, o2a);
+    rotate_pair<T>(x1b, x2b, cb, sb, o1b, o2b);
+    store_n(h + j, len, o1a, o1b);
+    store_n(h + half + j, len, o2a, o2b);
+  }
+}
+
+// Interleaved pairs: kF pairs (one chunk of 2 kF elements) per step.
+template <typename T>
+inline void rotate_gptj(T* h, const float* cos, const float* sin, int64_t half) {
+  for (int64_t i = 0; i < half; i += kF) {
+    const int64_t pairs = std::min<int64_t>(kF, half - i);
+    fVec a, b;
+    load_n(h + 2 * i, 2 * pairs, a, b);
+    auto [x1, x2] = at::vec::deinterleave2(a, b);
+    const fVec c = fVec::loadu(cos + i), s = fVec::loadu(sin + i);
+    fVec o1, o2;
+    rotate_pair<T>(x1, x2, c, s, o1, o2);
+    auto [o_a, o_b] = at::vec::interleave2(o1, o2);
+    store_n(h + 2 * i, 2 * pairs, o_a, o_b);
+  }
+}
+
+template <typename T>
+inline void rotate_heads(const HeadsView<T>& v, int64_t t, const float* cos, const float* sin,
+                         int64_t half, bool is_neox) {
+  T* base = v.data + v.tokens(t);
+  for (int64_t h = 0; h < v.heads; ++h) {
+    T* head = base + h * v.head_stride;
+    if (is_neox) {
+      rotate_neox(head, cos, sin, half);
+    } else {
+      rotate_gptj(head, cos, sin, half);
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T, typename C>
+void rotary_embedding(const int64_t* positions, int64_t tokens, HeadsView<T> query, HeadsView<T> key,
+                      const C* cache, int64_t cache_stride, int64_t rot_dim, bool is_neox) {
+  const int64_t half = rot_dim / 2;
+  // Zero padding lets the rotation loops load whole fp32 vectors past `half`.
+  const int64_t padded = (half + kChunk - 1) / kChunk * kChunk + kChunk;
+  const int64_t heads = query.heads + (key.data != nullptr ? key.heads : 0);
+  at::parallel_for(0, tokens, row_grain(heads * rot_dim), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(2 * padded, 0.f);
+    float* cos = buf.data();
+    float* sin = buf.data() + padded;
+    for (int64_t t = begin; t < end; ++t) {
+      const C* row = cache + positions[t] * cache_stride;
+      for (int64_t i = 0; i < half; ++i) {
+        cos[i] = Io<T>::round(static_cast<float>(row[i]));
+        sin[i] = Io<T>::round(static_cast<float>(row[half + i]));
+      }
+      rotate_heads(query, t, cos, sin, half, is_neox);
+      if (key.data != nullptr) rotate_heads(key, t, cos, sin, half, is_neox);
+    }
+  });
+}
+
+#define INSTANTIATE_ROPE(T, C)                                                                     \
+  template void rotary_embedding<T, C>(const int64_t*, int64_t, HeadsView<T>, HeadsView<T>,       \
+                                       const C*, int64_t, int64_t, bool);
+INSTANTIATE_ROPE(float, float)
+INSTANTIATE_ROPE(c10::Half, c10::Half)
+INSTANTIATE_ROPE(c10::BFloat16, c10::BFloat16)
+INSTANTIATE_ROPE(c10::Half, float)
+INSTANTIATE_ROPE(c10::BFloat16, float)
+
+}  // namespace reference_cpu

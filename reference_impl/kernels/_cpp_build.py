@@ -1,0 +1,192 @@
+"""JIT build and load of the C++ CPU kernels (`csrc/cpu/`) as the torch library `reference_cpu`.
+
+Built on first use with `torch.utils.cpp_extension.load` (ninja, TUs in parallel, no build
+isolation, nothing downloaded) into `$TORCH_EXTENSIONS_DIR` (default: torch's extension root),
+under a name that hashes the sources, flags, compiler and torch version, so a cached build is
+reused across processes and a changed source rebuilds. The vector ISA (AVX512 / AVX2 / none)
+follows torch's own CPU capability detection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+LIBRARY = "reference_cpu"
+CSRC_DIR = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
+SOURCES = ("bindings.cpp", "norm.cpp", "activation.cpp", "rotary.cpp", "quant.cpp")
+HEADERS = ("kernels.h", "vec_common.h")
+# Set to 1 to turn the provider off (dispatch then falls back to the next provider).
+DISABLE_ENV = "REFERENCE_IMPL_DISABLE_CPP_KERNELS"
+
+# torch capability -> (tag, preprocessor and arch flags); the same flags torch's inductor uses.
+_ISA_FLAGS = {
+    "AVX512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512",
+               "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma"],
+    "AVX2": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
+    "DEFAULT": ["-DCPU_CAPABILITY=DEFAULT"],
+}
+
+_lock = threading.Lock()
+_loaded = False
+_failure: CppKernelBuildError | None = None  # a failed build is not retried in this process
+
+
+class CppKernelBuildError(RuntimeError):
+    """The C++ CPU kernels cannot be built here (no compiler, no ninja, missing sources, build failure)."""
+
+
+def compiler_name() -> str:
+    """The C++ compiler torch's extension builder uses: `$CXX`, else `c++`."""
+    return os.environ.get("CXX", "c++")
+
+
+def toolchain_problem() -> str | None:
+    """Why the kernels cannot be built here, or None when the toolchain looks usable."""
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+        return f"disabled by {DISABLE_ENV}={os.environ[DISABLE_ENV]}"
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"only built on x86-64 Linux (this is {platform.system()} {platform.machine()})"
+    cxx = compiler_name()
+    if shutil.which(cxx) is None:
+        origin = "$CXX" if "CXX" in os.environ else "the default; set CXX to choose another"
+        return (f"no C++ compiler: '{cxx}' ({origin}) was not found on PATH; install g++ (or clang++) "
+                "or set CXX to a working compiler")
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if not is_ninja_available():
+        return "ninja is not available (pip install ninja)"
+    missing = [n for n in SOURCES + HEADERS if not (CSRC_DIR / n).is_file()]
+    if missing:
+        return f"kernel sources {missing} are missing from {CSRC_DIR} (csrc/ ships with a source checkout)"
+    return None
+
+
+def check_toolchain() -> None:
+    """Raise `CppKernelBuildError` naming the problem when the kernels cannot be built here."""
+    problem = toolchain_problem()
+    if problem is not None:
+        raise CppKernelBuildError(f"reference C++ CPU kernels unavailable: {problem}")
+
+
+def isa() -> str:
+    capability = torch.backends.cpu.get_cpu_capability()
+    return capability if capability in _ISA_FLAGS else "DEFAULT"
+
+
+def build_flags() -> list[str]:
+    return ["-O3", "-DNDEBUG", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", *_ISA_FLAGS[isa()]]
+
+
+def build_name() -> str:
+    """Extension name: ISA tag plus a hash of everything that changes the binary."""
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        h.update(name.encode())
+        h.update((CSRC_DIR / name).read_bytes())
+    h.update(" ".join(build_flags()).encode())
+    h.update(compiler_name().encode())
+    h.update(torch.__version__.encode())
+    h.update(sys.version.split()[0].encode())
+    return f"{LIBRARY}_{isa().lower()}_{h.hexdigest()[:12]}"
+
+
+def build_directory(name: str) -> Path:
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    return Path(root) / name
+
+
+def is_loaded() -> bool:
+    return _loaded
+
+
+def load() -> None:
+    """Build (first use only) and load the library; idempotent and thread-safe."""
+    global _loaded, _failure
+    if _loaded:
+        return
+    with _lock:
+        if _loaded:
+            return
+        if _failure is not None:
+            raise _failure
+        check_toolchain()
+        name = build_name()
+        directory = build_directory(name)
+        directory.mkdir(parents=True, exist_ok=True)
+        cached = (directory / f"{name}.so").is_file()
+        if not cached:
+            jobs = min(len(SOURCES), os.cpu_count() or 1)
+            estimate = 10 * -(-len(SOURCES) // jobs) + 5
+            print(f"building reference C++ CPU kernels (first use, ~{estimate} s) in {directory} ...",
+                  file=sys.stderr, flush=True)
+        from torch.utils.cpp_extension import load as cpp_load
+
+        start = time.perf_counter()
+        try:
+            cpp_load(name=name, sources=[str(CSRC_DIR / s) for s in SOURCES],
+                     extra_cflags=build_flags(), extra_ldflags=["-fopenmp"],
+                     build_directory=str(directory), is_python_module=False, verbose=False)
+        except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError
+            _failure = CppKernelBuildError(
+                f"building the reference C++ CPU kernels in {directory} failed: {exc}")
+            raise _failure from exc
+        logger.info("reference C++ CPU kernels %s in %.1f s", "loaded" if cached else "built",
+                    time.perf_counter() - start)
+        _register_fakes()
+        _loaded = True
+
+
+def ops():
+    """`torch.ops.reference_cpu`, building and loading it on first use."""
+    if not _loaded:
+        load()
+    return torch.ops.reference_cpu
+
+
+def _register_fakes() -> None:
+    """Fake (meta) implementations of the ops that allocate outputs; in-place ops need none."""
+    fp8 = torch.float8_e4m3fn
+
+    def same(x, *args):
+        return x.new_empty(x.shape)
+
+    def half_last(x, *args):
+        return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+    def static_quant(x, scale):
+        s = scale.unsqueeze(0) if scale.ndim == 1 and scale.numel() > 1 else scale
+        s_shape = list(s.shape) or [1]
+        s_shape[-1] = x.shape[-1] if s_shape[-1] > 1 else 1
+        return x.new_empty(torch.broadcast_shapes(x.shape, s_shape), dtype=fp8)
+
+    def dynamic_quant(x, per_token, scale_ub):
+        scale_shape = (*x.shape[:-1], 1) if per_token else (1,)
+        return x.new_empty(x.shape, dtype=fp8), x.new_empty(scale_shape, dtype=torch.float32)
+
+    def group_quant(x, group_size):
+        return (x.new_empty(x.shape, dtype=fp8),
+                x.new_empty((*x.shape[:-1], x.shape[-1] // group_size), dtype=torch.float32))
+
+    fakes = {
+        "rms_norm": same, "gelu_new": same, "gelu_fast": same, "quick_gelu": same, "relu2": same,
+        "silu_and_mul": half_last, "mul_and_silu": half_last, "gelu_and_mul": half_last,
+        "fatrelu_and_mul": half_last, "swigluoai_and_mul": half_last,
+        "static_quant_fp8": static_quant, "dynamic_quant_fp8": dynamic_quant,
+        "dynamic_group_quant_fp8": group_quant,
+    }
+    for op_name, fn in fakes.items():
+        torch.library.register_fake(f"{LIBRARY}::{op_name}", fn)
