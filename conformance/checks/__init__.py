@@ -1,0 +1,49 @@
+"""Reusable check bodies, one module per CHECKS.md family, and `run_unit` that runs one by name."""
+
+from __future__ import annotations
+
+import time
+
+from conformance.checks.common import CheckContext, KernelRaised, Verdict, error_from
+from conformance.results import Outcome
+from conformance.units import Unit
+
+
+def registry() -> dict[str, object]:
+    """'family.check' -> body(ctx, unit) -> Verdict."""
+    from conformance.checks import aliasing, compile, dispatch, numerics
+
+    return {
+        "numerics.ir_case": numerics.ir_case,
+        "numerics.ir_property": numerics.ir_property,
+        "numerics.layer_case": numerics.layer_case,
+        "aliasing.ir_case": aliasing.ir_case,
+        "compile.ir_compile": compile.ir_compile,
+        "dispatch.coverage": dispatch.coverage,
+        "dispatch.layer_coverage": dispatch.layer_coverage,
+        "dispatch.priority": dispatch.priority,
+        "dispatch.runs": dispatch.runs,
+        "dispatch.supports_args": dispatch.supports_args,
+        "dispatch.defaults": dispatch.defaults,
+        "dispatch.oot_registration": dispatch.oot_registration,
+        "dispatch.oot_dispatch": dispatch.oot_dispatch,
+    }
+
+
+def run_unit(ctx: CheckContext, unit: Unit) -> tuple[Verdict, float]:
+    """Run one unit in this process; a raise of the implementation is ERROR, so is one of the harness."""
+    body = registry().get(f"{unit.family}.{unit.check}")
+    start = time.perf_counter()
+    if body is None:
+        verdict = Verdict(Outcome.ERROR, f"harness has no check named {unit.family}.{unit.check}")
+    else:
+        try:
+            verdict = body(ctx, unit)
+        except KernelRaised as exc:
+            verdict = error_from(exc.exc, exc.where)
+        except Exception as exc:  # noqa: BLE001 - reported, the run goes on
+            verdict = error_from(exc, f"check {unit.family}.{unit.check} (outside the implementation's own call)")
+    return verdict, time.perf_counter() - start
+
+
+__all__ = ["CheckContext", "Verdict", "registry", "run_unit"]

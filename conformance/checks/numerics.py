@@ -1,0 +1,206 @@
+"""Numerics family: each implementation against native on the same inputs, graded against float64.
+
+Three bodies: declared IR op cases, hypothesis property draws (seeded), and CustomOp replacements
+(`forward_oot` against the in-tree class's `forward_native` with equal parameters).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from conformance.checks import lookup
+from conformance.checks.common import (
+    CheckContext,
+    Comparison,
+    KernelRaised,
+    Verdict,
+    call_impl,
+    case_generator,
+    clone_args,
+    compare_outputs,
+    describe_args,
+    native_only,
+    not_supported,
+    to_golden,
+    unit_dtype,
+)
+from conformance.results import Outcome
+from conformance.units import PROPERTY_EXAMPLES, Unit, dtype_name, generator, unit_seed
+
+
+def supports(impl, args) -> tuple[bool, str]:
+    """(accepted, note): static `supported` and `supports_args`, a non-bool coerced (dispatch reports it)."""
+    if not impl.supported:
+        return False, f"provider '{impl.provider}' registered supported=False"
+    if impl.supports_args is None:
+        return True, ""
+    answer = call_impl(f"supports_args of provider '{impl.provider}'", impl.supports_args, *args)
+    if not bool(answer):
+        return False, f"supports_args returned {answer!r} for these arguments"
+    return True, ""
+
+
+def _impl_args(impl, op, args) -> tuple:
+    """What the functional overload hands the implementation: clones of activations when in-place."""
+    args = clone_args(args)
+    if impl.inplace:
+        args = list(args)
+        for i in op.activation_indices:
+            args[i] = args[i].clone()
+        args = tuple(args)
+    return args
+
+
+def compare_ir(ctx: CheckContext, op, impl, args, dtype: torch.dtype, compare_nan: bool) -> Comparison:
+    """Run native, float64 native and the implementation on copies of `args` and compare."""
+    ref = op.native_fn(*clone_args(args))
+    try:
+        golden = op.native_fn(*to_golden(args))
+    except Exception:  # noqa: BLE001 - an op without a float64 path is graded against native only
+        golden = None
+    out = call_impl(f"provider '{impl.provider}' of {op.name}", impl.impl_fn, *_impl_args(impl, op, args))
+    atol, rtol = op.get_tolerance(dtype)
+    hint = (f"ir.ops.{op.name}.override_tolerance(torch.{dtype_name(dtype)}, atol={{atol:.2g}}, "
+            f"rtol={{rtol:g}})")
+    return compare_outputs(out, ref, golden, atol=atol, rtol=rtol, compare_nan=compare_nan, dtype=dtype,
+                           tolerance_hint=hint)
+
+
+def ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
+    op, impl, case = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider), lookup.ir_case(unit.op, unit.case)
+    dtype = unit_dtype(unit)
+    args = case.make_args(dtype, ctx.device, case_generator(ctx, unit))
+    ok, note = supports(impl, args)
+    if not ok:
+        return not_supported(f"{note} (case {unit.case}, {unit.dtype})")
+    cmp = compare_ir(ctx, op, impl, args, dtype, case.compare_nan)
+    suffix = (f" [op {op.name}, provider {impl.provider}, case {unit.case}, dtype {unit.dtype}, "
+              f"seed {ctx.seed} (input seed {unit_seed(ctx.seed, unit.op, unit.case, unit.dtype)}); "
+              f"args: {describe_args(op.param_names, args)}]")
+    return Verdict(cmp.outcome, cmp.message + (suffix if cmp.outcome is not Outcome.PASS else ""),
+                   cmp.max_abs_err, cmp.max_rel_err)
+
+
+def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
+    """Hypothesis draws over shapes, layouts and value ranges; the seed fixes the draws."""
+    from hypothesis import HealthCheck, assume, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import strategies as st
+    from hypothesis.errors import Unsatisfiable
+
+    op, impl = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider)
+    if op.property_args is None:
+        return Verdict(Outcome.SKIP, f"op {op.name} declares no property_args draw function")
+    if not impl.supported:
+        return not_supported(f"provider '{impl.provider}' registered supported=False")
+    dtype = unit_dtype(unit)
+    base_seed = unit_seed(ctx.seed, unit.op, "property", unit.dtype)
+    state = {"draws": [], "last": None, "quality": None, "runs": 0, "worst_abs": 0.0, "worst_rel": 0.0}
+
+    @settings(max_examples=PROPERTY_EXAMPLES[ctx.level], database=None, deadline=None, print_blob=False,
+              suppress_health_check=list(HealthCheck))
+    @hypothesis_seed(base_seed)
+    @given(st.data())
+    def prop(data):
+        draws = []
+
+        def draw(strategy, label=None):
+            value = data.draw(strategy, label=label)
+            draws.append((label, value))
+            return value
+
+        args = op.property_args(draw, dtype, ctx.device, generator(base_seed))
+        state["draws"] = draws
+        ok, _ = supports(impl, args)
+        assume(ok)
+        state["runs"] += 1
+        cmp = compare_ir(ctx, op, impl, args, dtype, compare_nan=True)
+        state["worst_abs"] = max(state["worst_abs"], cmp.max_abs_err or 0.0)
+        state["worst_rel"] = max(state["worst_rel"], cmp.max_rel_err or 0.0)
+        if cmp.outcome is Outcome.FAIL:
+            state["last"] = cmp
+            raise AssertionError(cmp.message)
+        if cmp.outcome is Outcome.QUALITY_WARNING and state["quality"] is None:
+            state["quality"] = (cmp, list(draws))
+
+    def drawn(draws) -> str:
+        return ", ".join(f"{label}={value!r}" for label, value in draws)
+
+    where = f"[op {op.name}, provider {impl.provider}, dtype {unit.dtype}, seed {ctx.seed} (hypothesis seed {base_seed})"
+    try:
+        prop()
+    except Unsatisfiable:
+        return not_supported(f"supports_args rejected every drawn input {where}]")
+    except AssertionError:
+        cmp = state["last"]
+        msg = cmp.message if cmp is not None else "property failed"
+        return Verdict(Outcome.FAIL, f"{msg} {where}; smallest failing draw: {drawn(state['draws'])}]",
+                       cmp.max_abs_err if cmp else None, cmp.max_rel_err if cmp else None)
+    except KernelRaised as exc:
+        return Verdict(Outcome.ERROR, f"{exc.where} raised {type(exc.exc).__name__}: {exc.exc} {where}; "
+                       f"smallest failing draw: {drawn(state['draws'])}]")
+    if state["runs"] == 0:
+        return not_supported(f"supports_args rejected every drawn input {where}]")
+    if state["quality"] is not None:
+        cmp, draws = state["quality"]
+        return Verdict(Outcome.QUALITY_WARNING, f"{cmp.message} {where}; draw: {drawn(draws)}]",
+                       state["worst_abs"], state["worst_rel"])
+    return Verdict(Outcome.PASS, f"{state['runs']} draws within tolerance", state["worst_abs"], state["worst_rel"])
+
+
+# ----- CustomOp replacements -------------------------------------------------------------------
+def build_layer_pair(ctx: CheckContext, unit: Unit, dtype: torch.dtype):
+    """(in-tree reference instance, replacement instance, inputs) with equal seeded parameters."""
+    in_tree, replacement = lookup.layer_classes(unit.op)
+    case = lookup.layer_case(unit.op, unit.case)
+    kwargs = case.make_kwargs(dtype)
+    with lookup.without_replacement(in_tree):
+        ref = in_tree(**kwargs)
+    rep = call_impl(f"constructing {replacement.__qualname__}", lambda: in_tree(**kwargs))
+    if not isinstance(rep, replacement):
+        rep = call_impl(f"constructing {replacement.__qualname__}", lambda: replacement(**kwargs))
+    seed = unit_seed(ctx.seed, unit.op, unit.case, unit.dtype)
+    if case.init_params is not None:
+        case.init_params(ref, generator(seed))
+        try:
+            rep.load_state_dict(ref.state_dict(), strict=True)
+        except Exception:  # noqa: BLE001 - different parameter layout: seed it the same way instead
+            case.init_params(rep, generator(seed))
+    inputs = case.make_inputs(dtype, ctx.device, generator(seed + 1))
+    return ref, rep, inputs
+
+
+def platform_forward_name(platform) -> str:
+    """The forward_<x> method CustomOp dispatch picks on `platform` when the op is enabled."""
+    for predicate, name in (("is_rocm", "forward_hip"), ("is_cuda", "forward_cuda"), ("is_cpu", "forward_cpu"),
+                            ("is_xpu", "forward_xpu"), ("is_tpu", "forward_tpu"),
+                            ("is_out_of_tree", "forward_oot")):
+        if getattr(platform, predicate)():
+            return name
+    return "forward_native"
+
+
+def layer_case(ctx: CheckContext, unit: Unit) -> Verdict:
+    in_tree, replacement = lookup.layer_classes(unit.op)
+    dtype = unit_dtype(unit)
+    ref, rep, inputs = build_layer_pair(ctx, unit, dtype)
+    with native_only():
+        expected = ref.forward_native(*clone_args(inputs))
+    try:
+        ref64 = copy.deepcopy(ref).to(torch.float64)
+        with native_only():
+            golden = ref64.forward_native(*to_golden(inputs))
+    except Exception:  # noqa: BLE001 - graded against native only
+        golden = None
+    method = platform_forward_name(ctx.platform)
+    out = call_impl(f"{replacement.__qualname__}.{method}", getattr(rep, method), *clone_args(inputs))
+    atol, rtol = in_tree.tolerances[dtype]
+    hint = (f"{in_tree.__name__}.tolerances[torch.{dtype_name(dtype)}] = ({{atol:.2g}}, {{rtol:g}})")
+    cmp = compare_outputs(out, expected, golden, atol=atol, rtol=rtol, compare_nan=True, dtype=dtype,
+                          tolerance_hint=hint)
+    suffix = (f" [{replacement.__qualname__}.{method} vs {in_tree.__name__}.forward_native, case {unit.case}, "
+              f"dtype {unit.dtype}, seed {ctx.seed}]")
+    return Verdict(cmp.outcome, cmp.message + (suffix if cmp.outcome is not Outcome.PASS else ""),
+                   cmp.max_abs_err, cmp.max_rel_err)

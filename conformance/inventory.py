@@ -1,0 +1,201 @@
+"""What the platform brings, and the units each suite body runs over.
+
+`activate(name)` snapshots the IR providers and CustomOp replacements, makes the platform current
+(which imports its kernels and, for a plugin, runs the general plugins of its distribution), and
+diffs: what appeared is what the platform brings. `Inventory.units(family, check, level)` is the
+catalog the suites are parametrised over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from typing import Any
+
+import torch
+
+from conformance.units import Unit, dtype_name
+
+
+class PlatformSetupError(RuntimeError):
+    """The named platform could not be activated; the message is one line naming plugin and cause."""
+
+
+def import_catalog() -> None:
+    """Import every declared IR op and every in-tree layer module, so the snapshot sees them all."""
+    import reference_impl.ir.ops  # noqa: F401
+    import reference_impl.layers as layers
+
+    for info in pkgutil.iter_modules(layers.__path__):
+        importlib.import_module(f"{layers.__name__}.{info.name}")
+
+
+@dataclasses.dataclass
+class Inventory:
+    name: str
+    platform: Any
+    ir_providers: dict[str, list[str]]        # op -> providers the platform brought
+    oot: dict[str, type]                      # register_oot key -> replacement the platform brought
+    defaults: dict[str, list[str]]            # the platform's default IR priorities
+
+    # ----- description -------------------------------------------------------------------------
+    @property
+    def platform_class(self) -> str:
+        cls = type(self.platform)
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    def platform_info(self) -> dict[str, str]:
+        return {"name": self.name, "class": self.platform_class, "device_type": str(self.platform.device_type)}
+
+    def ir_ops(self):
+        from reference_impl.ir.op import IrOp
+
+        return list(IrOp.registry.values())
+
+    def native_fallback_ops(self) -> list[str]:
+        return [op.name for op in self.ir_ops() if not self.ir_providers.get(op.name)]
+
+    def in_tree_layers(self) -> dict[str, type]:
+        """Registered name -> in-tree CustomOp class, for classes that declare conformance cases."""
+        from reference_impl.custom_op import CustomOp
+
+        return {name: cls for name, cls in CustomOp.op_registry.items() if getattr(cls, "conformance_cases", None)}
+
+    def replaced_layers(self) -> dict[str, tuple[type, type]]:
+        """Registered name -> (in-tree class, replacement) for replacements whose key matches a class."""
+        from reference_impl.custom_op import CustomOp
+
+        by_class = {cls.__name__: (name, cls) for name, cls in CustomOp.op_registry.items()}
+        out = {}
+        for key, rep in self.oot.items():
+            if key in by_class:
+                name, cls = by_class[key]
+                out[name] = (cls, rep)
+        return out
+
+    def dtypes_for(self, tolerances) -> list[torch.dtype]:
+        return [d for d in self.platform.supported_dtypes if d in tolerances]
+
+    def op_dtypes(self, op) -> list[torch.dtype]:
+        out = []
+        for d in self.platform.supported_dtypes:
+            try:
+                op.get_tolerance(d)
+            except KeyError:
+                continue
+            out.append(d)
+        return out
+
+    # ----- the catalog ------------------------------------------------------------------------
+    def units(self, family: str, check: str, level: str) -> list[Unit]:
+        fn = getattr(self, f"_units_{check}", None)
+        if fn is None:
+            raise ValueError(f"no unit generator for {family}.{check}")
+        return fn(family, check, level)
+
+    def _provided(self):
+        for op in self.ir_ops():
+            for provider in self.ir_providers.get(op.name, []):
+                yield op, provider
+
+    def _units_ir_case(self, family, check, level):
+        units = []
+        for op, provider in self._provided():
+            for dtype in self.op_dtypes(op):
+                for case in op.cases:
+                    if case.runs_at(level) and (case.dtypes is None or dtype in case.dtypes):
+                        units.append(Unit(family, check, op.name, provider, dtype_name(dtype), case.name))
+        return units
+
+    def _units_ir_property(self, family, check, level):
+        return [Unit(family, check, op.name, provider, dtype_name(dtype), "property")
+                for op, provider in self._provided() if op.property_args is not None
+                for dtype in self.op_dtypes(op)]
+
+    def _units_ir_compile(self, family, check, level):
+        units = []
+        for op, provider in self._provided():
+            dtypes = self.op_dtypes(op)
+            if level == "quick":
+                dtypes = dtypes[:1]
+            units += [Unit(family, check, op.name, provider, dtype_name(d)) for d in dtypes]
+        return units
+
+    def _units_layer_case(self, family, check, level):
+        units = []
+        for name, (cls, rep) in self.replaced_layers().items():
+            for dtype in self.dtypes_for(getattr(cls, "tolerances", {})):
+                for case in getattr(cls, "conformance_cases", []):
+                    if case.runs_at(level) and (case.dtypes is None or dtype in case.dtypes):
+                        units.append(Unit(family, check, name, rep.__qualname__, dtype_name(dtype), case.name))
+        return units
+
+    def _units_coverage(self, family, check, level):
+        return [Unit(family, check, name) for name in self.native_fallback_ops()]
+
+    def _units_layer_coverage(self, family, check, level):
+        replaced = self.replaced_layers()
+        return [Unit(family, check, name) for name in self.in_tree_layers() if name not in replaced]
+
+    def _units_priority(self, family, check, level):
+        return [Unit(family, check, op.name, provider) for op, provider in self._provided()]
+
+    _units_supports_args = _units_priority
+
+    def _units_runs(self, family, check, level):
+        return [Unit(family, check, op.name, provider, dtype_name(d))
+                for op, provider in self._provided() for d in self.op_dtypes(op)]
+
+    def _units_defaults(self, family, check, level):
+        return [Unit(family, check, op_name, provider) for op_name, providers in self.defaults.items()
+                for provider in providers if provider != "native"]
+
+    def _units_oot_registration(self, family, check, level):
+        from reference_impl.custom_op import CustomOp
+
+        by_class = {cls.__name__: name for name, cls in CustomOp.op_registry.items()}
+        return [Unit(family, check, by_class.get(key, key), rep.__qualname__) for key, rep in self.oot.items()]
+
+    def _units_oot_dispatch(self, family, check, level):
+        units = []
+        for name, (cls, rep) in self.replaced_layers().items():
+            dtypes = self.dtypes_for(getattr(cls, "tolerances", {})) or [torch.float32]
+            units.append(Unit(family, check, name, rep.__qualname__, dtype_name(dtypes[0])))
+        return units
+
+
+def activate(name: str) -> Inventory:
+    """Make platform `name` current and return what it brings; PlatformSetupError on any failure."""
+    from reference_impl.custom_op import CustomOp
+    from reference_impl.ir.op import IrOp
+    from reference_impl.platforms import set_current_platform
+
+    import_catalog()
+    before_ir = {op_name: set(op.impls) for op_name, op in IrOp.registry.items()}
+    before_oot = dict(CustomOp.op_registry_oot)
+    try:
+        platform = set_current_platform(name)
+        defaults = {k: list(v) for k, v in (platform.get_default_ir_op_priority() or {}).items()}
+    except Exception as exc:  # noqa: BLE001 - every cause becomes one clear line
+        raise PlatformSetupError(_one_line(name, exc)) from exc
+    ir_providers = {}
+    for op_name, op in IrOp.registry.items():
+        named = set(defaults.get(op_name, []))   # also what the defaults name, if imported earlier
+        new = [p for p in op.impls if p != "native" and (p not in before_ir.get(op_name, set()) or p in named)]
+        if new:
+            ir_providers[op_name] = new
+    oot = {k: v for k, v in CustomOp.op_registry_oot.items() if before_oot.get(k) is not v}
+    return Inventory(name, platform, ir_providers, oot, defaults)
+
+
+def _one_line(name: str, exc: BaseException) -> str:
+    from reference_impl.plugins import PLATFORM_PLUGINS_GROUP, PluginLoadError
+
+    if isinstance(exc, PluginLoadError):
+        text = str(exc)
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+        if "entry point" not in text:
+            text = f"platform '{name}' (entry-point group '{PLATFORM_PLUGINS_GROUP}'): {text}"
+    return "cannot activate --platform=" + name + ": " + " ".join(text.split())

@@ -1,0 +1,227 @@
+"""The kernel worker: a persistent subprocess that runs checks of the platform's code.
+
+The pytest process never runs vendor kernels itself: it sends a unit (a small dict) down a pipe,
+the worker rebuilds inputs from (op, case, dtype, seed) and answers with a verdict. A worker that
+dies (segfault, abort) is reported as CRASH, one that overruns the per-check timeout is killed and
+reported as TIMEOUT; either way the next check gets a fresh worker.
+
+Protocol: length-prefixed pickles on the worker's stdin/stdout; the worker moves its own fd 1 onto
+fd 2 at start so kernels that print cannot corrupt the stream. fd 2 goes to a log file whose tail
+(faulthandler's traceback included) ends up in CRASH messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from conformance.results import Outcome
+from conformance.units import Unit
+
+_HEADER = struct.Struct("!I")
+
+
+def _send(stream, obj: Any) -> None:
+    data = pickle.dumps(obj)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _recv_blocking(stream) -> Any | None:
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        return None
+    (n,) = _HEADER.unpack(header)
+    data = stream.read(n)
+    return pickle.loads(data) if len(data) == n else None
+
+
+# ----- worker side ---------------------------------------------------------------------------------
+def serve(platform: str, seed: int, level: str) -> int:
+    import faulthandler
+
+    proto_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    faulthandler.enable()
+    proto_in = sys.stdin.buffer
+    try:
+        from conformance.checks import CheckContext, run_unit
+        from conformance.inventory import activate
+
+        inventory = activate(platform)
+        ctx = CheckContext(platform, inventory.platform, seed=seed, level=level)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
+        _send(proto_out, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    _send(proto_out, {"ready": True, "pid": os.getpid()})
+    while True:
+        request = _recv_blocking(proto_in)
+        if request is None:
+            return 0
+        unit = Unit.from_dict(request["unit"])
+        print(f"--- conformance worker: {unit.family}.{unit.check} {unit.id}", file=sys.stderr, flush=True)
+        verdict, duration = run_unit(ctx, unit)
+        _send(proto_out, {"outcome": verdict.outcome.value, "message": verdict.message,
+                          "max_abs_err": verdict.max_abs_err, "max_rel_err": verdict.max_rel_err,
+                          "duration_s": duration})
+
+
+# ----- parent side ---------------------------------------------------------------------------------
+class WorkerStartError(RuntimeError):
+    """The worker could not activate the platform."""
+
+
+class KernelWorker:
+    """Owns one worker process; `run(unit, timeout)` answers a result dict whatever the worker does."""
+
+    def __init__(self, platform: str, seed: int, level: str, start_timeout: float = 300.0):
+        self.platform, self.seed, self.level = platform, seed, level
+        self.start_timeout = start_timeout
+        self.proc: subprocess.Popen | None = None
+        self.log_path: str | None = None
+        self.starts = 0
+
+    def _spawn(self) -> None:
+        fd, self.log_path = tempfile.mkstemp(prefix="conformance-worker-", suffix=".log")
+        env = dict(os.environ)
+        env.setdefault("PYTHONFAULTHANDLER", "1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "conformance.worker", "--platform", self.platform, "--seed", str(self.seed),
+             "--level", self.level],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, env=env, start_new_session=True)
+        os.close(fd)
+        self.starts += 1
+        reply = self._read(self.start_timeout)
+        if not isinstance(reply, dict) or not reply.get("ready"):
+            detail = reply.get("error") if isinstance(reply, dict) else self._log_tail(0)
+            self.stop()
+            raise WorkerStartError(f"kernel worker for platform '{self.platform}' did not start: {detail}")
+
+    def _read(self, timeout: float) -> Any | None:
+        """One message, or None on EOF; raises TimeoutError when nothing arrives in `timeout` s."""
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        buf = b""
+        length = None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                raise TimeoutError
+            chunk = os.read(fd, 1 << 16)   # one request in flight: no bytes of a later message follow
+            if not chunk:
+                return None
+            buf += chunk
+            if length is None and len(buf) >= _HEADER.size:
+                (length,) = _HEADER.unpack(buf[:_HEADER.size])
+            if length is not None and len(buf) >= _HEADER.size + length:
+                return pickle.loads(buf[_HEADER.size:_HEADER.size + length])
+
+    def _log_tail(self, offset: int, limit: int = 2500) -> str:
+        if not self.log_path:
+            return ""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(offset)
+                text = fh.read().decode(errors="replace")
+        except OSError:
+            return ""
+        lines = [ln for ln in text.splitlines() if not ln.startswith("--- conformance worker:")]
+        return "\n".join(lines)[-limit:].strip()
+
+    def _log_size(self) -> int:
+        try:
+            return os.path.getsize(self.log_path) if self.log_path else 0
+        except OSError:
+            return 0
+
+    def run(self, unit: Unit, timeout: float) -> dict[str, Any]:
+        if self.proc is None or self.proc.poll() is not None:
+            self.stop()
+            self._spawn()
+        assert self.proc is not None and self.proc.stdin is not None
+        offset = self._log_size()
+        start = time.monotonic()
+        try:
+            _send(self.proc.stdin, {"unit": unit.to_dict()})
+            reply = self._read(timeout)
+        except TimeoutError:
+            self.stop()
+            return {"outcome": Outcome.TIMEOUT.value, "duration_s": time.monotonic() - start,
+                    "message": f"no result within the per-check limit of {timeout:g} s "
+                               "(--conformance-timeout); the worker was killed and restarted"}
+        except (BrokenPipeError, OSError):
+            reply = None
+        if reply is None:
+            rc = self.proc.wait() if self.proc else None
+            tail = self._log_tail(offset)
+            self.proc = None
+            return {"outcome": Outcome.CRASH.value, "duration_s": time.monotonic() - start,
+                    "message": f"the worker process running this check died ({describe_exit(rc)}); a new worker "
+                               f"runs the next check. Its last output:\n{tail or '(none)'}"}
+        return reply
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                proc.kill()
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                if stream:
+                    stream.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None and self.proc.stdin:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.stop()
+        if self.log_path and os.path.exists(self.log_path):
+            os.unlink(self.log_path)
+
+
+def describe_exit(rc: int | None) -> str:
+    if rc is None:
+        return "exit status unknown"
+    if rc < 0:
+        try:
+            return f"killed by signal {signal.Signals(-rc).name} ({-rc})"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit status {rc}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--platform", required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--level", required=True)
+    args = parser.parse_args(argv)
+    return serve(args.platform, args.seed, args.level)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
