@@ -30,6 +30,7 @@ class CpuPlatform(Platform):
 
     def import_ir_kernels(self) -> None:
         import reference_impl.kernels.cpu  # noqa: F401  (registers the C++ CPU providers)
+        import reference_impl.kernels.triton  # noqa: F401  (triton provider; not in the cpu defaults: interpreter only)
 
     def get_default_ir_op_priority(self) -> dict[str, list[str]]:
         from reference_impl.kernels.cpu import default_priority

@@ -1,0 +1,84 @@
+"""Triton kernels of fp8 (e4m3fn) quantization: scales per row or per group, then quantize.
+
+Division and reciprocal use correctly rounded `div_rn`, like PyTorch's `/` and `reciprocal()`,
+so codes match native exactly; fp8 rounding goes through `round_to_e4m3` (see _jit_common).
+"""
+
+import triton
+import triton.language as tl
+
+from reference_impl.kernels.triton._jit_common import round_to_e4m3
+
+FP8_MAX: tl.constexpr = tl.constexpr(448.0)
+FP8_MIN_SCALE: tl.constexpr = tl.constexpr(1.0 / (448.0 * 512.0))
+
+
+@triton.jit
+def _to_fp8(v):
+    v = tl.minimum(tl.maximum(v, -FP8_MAX, propagate_nan=tl.PropagateNan.ALL), FP8_MAX,
+                   propagate_nan=tl.PropagateNan.ALL)
+    return round_to_e4m3(v)
+
+
+@triton.jit
+def row_absmax_kernel(x_ptr, x_row_stride, x_col_stride, n, out_ptr, ub_ptr,
+                      HAS_UB: tl.constexpr, TO_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    """out[row] = max|x[row, :]|; with TO_SCALE: min(., ub) / 448 clamped below at 1/(448*512)."""
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, n, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * x_row_stride + cols * x_col_stride, mask=cols < n, other=0.0)
+        acc = tl.maximum(acc, tl.abs(x.to(tl.float32)))
+    absmax = tl.max(acc, axis=0)
+    if TO_SCALE:
+        if HAS_UB:
+            absmax = tl.minimum(absmax, tl.load(ub_ptr).to(tl.float32))
+        absmax = tl.maximum(tl.math.div_rn(absmax, FP8_MAX), FP8_MIN_SCALE)
+    tl.store(out_ptr + row, absmax)
+
+
+@triton.jit
+def reduce_scale_kernel(buf_ptr, n, out_ptr, ub_ptr, HAS_UB: tl.constexpr, BLOCK: tl.constexpr):
+    """out[0] = scale from max(buf[:n]) (per-tensor: buf holds the per-row absmax)."""
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, n, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        acc = tl.maximum(acc, tl.load(buf_ptr + idx, mask=idx < n, other=0.0))
+    absmax = tl.max(acc, axis=0)
+    if HAS_UB:
+        absmax = tl.minimum(absmax, tl.load(ub_ptr).to(tl.float32))
+    tl.store(out_ptr, tl.maximum(tl.math.div_rn(absmax, FP8_MAX), FP8_MIN_SCALE))
+
+
+@triton.jit
+def quant_kernel(x_ptr, x_row_stride, x_col_stride, n, scale_ptr, scale_row_stride, scale_col_stride,
+                 group_len, q_ptr, q_row_stride, BLOCK: tl.constexpr):
+    """q[row, c] = fp8(clamp(x * (1 / scale[row, c // group_len]))), the static/dynamic form."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * x_row_stride + cols * x_col_stride, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(scale_ptr + row * scale_row_stride + (cols // group_len) * scale_col_stride,
+                mask=mask, other=1.0).to(tl.float32)
+    q = _to_fp8(x * tl.math.div_rn(1.0, s))
+    tl.store(q_ptr + row * q_row_stride + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def group_quant_kernel(x_ptr, x_row_stride, x_col_stride, groups, group_size, q_ptr, q_row_stride,
+                       scale_ptr, scale_row_stride,
+                       GROUPS_BLOCK: tl.constexpr, GROUP_BLOCK: tl.constexpr):
+    """Per group of `group_size` features: scale = max(absmax / 448, min); q = fp8(clamp(x / scale))."""
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1) * GROUPS_BLOCK + tl.arange(0, GROUPS_BLOCK)[:, None]
+    j = tl.arange(0, GROUP_BLOCK)[None, :]
+    mask = (g < groups) & (j < group_size)
+    cols = g * group_size + j
+    x = tl.load(x_ptr + row * x_row_stride + cols * x_col_stride, mask=mask, other=0.0).to(tl.float32)
+    absmax = tl.max(tl.abs(x), axis=1)
+    scale = tl.maximum(tl.math.div_rn(absmax, FP8_MAX), FP8_MIN_SCALE)
+    q = _to_fp8(tl.math.div_rn(x, scale[:, None]))
+    tl.store(q_ptr + row * q_row_stride + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    gs = tl.program_id(1) * GROUPS_BLOCK + tl.arange(0, GROUPS_BLOCK)
+    tl.store(scale_ptr + row * scale_row_stride + gs, scale, mask=gs < groups)

@@ -1,0 +1,107 @@
+"""Triton implementations of the IR activation ops (gated activations and the GELU family)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from reference_impl import ir
+from reference_impl.kernels.triton import _codes as C
+from reference_impl.kernels.triton import _env
+from reference_impl.kernels.triton._host import LAUNCH_OPTIONS, float_tensor_ok, rows_or_copy
+
+if _env.HAS_TRITON:
+    from reference_impl.kernels.triton import _activation_jit as _jit
+
+PROVIDER = "triton"
+_MAX_BLOCK = 4096
+
+
+def _gated_ok(x: Tensor) -> bool:
+    # Odd widths make the native halves mismatch (it raises); leave them to native.
+    return x.dim() >= 1 and x.shape[-1] % 2 == 0 and float_tensor_ok(x)
+
+
+def _unary_ok(x: Tensor) -> bool:
+    return x.dim() >= 1 and float_tensor_ok(x)
+
+
+def _launch_gated(x: Tensor, act: int, p0: float = 0.0, p1: float = 0.0) -> Tensor:
+    _env.require()
+    d = x.shape[-1] // 2
+    out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    x2 = rows_or_copy(x)
+    out2 = out.view(-1, d)
+    block = min(_env.next_power_of_2(d), _MAX_BLOCK)
+    grid = (x2.shape[0], -(-d // block))
+    _jit.gated_kernel[grid](x2, x2.stride(0), x2.stride(1), out2, out2.stride(0), d, float(p0), float(p1),
+                            ACT=act, BLOCK=block, num_warps=_env.num_warps_for(block), **LAUNCH_OPTIONS)
+    return out
+
+
+def _launch_unary(x: Tensor, act: int) -> Tensor:
+    _env.require()
+    n = x.shape[-1]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    x2 = rows_or_copy(x)
+    out2 = out.view(-1, n)
+    block = min(_env.next_power_of_2(n), _MAX_BLOCK)
+    grid = (x2.shape[0], -(-n // block))
+    _jit.unary_kernel[grid](x2, x2.stride(0), x2.stride(1), out2, out2.stride(0), n,
+                            ACT=act, BLOCK=block, num_warps=_env.num_warps_for(block), **LAUNCH_OPTIONS)
+    return out
+
+
+def _register(op_name: str, supports: Callable[..., bool]):
+    return getattr(ir.ops, op_name).register_impl(PROVIDER, supported=_env.SUPPORTED, supports_args=supports)
+
+
+@_register("silu_and_mul", lambda x: _gated_ok(x))
+def silu_and_mul(x: Tensor) -> Tensor:
+    return _launch_gated(x, C.SILU_AND_MUL)
+
+
+@_register("mul_and_silu", lambda x: _gated_ok(x))
+def mul_and_silu(x: Tensor) -> Tensor:
+    return _launch_gated(x, C.MUL_AND_SILU)
+
+
+@_register("gelu_and_mul", lambda x, approximate="none": _gated_ok(x) and approximate in ("none", "tanh"))
+def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+    return _launch_gated(x, C.GELU_TANH_AND_MUL if approximate == "tanh" else C.GELU_AND_MUL)
+
+
+@_register("fatrelu_and_mul", lambda x, threshold=0.0: _gated_ok(x))
+def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
+    return _launch_gated(x, C.FATRELU_AND_MUL, threshold)
+
+
+@_register("swigluoai_and_mul", lambda x, alpha=1.702, limit=7.0: _gated_ok(x))
+def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
+    return _launch_gated(x, C.SWIGLUOAI_AND_MUL, alpha, limit)
+
+
+@_register("gelu_new", lambda x: _unary_ok(x))
+def gelu_new(x: Tensor) -> Tensor:
+    return _launch_unary(x, C.GELU_NEW)
+
+
+@_register("gelu_fast", lambda x: _unary_ok(x))
+def gelu_fast(x: Tensor) -> Tensor:
+    return _launch_unary(x, C.GELU_FAST)
+
+
+@_register("quick_gelu", lambda x: _unary_ok(x))
+def quick_gelu(x: Tensor) -> Tensor:
+    return _launch_unary(x, C.QUICK_GELU)
+
+
+@_register("relu2", lambda x: _unary_ok(x))
+def relu2(x: Tensor) -> Tensor:
+    return _launch_unary(x, C.RELU2)

@@ -1,0 +1,92 @@
+"""Triton implementations of IR `rms_norm` and `fused_add_rms_norm` (the latter in place)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from reference_impl import ir
+from reference_impl.kernels.triton import _env
+from reference_impl.kernels.triton._host import (
+    LAUNCH_OPTIONS,
+    float_tensor_ok,
+    rows_or_copy,
+    rows_view,
+    slice_length,
+)
+
+if _env.HAS_TRITON:
+    from reference_impl.kernels.triton import _norm_jit as _jit
+
+PROVIDER = "triton"
+
+
+def _block(hidden: int) -> int:
+    return _env.next_power_of_2(max(hidden, 1))
+
+
+def _common_args_ok(x: Tensor, weight: Tensor | None) -> bool:
+    return (x.dim() >= 1 and 1 <= x.shape[-1] <= _env.MAX_ROW_BLOCK and float_tensor_ok(x)
+            and float_tensor_ok(weight) and (weight is None or tuple(weight.shape) == (x.shape[-1],)))
+
+
+def _rms_norm_supports(x, weight, epsilon, variance_size=None) -> bool:
+    return _common_args_ok(x, weight)
+
+
+@ir.ops.rms_norm.register_impl(PROVIDER, supported=_env.SUPPORTED, supports_args=_rms_norm_supports)
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    _env.require()
+    hidden = x.shape[-1]
+    out_dtype = x.dtype if weight is None else torch.promote_types(x.dtype, weight.dtype)
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    x2 = rows_or_copy(x)
+    if x2.numel() == 0:
+        return out
+    out2 = out.view(-1, hidden)
+    w = weight.contiguous() if weight is not None else x2
+    block = _block(hidden)
+    _jit.rms_norm_kernel[(x2.shape[0],)](
+        x2, x2.stride(0), x2.stride(1), w, out2, out2.stride(0),
+        hidden, slice_length(hidden, variance_size), float(epsilon),
+        HAS_WEIGHT=weight is not None, BLOCK=block, num_warps=_env.num_warps_for(block), **LAUNCH_OPTIONS)
+    return out
+
+
+def _fused_add_supports(x, x_residual, weight, epsilon, variance_size=None) -> bool:
+    # In place means the outputs take the inputs' dtype and shape: a weight of another dtype
+    # (which promotes the output) or a residual of another dtype/shape is left to native.
+    return (_common_args_ok(x, weight) and float_tensor_ok(x_residual)
+            and x_residual.dtype == x.dtype and x_residual.dim() == x.dim()
+            and x_residual.shape[-1] == x.shape[-1]
+            and (weight is None or weight.dtype == x.dtype))
+
+
+@ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supported=_env.SUPPORTED,
+                                         supports_args=_fused_add_supports, inplace=True)
+def fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
+                       variance_size: int | None = None) -> tuple[Tensor, Tensor]:
+    """Writes the normalized rows into `x` and the sum into `x_residual`, and returns them."""
+    _env.require()
+    if x_residual.shape != x.shape:
+        raise ValueError(f"triton fused_add_rms_norm works in place and needs x and x_residual of one shape, "
+                         f"got {tuple(x.shape)} and {tuple(x_residual.shape)}")
+    hidden = x.shape[-1]
+    x2, r2 = rows_view(x), rows_view(x_residual)
+    if x2 is None or r2 is None:
+        # No 2-D view of the caller's memory: run on copies, then write the results back.
+        out, res = fused_add_rms_norm(x.reshape(-1, hidden).clone(), x_residual.reshape(-1, hidden).clone(),
+                                      weight, epsilon, variance_size)
+        x.copy_(out.view(x.shape))
+        x_residual.copy_(res.view(x.shape))
+        return x, x_residual
+    if x2.numel() == 0:
+        return x, x_residual
+    w = weight.contiguous() if weight is not None else x2
+    block = _block(hidden)
+    _jit.fused_add_rms_norm_kernel[(x2.shape[0],)](
+        x2, x2.stride(0), x2.stride(1), r2, r2.stride(0), r2.stride(1), w,
+        x2, x2.stride(0), x2.stride(1), r2, r2.stride(0), r2.stride(1),
+        hidden, slice_length(hidden, variance_size), float(epsilon),
+        HAS_WEIGHT=weight is not None, BLOCK=block, num_warps=_env.num_warps_for(block), **LAUNCH_OPTIONS)
+    return x, x_residual
