@@ -15,6 +15,7 @@ from reference_impl.ir.ops.activation import (
 from reference_impl.ir.ops.layernorm import fused_add_rms_norm, rms_norm
 from reference_impl.ir.ops.quant import dynamic_group_quant_fp8, dynamic_quant_fp8, static_quant_fp8
 from reference_impl.ir.ops.rotary import rotary_embedding, rotary_embedding_query
+from reference_impl.ir.ops.fused import fused_add_rms_norm_static_fp8_quant, rms_norm_static_fp8_quant
 
 
 def __getattr__(name: str) -> IrOp:
@@ -34,4 +35,5 @@ __all__ = [
     "gelu_new", "gelu_fast", "quick_gelu", "relu2",
     "rotary_embedding", "rotary_embedding_query",
     "static_quant_fp8", "dynamic_quant_fp8", "dynamic_group_quant_fp8",
+    "rms_norm_static_fp8_quant", "fused_add_rms_norm_static_fp8_quant",
 ]
