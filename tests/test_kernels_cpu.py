@@ -1,0 +1,346 @@
+"""The C++ CPU provider ("cpp"): every kernel against native over the ops' own cases and dtypes,
+in-place behaviour through maybe_inplace, functional calls leaving inputs alone, what
+supports_args declines, the torch library schemas under tracing, and the missing-compiler path.
+
+The library is built once (cached on disk) by the module fixture; on a machine without a C++
+toolchain the kernel tests skip with the reason and the no-compiler tests still run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reference_impl import ir
+from reference_impl.ir.ops.rotary import compute_cos_sin_cache
+from reference_impl.kernels import _cpp_build
+from reference_impl.kernels import cpu as cpu_kernels
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+PROVIDER = cpu_kernels.PROVIDER
+INPLACE_OPS = ("fused_add_rms_norm", "rotary_embedding", "rotary_embedding_query")
+# Cases whose last dim is not contiguous: the provider declines them by design.
+DECLINED_LAYOUT = ",strided"
+
+needs_build = pytest.mark.skipif(not cpu_kernels.SUPPORTED,
+                                 reason=f"C++ CPU kernels unavailable: {_cpp_build.toolchain_problem()}")
+
+
+@pytest.fixture(scope="module")
+def built():
+    if not cpu_kernels.SUPPORTED:
+        pytest.skip(f"C++ CPU kernels unavailable: {_cpp_build.toolchain_problem()}")
+    _cpp_build.load()
+    return torch.ops.reference_cpu
+
+
+def _cases(level: str):
+    for name in cpu_kernels.OPS:
+        for case in getattr(ir.ops, name).cases:
+            if case.runs_at(level):
+                yield pytest.param(name, case, id=f"{name}::{case.name}")
+
+
+def _as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _clone_args(args):
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _assert_matches_native(op, args, out, dtype, context):
+    ref = _as_tuple(op.native_fn(*_clone_args(args)))
+    out = _as_tuple(out)
+    assert len(out) == len(ref), context
+    atol, rtol = op.get_tolerance(dtype)
+    for o, r in zip(out, ref):
+        assert o.shape == r.shape and o.dtype == r.dtype, f"{context}: {o.shape}/{o.dtype} vs native {r.shape}/{r.dtype}"
+        if r.dtype == torch.float8_e4m3fn:
+            # Same scale arithmetic and round-to-nearest-even encoding: the codes are identical.
+            assert torch.equal(o.view(torch.uint8), r.view(torch.uint8)), f"{context}: fp8 codes differ"
+        else:
+            torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=True, msg=lambda m: f"{context}: {m}")
+
+
+# ----- numerics against native ------------------------------------------------------------------
+@needs_build
+@pytest.mark.parametrize("name,case", list(_cases("standard")))
+def test_kernel_matches_native(built, name, case):
+    op = getattr(ir.ops, name)
+    impl = op.impls[PROVIDER]
+    for dtype in case.dtypes or DTYPES:
+        args = case.make_args(dtype, "cpu", torch.Generator().manual_seed(0))
+        accepted = impl.accepts(args)
+        if DECLINED_LAYOUT in case.name:
+            assert accepted is False, f"{name}/{case.name}: a non-contiguous last dim must be declined"
+            assert op.dispatch(*args).provider != PROVIDER
+            continue
+        assert accepted is True, f"{name}/{case.name}/{dtype}: supports_args declined a supported case"
+        with op.set_priority([PROVIDER]):
+            assert op.dispatch(*args).provider == PROVIDER
+            out = op(*_clone_args(args))
+        _assert_matches_native(op, args, out, dtype, f"{name}/{case.name}/{dtype}")
+
+
+@needs_build
+@pytest.mark.parametrize("name", cpu_kernels.OPS)
+def test_kernel_matches_native_on_random_inputs(built, name):
+    """The op's hypothesis strategy: odd widths (vector tails), strides, variance sizes, scales."""
+    op = getattr(ir.ops, name)
+    impl = op.impls[PROVIDER]
+
+    @settings(max_examples=15, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(data=st.data(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+    def check(data, dtype, seed):
+        args = op.property_args(data.draw, dtype, "cpu", torch.Generator().manual_seed(seed))
+        if not impl.accepts(args):
+            assert args[1 if name.startswith("rotary") else 0].stride(-1) != 1
+            return
+        _assert_matches_native(op, args, impl.impl_fn(*_clone_args(args)), dtype, f"{name}/{dtype}")
+
+    check()
+
+
+@needs_build
+def test_fp8_encoding_is_exact_over_the_whole_range(built):
+    """Every sampled fp32 in [-448, 448], the midpoints between fp8 codes and NaN encode as torch does."""
+    bits = torch.arange(0, 0x43E00001, 9973, dtype=torch.int64).to(torch.int32)
+    values = bits.view(torch.float32)
+    codes = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+    midpoints = ((codes[:-1] + codes[1:]) / 2).float()
+    x = torch.cat([values, -values, midpoints, -midpoints, torch.tensor([float("nan"), -0.0, 1e-30])])
+    q = built.static_quant_fp8(x.reshape(1, -1), torch.ones(1))
+    ref = x.reshape(1, -1).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert torch.equal(q.view(torch.uint8), ref.view(torch.uint8))
+
+
+# ----- in place and functional ------------------------------------------------------------------
+@needs_build
+@pytest.mark.parametrize("name", INPLACE_OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_maybe_inplace_writes_into_the_donated_inputs(built, name, dtype):
+    op = getattr(ir.ops, name)
+    assert op.impls[PROVIDER].inplace is True
+    for case in op.cases:
+        if not case.runs_at("quick") or DECLINED_LAYOUT in case.name:
+            continue
+        args = case.make_args(dtype, "cpu", torch.Generator().manual_seed(3))
+        donated = _clone_args(args)
+        activations = [donated[i] for i in op.activation_indices]
+        ptrs = [a.data_ptr() for a in activations]
+        with op.set_priority([PROVIDER]):
+            out = _as_tuple(op.maybe_inplace(*donated))
+        assert [o.data_ptr() for o in out] == ptrs, f"{name}/{case.name}: results are not the donated inputs"
+        _assert_matches_native(op, args, out, dtype, f"{name}/{case.name}")
+        # The donated tensors themselves now hold the results.
+        _assert_matches_native(op, args, tuple(activations) if len(out) > 1 else activations[0], dtype,
+                               f"{name}/{case.name} (donated inputs)")
+
+
+@needs_build
+@pytest.mark.parametrize("name", INPLACE_OPS)
+def test_functional_call_leaves_inputs_untouched(built, name):
+    op = getattr(ir.ops, name)
+    for case in op.cases:
+        if not case.runs_at("quick") or DECLINED_LAYOUT in case.name:
+            continue
+        args = case.make_args(torch.bfloat16, "cpu", torch.Generator().manual_seed(4))
+        before = _clone_args(args)
+        with op.set_priority([PROVIDER]):
+            assert op.dispatch(*args).provider == PROVIDER
+            out = _as_tuple(op(*args))
+        for a, b in zip(args, before):
+            if isinstance(a, torch.Tensor):
+                assert torch.equal(a, b), f"{name}/{case.name}: an input was modified"
+        for o in out:
+            assert all(o.untyped_storage().data_ptr() != a.untyped_storage().data_ptr()
+                       for a in args if isinstance(a, torch.Tensor)), f"{name}/{case.name}: output aliases an input"
+
+
+# ----- supports_args --------------------------------------------------------------------------
+def _x(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape).to(dtype)
+
+
+def _rope_args(tokens=4, dtype=torch.bfloat16, cache_dtype=None, rot=64, head=64):
+    cache = compute_cos_sin_cache(head, rot, 64, 10000.0, cache_dtype or dtype)
+    return (torch.randint(0, 64, (tokens,)), _x(tokens, 2 * head, dtype=dtype), _x(tokens, head, dtype=dtype),
+            head, cache, True)
+
+
+DECLINED = {
+    "float64 input": ("rms_norm", lambda: (_x(4, 64, dtype=torch.float64), None, 1e-6, None)),
+    "strided last dim": ("rms_norm", lambda: (_x(4, 128)[:, ::2], None, 1e-6, None)),
+    "weight dtype differs": ("rms_norm", lambda: (_x(4, 64), _x(64, dtype=torch.float32), 1e-6, None)),
+    "broadcast weight": ("rms_norm", lambda: (_x(4, 64), _x(1), 1e-6, None)),
+    "non-contiguous weight": ("rms_norm", lambda: (_x(4, 64), _x(128)[::2], 1e-6, None)),
+    "residual dtype differs": ("fused_add_rms_norm",
+                               lambda: (_x(4, 64), _x(4, 64, dtype=torch.float16), None, 1e-6, None)),
+    "overlapping residual": ("fused_add_rms_norm", lambda: (_x(4, 64), _x(1, 64).expand(4, 64), None, 1e-6, None)),
+    "odd gated width": ("silu_and_mul", lambda: (_x(4, 63),)),
+    "unknown approximate": ("gelu_and_mul", lambda: (_x(4, 64), "sigmoid")),
+    "0-dim input": ("gelu_new", lambda: (torch.tensor(1.0),)),
+    "fp16 cache for bf16": ("rotary_embedding", lambda: _rope_args(cache_dtype=torch.float16)),
+    "rotary_dim > head_size": ("rotary_embedding", lambda: _rope_args(rot=128, head=64)),
+    "float positions": ("rotary_embedding", lambda: (_rope_args()[0].float(), *_rope_args()[1:])),
+    "key dtype differs": ("rotary_embedding",
+                          lambda: (*_rope_args()[:2], _x(4, 64, dtype=torch.float16), *_rope_args()[3:])),
+    "group does not divide": ("dynamic_group_quant_fp8", lambda: (_x(4, 192), 128)),
+    "scale groups do not divide": ("static_quant_fp8", lambda: (_x(4, 192), torch.ones(4, 5))),
+    "per-token scale_ub": ("dynamic_quant_fp8", lambda: (_x(4, 64), True, torch.ones(4, 1))),
+}
+
+
+@needs_build
+@pytest.mark.parametrize("what", list(DECLINED))
+def test_supports_args_declines(built, what):
+    name, make = DECLINED[what]
+    op = getattr(ir.ops, name)
+    args = make()
+    assert op.impls[PROVIDER].supports_args(*args) is False
+    with op.set_priority([PROVIDER]):
+        assert op.dispatch(*args).provider == "native"
+
+
+def test_declined_call_still_raises_native_error():
+    with ir.ops.gelu_and_mul.set_priority([PROVIDER]):
+        with pytest.raises(ValueError, match="approximate"):
+            ir.ops.gelu_and_mul(_x(2, 8), "sigmoid")
+
+
+@pytest.mark.parametrize("name", cpu_kernels.OPS)
+def test_supports_args_does_not_depend_on_batch_size(name):
+    """Same answer for 1 token and for many (no guard on the batch dimension)."""
+    op = getattr(ir.ops, name)
+    impl = op.impls[PROVIDER]
+    for case in op.cases:
+        if not case.runs_at("quick"):
+            continue
+        args = case.make_args(torch.float32, "cpu", torch.Generator().manual_seed(0))
+        answer = impl.supports_args(*args)
+        assert type(answer) is bool
+        first = list(args)
+        for i in op.activation_indices:
+            if isinstance(args[i], torch.Tensor) and args[i].dim() >= 2:
+                first[i] = args[i][:1]
+        if name.startswith("rotary"):
+            first[0] = args[0][:1]
+        assert impl.supports_args(*first) is answer, f"{name}/{case.name}"
+
+
+def test_default_priority_names_cpp_first_for_every_op():
+    priority = cpu_kernels.default_priority()
+    assert set(priority) == set(cpu_kernels.OPS)
+    for name, order in priority.items():
+        assert order == [PROVIDER, "native"]
+        assert PROVIDER in getattr(ir.ops, name).impls
+
+
+# ----- torch library schemas -------------------------------------------------------------------
+@needs_build
+def test_schemas_mark_mutated_arguments(built):
+    schema = built.fused_add_rms_norm.default._schema
+    assert [a.alias_info is not None and a.alias_info.is_write for a in schema.arguments][:2] == [True, True]
+    rope = built.rotary_embedding.default._schema
+    assert [a.name for a in rope.arguments if a.alias_info is not None and a.alias_info.is_write] == ["query", "key"]
+    assert all(a.alias_info is None for a in built.rms_norm.default._schema.arguments)
+
+
+@needs_build
+@pytest.mark.parametrize("op_name,make", [
+    ("rms_norm", lambda: (_x(3, 64), _x(64), 1e-6, None)),
+    ("fused_add_rms_norm", lambda: (_x(3, 64), _x(3, 64), _x(64), 1e-6, 32)),
+    ("silu_and_mul", lambda: (_x(3, 64),)),
+    ("rotary_embedding", lambda: _rope_args()),
+    ("static_quant_fp8", lambda: (_x(3, 256), torch.rand(2) + 0.1)),
+    ("dynamic_quant_fp8", lambda: (_x(3, 64), True, None)),
+    ("dynamic_group_quant_fp8", lambda: (_x(3, 256), 128)),
+])
+def test_opcheck(built, op_name, make):
+    """Schema, fake (meta) implementation and tracing agree with the real kernel."""
+    torch.library.opcheck(getattr(built, op_name).default, make(),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+@needs_build
+def test_inplace_kernel_compiles_with_functionalization(built):
+    def f(x, r, w):
+        built.fused_add_rms_norm(x, r, w, 1e-6, None)
+        return x * 2, r
+
+    x, r, w = _x(5, 64), _x(5, 64), _x(64)
+    expected = f(x.clone(), r.clone(), w)
+    xc, rc = x.clone(), r.clone()
+    got = torch.compile(f, backend="aot_eager", fullgraph=True)(xc, rc, w)
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    torch.testing.assert_close(rc, expected[1], atol=0, rtol=0)  # the mutation reached the input
+
+
+@needs_build
+def test_kernel_errors_name_the_problem(built):
+    with pytest.raises(RuntimeError, match="reference_cpu::rms_norm: unsupported dtype"):
+        built.rms_norm(torch.ones(2, 4, dtype=torch.float64), None, 1e-6, None)
+    with pytest.raises(RuntimeError, match="same shape"):
+        built.fused_add_rms_norm(_x(2, 8), _x(3, 8), None, 1e-6, None)
+    with pytest.raises(IndexError, match="position 99 is out of range"):
+        args = list(_rope_args())
+        args[0] = torch.full((4,), 99)
+        built.rotary_embedding(*args)
+
+
+# ----- build and toolchain ------------------------------------------------------------------------
+def test_missing_compiler_is_named(monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/bin/c++")
+    problem = _cpp_build.toolchain_problem()
+    assert problem is not None and "no C++ compiler" in problem and "/nonexistent/bin/c++" in problem
+    with pytest.raises(_cpp_build.CppKernelBuildError, match="no C\\+\\+ compiler"):
+        _cpp_build.check_toolchain()
+
+
+def _child(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **env})
+
+
+def test_without_compiler_provider_is_off_and_dispatch_uses_native():
+    result = _child("""
+        import torch
+        from reference_impl import ir
+        from reference_impl.kernels import _cpp_build, cpu
+        assert cpu.SUPPORTED is False
+        assert ir.ops.rms_norm.impls["cpp"].supported is False
+        with ir.ops.rms_norm.set_priority(["cpp"]):
+            assert ir.ops.rms_norm.dispatch(torch.ones(2, 4), None, 1e-6).provider == "native"
+        try:
+            _cpp_build.load()
+        except _cpp_build.CppKernelBuildError as exc:
+            print("ERROR:", exc)
+    """, CXX="/nonexistent/bin/c++")
+    assert result.returncode == 0, result.stderr
+    assert "ERROR: reference C++ CPU kernels unavailable: no C++ compiler: '/nonexistent/bin/c++'" in result.stdout
+    assert "C++ CPU kernels are off" in result.stderr  # the import-time warning
+    assert "building reference C++ CPU kernels" not in result.stderr
+
+
+@needs_build
+def test_cached_build_is_reused_without_rebuilding(built):
+    directory = _cpp_build.build_directory(_cpp_build.build_name())
+    assert (directory / f"{_cpp_build.build_name()}.so").is_file()
+    result = _child("""
+        import torch
+        from reference_impl.kernels import _cpp_build
+        _cpp_build.load()
+        print(torch.ops.reference_cpu.relu2(torch.tensor([-1.0, 3.0])).tolist())
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "[0.0, 9.0]" in result.stdout
+    assert "building reference C++ CPU kernels" not in result.stderr
