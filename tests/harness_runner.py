@@ -1,0 +1,51 @@
+"""Run `pytest --platform=<fixture>` in a subprocess with a fixture plugin on PYTHONPATH; parse its results.
+
+Fixture plugins (tests/plugins/<dist>/) are sys.path roots holding a package and a committed
+`*.dist-info`, so importlib.metadata finds their entry points exactly as for a pip-installed vendor
+plugin, but only in the subprocess: they never leak into the project's own test process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+
+
+@dataclasses.dataclass
+class HarnessRun:
+    returncode: int
+    output: str
+    doc: dict | None
+
+    @property
+    def results(self) -> list[dict]:
+        return self.doc["results"] if self.doc else []
+
+    def where(self, **fields) -> list[dict]:
+        return [r for r in self.results if all(r.get(k) == v for k, v in fields.items())]
+
+    def outcomes(self, **fields) -> set[str]:
+        return {r["outcome"] for r in self.where(**fields)}
+
+
+def run_harness(tmp_path: Path, platform: str, *args: str, dist: str | None = None,
+                level: str = "quick", timeout: float = 300) -> HarnessRun:
+    """`python -m pytest --platform=... --conformance-json=...` from `tmp_path` (not the project root)."""
+    out = tmp_path / f"{platform}.json"
+    env = dict(os.environ)
+    env.pop("REFERENCE_IMPL_PLUGINS", None)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYTEST_ADDOPTS", None)
+    if dist:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGINS / dist), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "pytest", f"--platform={platform}", f"--conformance-level={level}",
+           f"--conformance-json={out}", "-p", "no:cacheprovider", *args]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    doc = json.loads(out.read_text()) if out.exists() else None
+    return HarnessRun(proc.returncode, proc.stdout + proc.stderr, doc)

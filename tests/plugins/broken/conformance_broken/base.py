@@ -1,0 +1,35 @@
+"""Shared pieces of the broken fixtures: a platform base and a correct RMS norm to break."""
+
+import torch
+
+from reference_impl.platforms import Platform, PlatformEnum
+
+
+def make_platform(fault: str, defaults: dict[str, list[str]] | None = None):
+    """An OOT CPU platform named after `fault` that imports `conformance_broken.<fault>` for kernels."""
+
+    class BrokenPlatform(Platform):
+        _enum = PlatformEnum.OOT
+        device_name = f"broken_{fault}"
+        device_type = "cpu"
+        dispatch_key = "CPU"
+        supported_dtypes = [torch.float32, torch.float16, torch.bfloat16]
+
+        def import_ir_kernels(self) -> None:
+            import importlib
+
+            importlib.import_module(f"conformance_broken.{fault}_kernels")
+
+        def get_default_ir_op_priority(self) -> dict[str, list[str]]:
+            return dict(defaults if defaults is not None else {"rms_norm": ["broken", "native"]})
+
+    BrokenPlatform.__qualname__ = BrokenPlatform.__name__ = "Platform"
+    BrokenPlatform.__module__ = f"conformance_broken.{fault}"
+    return BrokenPlatform
+
+
+def good_rms_norm(x, weight, epsilon, variance_size=None):
+    x32 = x.to(torch.float32)
+    stats = x32 if variance_size is None else x32[..., :variance_size]
+    out = (x32 * torch.rsqrt(stats.square().mean(dim=-1, keepdim=True) + epsilon)).to(x.dtype)
+    return out * weight if weight is not None else out
