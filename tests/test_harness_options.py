@@ -1,0 +1,148 @@
+"""Harness options and plumbing: load errors, waivers, baseline, xdist, repro, report, schema, inertness."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conformance.results import CheckResult, Outcome, ResultsFile, validate_document, verdict
+from conformance.waivers import WaiverFileError, apply_waivers, load_waivers, regression
+from harness_runner import PLUGINS, run_harness
+
+
+@pytest.mark.parametrize("platform, fragments", [
+    ("no_such_platform", ["unknown platform 'no_such_platform'", "reference_impl.platform_plugins"]),
+    ("broken_import", ["plugin 'broken_import'", "conformance_broken.import_error:register",
+                       "ImportError", "libvendor.so"]),
+    ("broken_absent", ["platform plugin 'broken_absent'", "conformance_broken:register_absent",
+                       "returned None"]),
+])
+def test_platform_that_cannot_load_stops_the_run_with_one_clear_line(tmp_path, platform, fragments):
+    run = run_harness(tmp_path, platform, dist="broken")
+    assert run.returncode not in (0, 1)
+    lines = [ln for ln in run.output.splitlines() if "cannot activate --platform" in ln]
+    assert len(lines) == 1, run.output[-2000:]
+    for fragment in fragments:
+        assert fragment in lines[0]
+    assert run.doc is None   # stopped before any check ran
+
+
+def test_waivers_turn_failures_into_xfail_and_stale_ones_into_xpass(tmp_path):
+    waivers = tmp_path / "waivers.toml"
+    waivers.write_text('[[waiver]]\ncheck = "numerics"\nop = "rms_norm"\ndtype = "float32"\ncase = "*769*"\n'
+                       'reason = "odd tail bug, vendor ticket 1"\n\n'
+                       '[[waiver]]\ncheck = "numerics"\ncase = "tokens=1,hidden=128"\ndtype = "float32"\n'
+                       'reason = "stale"\n')
+    run = run_harness(tmp_path, "broken_odd_numerics", f"--conformance-waivers={waivers}", "-k",
+                      "numerics and ir_case and float32", dist="broken")
+    assert validate_document(run.doc) == []
+    assert run.outcomes(case="tokens=7,hidden=769") == {"XFAIL"}
+    assert run.outcomes(case="tokens=1,hidden=128") == {"XPASS"}
+    assert run.doc["verdict"] == "NOT_CONFORMANT" and run.returncode == 1   # strict gate on XPASS
+
+
+def test_baseline_pass_that_regresses_fails_the_run(tmp_path):
+    baseline = {"results": [{"check": "numerics", "op": "rms_norm", "provider": "broken", "dtype": "float32",
+                             "case": "tokens=7,hidden=769", "outcome": "PASS"}]}
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(baseline))
+    run = run_harness(tmp_path, "broken_odd_numerics", f"--conformance-baseline={path}", "-k",
+                      "numerics and ir_case and float32 and 769", dist="broken")
+    assert run.returncode == 1
+    assert "regressions against the baseline: 1" in run.output
+    assert "PASS before, FAIL now" in run.output
+
+
+def test_xdist_results_cover_all_workers(tmp_path):
+    select = ["-k", "rms_norm and float32"]
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    single = run_harness(tmp_path / "one", "demo", *select, dist="demo")
+    spread = run_harness(tmp_path / "two", "demo", "-n", "2", *select, dist="demo")
+    assert spread.returncode == 0, spread.output[-2000:]
+    key = lambda r: (r["nodeid"], r["outcome"])  # noqa: E731
+    assert sorted(map(key, spread.results)) == sorted(map(key, single.results))
+    assert len(spread.results) > 20
+    assert "conformance scorecard" in spread.output
+
+
+def test_repro_command_reruns_the_failing_case(tmp_path):
+    run = run_harness(tmp_path, "broken_odd_numerics", "-k", "numerics and ir_case and float32 and 769",
+                      dist="broken")
+    failing = run.where(outcome="FAIL")
+    assert failing
+    env = dict(os.environ, PYTHONPATH=str(PLUGINS / "broken"))
+    cmd = failing[0]["repro"].replace("python", sys.executable, 1)
+    proc = subprocess.run(cmd, shell=True, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stdout.startswith("FAIL  numerics.ir_case rms_norm-broken-float32-tokens=7,hidden=769")
+    assert "worst at index" in proc.stdout and "override_tolerance(torch.float32" in proc.stdout
+
+
+def test_report_renders_markdown(tmp_path):
+    doc = {"schema_version": 1, "platform": {"name": "p", "class": "m.P", "device_type": "cpu"},
+           "environment": {"python": "3.11", "torch": "2.13.0", "reference_impl": "0.1.0", "seed": 1},
+           "results": [CheckResult("suites/test_numerics.py::test_ir_case[x]", "numerics", "rms_norm", "p",
+                                   "float32", "c", Outcome.FAIL, "bad", repro="python -m conformance repro").to_json()],
+           "summary": {"FAIL": 1}, "verdict": "NOT_CONFORMANT"}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    assert validate_document(doc) == []
+    out = subprocess.run([sys.executable, "-m", "conformance", "report", str(path)], capture_output=True,
+                         text=True, check=True).stdout
+    assert "# Compatibility report: `p`" in out and "**NOT_CONFORMANT**" in out and "| rms_norm" in out
+
+
+def test_schema_validation_names_problems():
+    doc = {"schema_version": 2, "platform": {}, "environment": {}, "results": [{"check": "speed"}],
+           "summary": {"PASS": 1}, "verdict": "MAYBE"}
+    problems = "\n".join(validate_document(doc))
+    for fragment in ("schema_version", "platform", "environment", "results[0]", "speed", "verdict"):
+        assert fragment in problems
+
+
+def test_results_file_is_valid_while_running_and_gates_until_finished(tmp_path):
+    rf = ResultsFile(str(tmp_path / "r.json"), {"name": "p", "class": "m.P", "device_type": "cpu"},
+                     {"python": "3", "torch": "2", "reference_impl": "0", "seed": 1}, min_interval_s=0)
+    rf.add(CheckResult("n", "numerics", "op", "p", "float32", "c", Outcome.PASS))
+    partial = json.loads((tmp_path / "r.json").read_text())
+    assert validate_document(partial) == [] and partial["verdict"] == "NOT_CONFORMANT"
+    rf.write(final=True)
+    assert json.loads((tmp_path / "r.json").read_text())["verdict"] == "CONFORMANT"
+
+
+def test_verdict_rules():
+    mk = lambda o: CheckResult("n", "dispatch", None, None, None, None, o, "m")  # noqa: E731
+    assert verdict([mk(o) for o in ("PASS", "NOT_IMPLEMENTED", "NOT_SUPPORTED", "SKIP", "XFAIL",
+                                    "QUALITY_WARNING")]) == "CONFORMANT"
+    for bad in ("FAIL", "ERROR", "TIMEOUT", "CRASH", "XPASS"):
+        assert verdict([mk("PASS"), mk(bad)]) == "NOT_CONFORMANT"
+    assert verdict([mk("XPASS")], strict_xpass=False) == "CONFORMANT"
+
+
+def test_waiver_and_baseline_logic(tmp_path):
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps({"waivers": [{"op": "rms_*", "reason": "known"}]}))
+    (waiver,) = load_waivers(str(path))
+    fail = CheckResult("n", "numerics", "rms_norm", "p", "float32", "c", Outcome.FAIL, "bad")
+    assert apply_waivers(fail, [waiver]).outcome is Outcome.XFAIL
+    ok = CheckResult("n", "numerics", "silu", "p", "float32", "c", Outcome.PASS)
+    assert apply_waivers(ok, [waiver]).outcome is Outcome.PASS
+    path.write_text(json.dumps([{"op": "x"}]))
+    with pytest.raises(WaiverFileError, match="needs a reason"):
+        load_waivers(str(path))
+    base = {("numerics", "rms_norm", "p", "float32", "c"): "PASS"}
+    assert "PASS before, FAIL now" in regression(fail, base)
+    assert regression(ok, base) is None
+
+
+def test_plugin_is_inert_without_platform(tmp_path):
+    (tmp_path / "test_one.py").write_text("def test_one():\n    assert True\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_one.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout
+    assert "conformance:" not in proc.stdout and "scorecard" not in proc.stdout
