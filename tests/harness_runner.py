@@ -34,7 +34,7 @@ class HarnessRun:
         return {r["outcome"] for r in self.where(**fields)}
 
 
-def run_harness(tmp_path: Path, platform: str, *args: str, dist: str | None = None,
+def run_harness(tmp_path: Path, platform: str, *args: str, dist: str | Path | None = None,
                 level: str = "quick", timeout: float = 300) -> HarnessRun:
     """`python -m pytest --platform=... --conformance-json=...` from `tmp_path` (not the project root)."""
     out = tmp_path / f"{platform}.json"
@@ -43,9 +43,39 @@ def run_harness(tmp_path: Path, platform: str, *args: str, dist: str | None = No
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
     if dist:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGINS / dist), env.get("PYTHONPATH")]))
+        root = PLUGINS / dist if isinstance(dist, str) else dist
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "pytest", f"--platform={platform}", f"--conformance-level={level}",
            f"--conformance-json={out}", "-p", "no:cacheprovider", *args]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
     doc = json.loads(out.read_text()) if out.exists() else None
     return HarnessRun(proc.returncode, proc.stdout + proc.stderr, doc)
+
+
+def as_distribution(project_dir: Path, target: Path) -> Path:
+    """Lay out `project_dir` (a pyproject.toml plugin) under `target` as an installed distribution:
+    its packages plus a `*.dist-info` with the pyproject's entry points; returns `target`."""
+    import shutil
+    import tomllib
+
+    meta = tomllib.loads((project_dir / "pyproject.toml").read_text())
+    project = meta["project"]
+    for package in meta["tool"]["setuptools"]["packages"]:
+        shutil.copytree(project_dir / package, target / package)
+    info = target / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    groups = project.get("entry-points", {})
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n" for group, eps in groups.items()))
+    return target
+
+
+def entry_points_of(dist_info: Path) -> dict[str, dict[str, str]]:
+    """The groups and entry points of a dist-info's entry_points.txt."""
+    import configparser
+
+    parser = configparser.ConfigParser(delimiters=("=",))
+    parser.optionxform = str
+    parser.read(dist_info / "entry_points.txt")
+    return {s: dict(parser[s]) for s in parser.sections()}
