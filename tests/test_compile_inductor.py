@@ -15,7 +15,7 @@ from torch._inductor.utils import run_and_get_code
 from reference_impl import ir
 from reference_impl.compilation import ReferenceCompileBackend
 from reference_impl.platforms import activate_platform
-from tests._compile_support import EPS, CompileTestPlatform, clones_of, far, providers
+from _compile_support import EPS, CompileTestPlatform, clones_of, far, providers
 
 HIDDEN, INTER = 64, 96
 _ALLOC = re.compile(r"\bbuf\d+ = empty_strided_\w+\(")

@@ -18,7 +18,7 @@ from reference_impl.config import CompilationConfig, CompilationMode, KernelConf
 from reference_impl.custom_op import CustomOp
 from reference_impl.layers.layernorm import RMSNorm
 from reference_impl.platforms import activate_platform
-from tests._compile_support import CompileTestPlatform, count, providers
+from _compile_support import CompileTestPlatform, count, providers
 
 HIDDEN = 32
 

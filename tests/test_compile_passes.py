@@ -21,7 +21,7 @@ from reference_impl.compilation import (
     find_cause,
 )
 from reference_impl.platforms import activate_platform
-from tests._compile_support import EPS, CompileTestPlatform, clones_of, count, far, ir_nodes, providers
+from _compile_support import EPS, CompileTestPlatform, clones_of, count, far, ir_nodes, providers
 
 rms_norm, quant = ir.ops.rms_norm, ir.ops.static_quant_fp8
 HIDDEN = 32
