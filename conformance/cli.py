@@ -4,6 +4,7 @@
         --dtype bfloat16 --case 'tokens=7,hidden=769' --seed 1234 --level standard
     python -m conformance report results.json [-o report.md]
     python -m conformance validate results.json
+    python -m conformance publish --platform cpu      # reruns the harness, writes reports/cpu.{json,md}
 """
 
 from __future__ import annotations
@@ -63,6 +64,27 @@ def _validate(args) -> int:
     return 1 if errors else 0
 
 
+def _publish(args) -> int:
+    """Run the harness for one platform and write `<dir>/<platform>.json` and `<dir>/<platform>.md`."""
+    import os
+    import subprocess
+
+    from conformance.report import render_markdown
+    from conformance.results import load_results
+
+    os.makedirs(args.dir, exist_ok=True)
+    json_path = os.path.join(args.dir, f"{args.platform}.json")
+    cmd = [sys.executable, "-m", "pytest", f"--platform={args.platform}", f"--conformance-json={json_path}",
+           f"--conformance-level={args.level}", "-p", "no:cacheprovider", "-q", *args.pytest_args]
+    rc = subprocess.call(cmd)
+    if not os.path.exists(json_path):
+        print(f"the harness wrote no results file (exit status {rc})", file=sys.stderr)
+        return rc or 1
+    with open(os.path.join(args.dir, f"{args.platform}.md"), "w") as fh:
+        fh.write(render_markdown(load_results(json_path)))
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="conformance", description="platform conformance harness tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -83,5 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     validate = sub.add_parser("validate", help="check a results file against the CHECKS.md schema")
     validate.add_argument("results")
     validate.set_defaults(fn=_validate)
+    publish = sub.add_parser("publish", help="run the harness and write the platform's published report")
+    publish.add_argument("--platform", required=True)
+    publish.add_argument("--level", choices=LEVELS, default="standard")
+    publish.add_argument("--dir", default="reports")
+    publish.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    publish.set_defaults(fn=_publish)
     args = parser.parse_args(argv)
     return args.fn(args)

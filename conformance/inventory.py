@@ -94,10 +94,17 @@ class Inventory:
             raise ValueError(f"no unit generator for {family}.{check}")
         return fn(family, check, level)
 
-    def _provided(self):
+    def _provided(self, supported_only: bool = True):
+        """(op, provider) the platform brings; `supported=False` ones only when asked for."""
         for op in self.ir_ops():
             for provider in self.ir_providers.get(op.name, []):
-                yield op, provider
+                if op.impls[provider].supported or not supported_only:
+                    yield op, provider
+
+    def _units_unsupported(self, family, check, level):
+        """One NOT_SUPPORTED per provider registered supported=False (its checks cannot run)."""
+        return [Unit(family, check, op.name, provider) for op, provider in self._provided(False)
+                if not op.impls[provider].supported]
 
     def _units_ir_case(self, family, check, level):
         units = []
@@ -139,7 +146,7 @@ class Inventory:
         return [Unit(family, check, name) for name in self.in_tree_layers() if name not in replaced]
 
     def _units_priority(self, family, check, level):
-        return [Unit(family, check, op.name, provider) for op, provider in self._provided()]
+        return [Unit(family, check, op.name, provider) for op, provider in self._provided(False)]
 
     _units_supports_args = _units_priority
 

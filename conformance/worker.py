@@ -54,6 +54,10 @@ def serve(platform: str, seed: int, level: str) -> int:
     sys.stdout = sys.stderr
     faulthandler.enable()
     proto_in = sys.stdin.buffer
+    if os.environ.get("CONFORMANCE_WORKER_THREADS"):
+        import torch
+
+        torch.set_num_threads(int(os.environ["CONFORMANCE_WORKER_THREADS"]))
     try:
         from conformance.checks import CheckContext, run_unit
         from conformance.inventory import activate
@@ -95,6 +99,11 @@ class KernelWorker:
         fd, self.log_path = tempfile.mkstemp(prefix="conformance-worker-", suffix=".log")
         env = dict(os.environ)
         env.setdefault("PYTHONFAULTHANDLER", "1")
+        workers = int(env.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+        if workers > 1:   # share the cores between the xdist workers' kernel workers
+            threads = str(max(1, (os.cpu_count() or 1) // workers))
+            env.setdefault("OMP_NUM_THREADS", threads)
+            env.setdefault("CONFORMANCE_WORKER_THREADS", threads)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "conformance.worker", "--platform", self.platform, "--seed", str(self.seed),
              "--level", self.level],

@@ -16,3 +16,8 @@ def test_ir_property(conformance_unit, conformance_check):
 @pytest.mark.conformance("numerics", "layer_case")
 def test_layer_case(conformance_unit, conformance_check):
     conformance_check(conformance_unit)
+
+
+@pytest.mark.conformance("numerics", "unsupported")
+def test_unsupported(conformance_unit, conformance_check):
+    conformance_check(conformance_unit)

@@ -14,6 +14,7 @@ def registry() -> dict[str, object]:
     from conformance.checks import aliasing, compile, dispatch, numerics
 
     return {
+        "numerics.unsupported": numerics.unsupported,
         "numerics.ir_case": numerics.ir_case,
         "numerics.ir_property": numerics.ir_property,
         "numerics.layer_case": numerics.layer_case,

@@ -68,6 +68,15 @@ def compare_ir(ctx: CheckContext, op, impl, args, dtype: torch.dtype, compare_na
                            tolerance_hint=hint)
 
 
+def unsupported(ctx: CheckContext, unit: Unit) -> Verdict:
+    """A provider registered supported=False: never selected, so numerics, aliasing and compile cannot run."""
+    impl = lookup.impl(unit.op, unit.provider)
+    if impl.supported:
+        return Verdict(Outcome.ERROR, f"provider '{impl.provider}' is supported now; the catalog was stale")
+    return not_supported(f"provider '{impl.provider}' of {unit.op} registered supported=False on this platform: it is "
+                         "never selected, and its numerics, aliasing and compile checks do not run")
+
+
 def ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
     op, impl, case = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider), lookup.ir_case(unit.op, unit.case)
     dtype = unit_dtype(unit)
