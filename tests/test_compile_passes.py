@@ -116,6 +116,36 @@ def test_reuse_through_an_alias_and_double_donation_are_rejected():
         assert err is not None and needle in str(err), f"{fn.__name__}: {info.value!r}"
 
 
+def test_disjoint_slices_of_one_buffer_are_not_aliases_of_a_donated_slice():
+    from reference_impl.ir.ops.rotary import compute_cos_sin_cache
+
+    heads, head_size = 2, 16
+    cache = compute_cos_sin_cache(head_size, head_size, 64, 10000.0, torch.float32)
+
+    def attention_inputs(positions, qkv):
+        d = heads * head_size
+        q, k, v = qkv[:, :d], qkv[:, d:2 * d], qkv[:, 2 * d:]
+        q, k = ir.ops.rotary_embedding.maybe_inplace(positions, q, k, head_size, cache, True)
+        return q, k, v * 2          # v shares qkv's storage but not q's or k's bytes
+
+    def reads_the_base(positions, qkv):
+        d = heads * head_size
+        q, k = ir.ops.rotary_embedding.maybe_inplace(positions, qkv[:, :d], qkv[:, d:2 * d], head_size, cache, True)
+        return q, k, qkv.sum()      # qkv holds the donated q and k
+
+    positions = torch.arange(6)
+    qkv = torch.randn(6, 3 * heads * head_size)
+    compiled, _ = _compile(attention_inputs)
+    _assert_same(compiled(positions, qkv.clone()), _eager(attention_inputs, positions, qkv))
+
+    torch._dynamo.reset()
+    compiled, _ = _compile(reads_the_base)
+    with pytest.raises(Exception) as info:
+        compiled(positions, qkv.clone())
+    err = find_cause(info.value, DonatedInputReuseError)
+    assert err is not None and err.op == "rotary_embedding" and "qkv.sum()" in str(err), repr(info.value)
+
+
 def test_reading_only_metadata_of_a_donated_value_is_allowed():
     from reference_impl.compilation import InplaceFunctionalizationPass, PassContext
 

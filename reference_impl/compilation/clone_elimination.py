@@ -14,7 +14,7 @@ import torch
 from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from reference_impl.compilation.fx_utils import node_tensors, placeholders, positions, reads_data, storages
+from reference_impl.compilation.fx_utils import may_overlap, node_tensors, placeholders, positions, reads_data, storages
 from reference_impl.compilation.pass_manager import POST_GRAD, GraphPass, PassContext
 
 _CLONE = torch.ops.aten.clone.default
@@ -49,11 +49,20 @@ class _AliasSets:
         return k
 
     def aliases(self, node: Node) -> set[Node]:
-        roots = {self.find(k) for k in self.keys.get(node, ())}
+        """Nodes that may share memory with `node`: same merged storage class and, within one raw
+        storage, not provably disjoint (q/k/v slices of one buffer are not aliases of each other)."""
+        own = self.keys.get(node, set())
+        roots = {self.find(k) for k in own}
+        mine = node_tensors(node)
         out = {node}
         for k, nodes in self.members.items():
-            if self.find(k) in roots:
-                out.update(nodes)
+            if self.find(k) not in roots:
+                continue
+            for other in nodes:
+                if other in out:
+                    continue
+                if k not in own or any(may_overlap(t, u) for t in mine for u in node_tensors(other)):
+                    out.add(other)
         return out
 
     def merge(self, a: Node, b: Node) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from torch.fx import Graph, Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from reference_impl.ir.op import LIB_NAMESPACE, IrOp
@@ -156,4 +157,46 @@ def reads_data(user: Node) -> bool:
         return False
     if user.op == "call_method" and user.target in _METADATA_METHODS:
         return False
+    return True
+
+
+def _static(v) -> int | None:
+    """`v` as a Python int when it is not symbolic, else None."""
+    if isinstance(v, int):
+        return v
+    if isinstance(v, torch.SymInt):
+        return v.node.maybe_as_int()
+    return None
+
+
+def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors may share memory: False only when provably disjoint, decided without
+    adding shape guards (separate storages; disjoint element ranges; or column windows of the same
+    rows, like q/k/v slices of one qkv buffer)."""
+    try:
+        if StorageWeakRef(a.untyped_storage()) != StorageWeakRef(b.untyped_storage()):
+            return False
+    except (NotImplementedError, RuntimeError):
+        return True
+    if a.element_size() != b.element_size():
+        return True
+    if any(s < 0 for s in (*a.stride(), *b.stride()) if _static(s) is not None):
+        return True
+
+    def end(t):
+        return t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
+
+    if statically_known_true(end(a) <= b.storage_offset()) or statically_known_true(end(b) <= a.storage_offset()):
+        return False
+    if a.dim() >= 2 and a.dim() == b.dim():
+        strides_a, strides_b = [_static(s) for s in a.stride()], [_static(s) for s in b.stride()]
+        offsets = _static(a.storage_offset()), _static(b.storage_offset())
+        widths = _static(a.shape[-1]), _static(b.shape[-1])
+        if (None not in strides_a and strides_a == strides_b and strides_a[-1] == 1
+                and None not in offsets and None not in widths):
+            row = strides_a[-2]
+            if row > 0 and all(s % row == 0 for s in strides_a[:-1]):
+                ca, cb = offsets[0] % row, offsets[1] % row
+                if ca + widths[0] <= row and cb + widths[1] <= row and (ca + widths[0] <= cb or cb + widths[1] <= ca):
+                    return False
     return True

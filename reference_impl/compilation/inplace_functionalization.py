@@ -11,7 +11,8 @@ from torch.fx import Graph, Node
 
 from reference_impl.compilation.errors import DonatedInputReuseError
 from reference_impl.compilation.fx_utils import (
-    describe, ir_args, ir_op_of, placeholders, positions, reads_data, source_line, storages,
+    describe, ir_args, ir_op_of, may_overlap, node_tensors, placeholders, positions, reads_data, source_line,
+    storages,
 )
 from reference_impl.compilation.pass_manager import PRE_GRAD, GraphPass, PassContext
 
@@ -64,9 +65,13 @@ class InplaceFunctionalizationPass(GraphPass):
 
     @staticmethod
     def _aliases(value: Node, by_storage: dict) -> set[Node]:
+        """Nodes whose values may overlap `value`'s memory (views of it, its base; not disjoint slices)."""
         out = {value}
+        mine = node_tensors(value)
         for s in storages(value):
-            out.update(by_storage.get(s, ()))
+            for other in by_storage.get(s, ()):
+                if other not in out and any(may_overlap(t, u) for t in mine for u in node_tensors(other)):
+                    out.add(other)
         return out
 
     def _check_not_reused(self, call: Node, op_name: str, param: str, value: Node, order: dict,
