@@ -21,12 +21,15 @@ from pathlib import Path
 
 import torch
 
+from reference_impl.kernels._cpp_provider import register_fakes
+
 logger = logging.getLogger(__name__)
 
 LIBRARY = "reference_cpu"
 CSRC_DIR = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
 SOURCES = ("bindings.cpp", "norm.cpp", "activation.cpp", "rotary.cpp", "quant.cpp")
-HEADERS = ("kernels.h", "vec_common.h")
+# Files the sources include (hashed into the build name); paths relative to CSRC_DIR.
+HEADERS = ("kernels.h", "vec_common.h", "../common/binding_utils.h", "../common/schemas.inc")
 # Set to 1 to turn the provider off (dispatch then falls back to the next provider).
 DISABLE_ENV = "REFERENCE_IMPL_DISABLE_CPP_KERNELS"
 
@@ -69,7 +72,8 @@ def toolchain_problem() -> str | None:
         return "ninja is not available (pip install ninja)"
     missing = [n for n in SOURCES + HEADERS if not (CSRC_DIR / n).is_file()]
     if missing:
-        return f"kernel sources {missing} are missing from {CSRC_DIR} (csrc/ ships with a source checkout)"
+        return (f"kernel sources {missing} are missing from {CSRC_DIR} (csrc/ ships with a source "
+                "checkout; install the project editable or from the repository)")
     return None
 
 
@@ -146,7 +150,7 @@ def load() -> None:
             raise _failure from exc
         logger.info("reference C++ CPU kernels %s in %.1f s", "loaded" if cached else "built",
                     time.perf_counter() - start)
-        _register_fakes()
+        register_fakes(LIBRARY)
         _loaded = True
 
 
@@ -155,38 +159,3 @@ def ops():
     if not _loaded:
         load()
     return torch.ops.reference_cpu
-
-
-def _register_fakes() -> None:
-    """Fake (meta) implementations of the ops that allocate outputs; in-place ops need none."""
-    fp8 = torch.float8_e4m3fn
-
-    def same(x, *args):
-        return x.new_empty(x.shape)
-
-    def half_last(x, *args):
-        return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
-
-    def static_quant(x, scale):
-        s = scale.unsqueeze(0) if scale.ndim == 1 and scale.numel() > 1 else scale
-        s_shape = list(s.shape) or [1]
-        s_shape[-1] = x.shape[-1] if s_shape[-1] > 1 else 1
-        return x.new_empty(torch.broadcast_shapes(x.shape, s_shape), dtype=fp8)
-
-    def dynamic_quant(x, per_token, scale_ub):
-        scale_shape = (*x.shape[:-1], 1) if per_token else (1,)
-        return x.new_empty(x.shape, dtype=fp8), x.new_empty(scale_shape, dtype=torch.float32)
-
-    def group_quant(x, group_size):
-        return (x.new_empty(x.shape, dtype=fp8),
-                x.new_empty((*x.shape[:-1], x.shape[-1] // group_size), dtype=torch.float32))
-
-    fakes = {
-        "rms_norm": same, "gelu_new": same, "gelu_fast": same, "quick_gelu": same, "relu2": same,
-        "silu_and_mul": half_last, "mul_and_silu": half_last, "gelu_and_mul": half_last,
-        "fatrelu_and_mul": half_last, "swigluoai_and_mul": half_last,
-        "static_quant_fp8": static_quant, "dynamic_quant_fp8": dynamic_quant,
-        "dynamic_group_quant_fp8": group_quant,
-    }
-    for op_name, fn in fakes.items():
-        torch.library.register_fake(f"{LIBRARY}::{op_name}", fn)
