@@ -7,7 +7,6 @@ providers are registered per test by `providers()` and removed afterwards.
 from __future__ import annotations
 
 import contextlib
-import operator
 
 import torch
 from torch import Tensor
@@ -105,13 +104,5 @@ def clones_of(graph: Graph) -> list[str]:
             if n.op == "call_function" and n.target is torch.ops.aten.clone.default]
 
 
-def placeholder_names(graph: Graph) -> list[str]:
-    return [n.name for n in graph.nodes if n.op == "placeholder"]
-
-
 def ir_nodes(graph: Graph) -> list[str]:
     return [str(t) for t in targets(graph) if "reference_ir" in str(t)]
-
-
-def getitem_free(graph: Graph) -> bool:
-    return all(t is not operator.getitem for t in targets(graph))

@@ -6,11 +6,15 @@ Pipeline per Dynamo graph (one `PassContext` each):
 With `inner="inductor"` the post-grad passes run as inductor's `post_grad_custom_post_pass` and
 inductor generates the code; with `inner="aot_eager"` (alias `"eager"`) AOTAutograd runs alone and
 the final FX graph executes as Python: cheap, for checks about graphs rather than generated code.
+
+Known torch 2.13 limitation: inductor's C++ backend crashes (`KeyError: 'bufN'` in outer-loop
+fusion, pytorch/pytorch#196570) on a kernel that writes its result into an input with Python
+`copy_`, with or without this pipeline. In-place providers built as torch ops that declare their
+mutated arguments (the reference C++ kernels) are unaffected; aot_eager handles both.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,8 +28,6 @@ from reference_impl.compilation.inplace_functionalization import InplaceFunction
 from reference_impl.compilation.lowering import IrLoweringPass, inductor_decompositions
 from reference_impl.compilation.pass_manager import POST_GRAD, PRE_GRAD, PassContext, PassManager
 from reference_impl.config import CompilationConfig, get_current_config
-
-logger = logging.getLogger("reference_impl.compilation")
 
 INNER_COMPILERS = ("inductor", "aot_eager", "eager")
 

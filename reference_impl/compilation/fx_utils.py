@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -99,10 +98,6 @@ def placeholders(graph: Graph) -> list[Node]:
     return [n for n in graph.nodes if n.op == "placeholder"]
 
 
-def input_nodes(node: Node) -> Iterator[Node]:
-    yield from node.all_input_nodes
-
-
 def getitem_users(node: Node) -> dict[int, Node]:
     """Index -> `operator.getitem(node, index)` user of a tuple-valued node."""
     out = {}
@@ -138,11 +133,6 @@ def copy_graph(graph: Graph) -> Graph:
     out = new.graph_copy(graph, {})
     new.output(out)
     return new
-
-
-def all_nodes(graphs: Iterable[Graph]) -> Iterator[Node]:
-    for g in graphs:
-        yield from g.nodes
 
 
 _METADATA_METHODS = frozenset({"size", "dim", "stride", "numel", "nelement", "ndimension", "is_contiguous",

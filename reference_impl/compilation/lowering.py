@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+
 import torch
 from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
@@ -21,7 +22,6 @@ from reference_impl.compilation.errors import CompilationPipelineError
 from reference_impl.compilation.fx_utils import fake_value, getitem_users, ir_args, ir_op_of, is_ir_node
 from reference_impl.compilation.pass_manager import POST_GRAD, GraphPass, PassContext
 from reference_impl.ir.op import IrOp, IrOpImpl
-
 
 _constant_ids = itertools.count()
 

@@ -6,7 +6,6 @@ graph computes the same values before and after fusion; providers may bring sing
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from reference_impl.ir.cases import OpCase, randn, row_strided
