@@ -402,9 +402,10 @@ def _plain_eager(args: tuple) -> bool:
     SchemaCheckMode), and a plain, non-meta first tensor. Skipping the dispatcher there halves the
     eager call overhead; everywhere else the call goes through the registered torch op.
     """
+    if torch.compiler.is_compiling():   # first, so Dynamo folds it and traces no tensor checks
+        return False
     first = args[0] if args else None
     return (type(first) is torch.Tensor and not first.is_meta
-            and not torch.compiler.is_compiling()
             and torch._C._len_torch_dispatch_stack() == 0
             and not torch._C._is_torch_function_mode_enabled())
 
