@@ -1,0 +1,83 @@
+"""Every declared conformance case of the catalog layers builds and runs for every dtype.
+
+Generic over the layer modules: each case constructs its layer, seeds its parameters, runs
+`forward` (the platform's dispatch) and `forward_native`, and is compared with the same layer
+run in float64 (what the harness uses as the golden result) within a loose dtype-scaled bound,
+so a case whose native result is badly off for some dtype shows up here, not in a vendor run.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from reference_impl.custom_op import CustomOp
+from reference_impl.layers import activation, layernorm, mamba, quantization, rotary_embedding
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MODULES = (activation, layernorm, mamba, rotary_embedding, quantization)
+# Native in half precision against float64: allowed error in units of the layer's tolerance.
+GOLDEN_SLACK = 4.0
+
+LAYERS = sorted({cls for module in MODULES for cls in vars(module).values()
+                 if isinstance(cls, type) and issubclass(cls, CustomOp) and cls.__module__ == module.__name__},
+                key=lambda c: c.__name__)
+
+
+def _params():
+    for cls in LAYERS:
+        for case in cls.conformance_cases:
+            for dtype in case.dtypes or DTYPES:
+                yield pytest.param(cls, case, dtype, id=f"{cls.__name__}::{case.name}::{str(dtype)[6:]}")
+
+
+def _outputs(value):
+    return [v for v in (value if isinstance(value, tuple) else (value,))]
+
+
+def _golden_inputs(inputs):
+    return tuple(a.to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                 and a.element_size() > 1 else a for a in inputs)
+
+
+def test_every_layer_is_registered_and_declares_cases_and_tolerances():
+    assert len(LAYERS) >= 18
+    for cls in LAYERS:
+        assert CustomOp.op_registry.get(cls.name) is cls, cls
+        assert cls.conformance_cases, f"{cls.__name__} declares no conformance cases"
+        names = [c.name for c in cls.conformance_cases]
+        assert len(names) == len(set(names)), f"{cls.__name__} repeats a case name"
+        assert any(c.runs_at("quick") for c in cls.conformance_cases), cls
+        for dtype in DTYPES:
+            atol, rtol = cls.tolerances[dtype]
+            assert 0 < atol < 1 and 0 < rtol < 1, (cls, dtype)
+
+
+@pytest.mark.parametrize("cls,case,dtype", list(_params()))
+def test_case_runs_and_tracks_float64(cls, case, dtype):
+    gen = torch.Generator().manual_seed(2024)
+    layer = cls(**case.make_kwargs(dtype))
+    if case.init_params is not None:
+        case.init_params(layer, gen)
+    inputs = case.make_inputs(dtype, "cpu", torch.Generator().manual_seed(7))
+    saved = [a.clone() if isinstance(a, torch.Tensor) else a for a in inputs]
+
+    def run(method):
+        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in saved]
+        return _outputs(method(*args))
+
+    native = run(layer.forward_native)
+    dispatched = run(layer.forward)
+    golden = _outputs(copy.deepcopy(layer).to(torch.float64).forward_native(*_golden_inputs(saved)))
+    atol, rtol = cls.tolerances[dtype]
+    assert len(native) == len(dispatched) == len(golden)
+    for out, again, gold in zip(native, dispatched, golden):
+        if out is None:
+            assert again is None and gold is None
+            continue
+        assert out.shape == gold.shape and out.dtype == again.dtype
+        torch.testing.assert_close(again.double(), out.double(), atol=atol, rtol=rtol, equal_nan=True)
+        torch.testing.assert_close(out.double(), gold.double(), atol=GOLDEN_SLACK * atol,
+                                   rtol=GOLDEN_SLACK * rtol, equal_nan=True)
