@@ -67,3 +67,146 @@ RMSNorm.conformance_cases = [
     _rms_case("tokens=4,hidden=256,var_hidden_size=64,residual", 4, 256, var_hidden_size=64, residual=True),
     _rms_case("tokens=16,hidden=4096,residual", 16, 4096, residual=True, level="standard"),
 ]
+
+
+# ----- gated and Gemma variants -------------------------------------------------------------------
+_GATE_ACTIVATIONS = ("swish", "silu", "sigmoid")
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """float32 for half/single precision inputs; float64 stays float64 (the golden runs)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+@CustomOp.register("rms_norm_gated")
+class RMSNormGated(CustomOp):
+    """RMS norm with an optional group size and an optional gate `z` (Mamba2 / Qwen3-Next style).
+
+    Everything in float32 (float64 inputs: float64), cast to x's dtype at the end. With z: `norm_before_gate=True` gives
+    `rms_norm(x) * w * act(z)`, False gives `rms_norm(x * act(z)) * w`; act is SiLU ('swish' or
+    'silu') or 'sigmoid'. With `group_size`, statistics are per consecutive group of features.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, group_size: int | None = None,
+                 norm_before_gate: bool = False, device: torch.device | None = None,
+                 dtype: torch.dtype | None = None, activation: str = "swish", *, enforce_enable: bool = False):
+        super().__init__(enforce_enable=enforce_enable)
+        if group_size is not None and (group_size <= 0 or hidden_size % group_size):
+            raise ValueError(f"RMSNormGated: group_size={group_size} must be positive and divide "
+                             f"hidden_size={hidden_size}")
+        if activation not in _GATE_ACTIVATIONS:
+            raise ValueError(f"RMSNormGated: activation={activation!r} is not one of {_GATE_ACTIVATIONS}")
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.group_size = group_size
+        self.norm_before_gate = norm_before_gate
+        self.activation = activation
+        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype), requires_grad=False)
+        self.register_parameter("bias", None)
+
+    def _act(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(z) if self.activation == "sigmoid" else torch.nn.functional.silu(z)
+
+    def forward_native(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        if x.shape[-1] != self.hidden_size:
+            raise ValueError(f"RMSNormGated expected last dim {self.hidden_size}, got shape {tuple(x.shape)}")
+        orig_dtype = x.dtype
+        compute = _compute_dtype(x)
+        x = x.to(compute)
+        gate = self._act(z.to(compute)) if z is not None else None
+        if gate is not None and not self.norm_before_gate:
+            x = x * gate
+        if self.group_size is None:
+            normed = ir.ops.rms_norm(x, None, self.eps)
+        else:
+            normed = ir.ops.rms_norm(x.unflatten(-1, (-1, self.group_size)), None, self.eps).flatten(-2)
+        out = normed * self.weight.to(compute)
+        if gate is not None and self.norm_before_gate:
+            out = out * gate
+        return out.to(orig_dtype)
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, eps={self.eps}, group_size={self.group_size}, "
+                f"norm_before_gate={self.norm_before_gate}, activation={self.activation!r}")
+
+
+@CustomOp.register("gemma_rms_norm")
+class GemmaRMSNorm(CustomOp):
+    """Gemma's RMS norm: `x * (1 + w)` with the multiply in float32 and the cast after it.
+
+    With a residual, `s = x + residual` is formed in float32 first; returns (norm(s), s cast to
+    x's dtype). (vLLM adds in the input dtype for bfloat16 and returns a float32 residual for
+    float16; here both dtypes add in float32 and the residual keeps x's dtype, like RMSNorm.)
+    The float32 tensors go through IR `rms_norm` / `fused_add_rms_norm.maybe_inplace`; for
+    float32 inputs those are `x` and `residual` themselves, which an in-place kernel may reuse.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, *, enforce_enable: bool = False):
+        super().__init__(enforce_enable=enforce_enable)
+        self.hidden_size = hidden_size
+        self.variance_epsilon = eps
+        self.weight = nn.Parameter(torch.zeros(hidden_size), requires_grad=False)
+
+    def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if x.shape[-1] != self.hidden_size:
+            raise ValueError(f"GemmaRMSNorm expected last dim {self.hidden_size}, got shape {tuple(x.shape)}")
+        orig_dtype = x.dtype
+        compute = _compute_dtype(x)
+        weight = self.weight.to(compute) + 1.0
+        if residual is None:
+            return ir.ops.rms_norm(x.to(compute), weight, self.variance_epsilon).to(orig_dtype)
+        out, summed = ir.ops.fused_add_rms_norm.maybe_inplace(x.to(compute), residual.to(compute), weight,
+                                                              self.variance_epsilon)
+        return out.to(orig_dtype), summed.to(orig_dtype)
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, eps={self.variance_epsilon}"
+
+
+def _gated_case(name, tokens, hidden, *, gate=True, level="quick", layout=None, **kwargs):
+    def make_inputs(dtype, device, gen):
+        x = randn((tokens, hidden), dtype, device, gen)
+        if layout == "strided":
+            x = strided(x)
+        return (x, randn((tokens, hidden), dtype, device, gen)) if gate else (x,)
+
+    return LayerCase(name, lambda dtype: {"hidden_size": hidden, "dtype": dtype, **kwargs}, make_inputs,
+                     init_params=randomize_parameters, level=level)
+
+
+RMSNormGated.tolerances = NORM_TOLERANCES
+RMSNormGated.conformance_cases = [
+    _gated_case("tokens=7,hidden=769,gate_after_norm", 7, 769),
+    _gated_case("tokens=7,hidden=768,gate_before_norm", 7, 768, norm_before_gate=True),
+    _gated_case("tokens=5,hidden=256,no_gate", 5, 256, gate=False),
+    _gated_case("tokens=4,hidden=256,group=64", 4, 256, group_size=64),
+    _gated_case("tokens=4,hidden=256,group=64,before,strided", 4, 256, group_size=64, norm_before_gate=True,
+                layout="strided"),
+    _gated_case("tokens=3,hidden=128,sigmoid", 3, 128, activation="sigmoid"),
+    _gated_case("tokens=1,hidden=1", 1, 1),
+    _gated_case("tokens=16,hidden=4096,group=128", 16, 4096, group_size=128, level="standard"),
+]
+
+
+def _gemma_case(name, tokens, hidden, *, residual=False, level="quick", layout=None):
+    def make_inputs(dtype, device, gen):
+        x = randn((tokens, hidden), dtype, device, gen)
+        if layout == "strided":
+            x = strided(x)
+        return (x, randn((tokens, hidden), dtype, device, gen)) if residual else (x,)
+
+    def init(layer, gen):  # Gemma weights sit around 0 (the layer adds 1)
+        randomize_parameters(layer, gen, scale=0.1, offset=0.0)
+
+    return LayerCase(name, lambda dtype: {"hidden_size": hidden}, make_inputs, init_params=init, level=level)
+
+
+GemmaRMSNorm.tolerances = NORM_TOLERANCES
+GemmaRMSNorm.conformance_cases = [
+    _gemma_case("tokens=7,hidden=769", 7, 769),
+    _gemma_case("tokens=7,hidden=769,residual", 7, 769, residual=True),
+    _gemma_case("tokens=4,hidden=256,strided", 4, 256, layout="strided"),
+    _gemma_case("tokens=4,hidden=256,strided,residual", 4, 256, layout="strided", residual=True),
+    _gemma_case("tokens=1,hidden=1,residual", 1, 1, residual=True),
+    _gemma_case("tokens=16,hidden=4096,residual", 16, 4096, residual=True, level="standard"),
+]

@@ -1,0 +1,268 @@
+"""Rotary position embedding layers (spec/CATALOG.md): RotaryEmbedding, DualChunkRotaryEmbedding,
+ApplyRotaryEmb. All of them rotate through IR `rotary_embedding` / `rotary_embedding_query`.
+
+The layers use the functional IR form: query and key are never modified and fresh tensors are
+returned. vLLM's CUDA path rotates in place, but its native form is functional too, and callers
+that still hold q/k (views of a fused qkv projection, for example) stay safe; the cost is one copy
+of q/k when an in-place kernel is selected, which compile passes may remove.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from reference_impl import ir
+from reference_impl.custom_op import CustomOp
+from reference_impl.ir.cases import randn, row_strided
+from reference_impl.ir.ops.rotary import ROPE_TOLERANCES, compute_cos_sin_cache
+from reference_impl.layers.cases import LayerCase
+
+
+def _check_rotary_dims(cls_name: str, head_size: int, rotary_dim: int, max_position: int, base: float) -> None:
+    if head_size <= 0:
+        raise ValueError(f"{cls_name}: head_size={head_size} must be positive")
+    if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_size:
+        raise ValueError(f"{cls_name}: rotary_dim={rotary_dim} must be even and in [2, head_size={head_size}]")
+    if max_position <= 0:
+        raise ValueError(f"{cls_name}: max_position_embeddings={max_position} must be positive")
+    if not base > 0:
+        raise ValueError(f"{cls_name}: base={base!r} must be positive")
+
+
+def _on_device(cache: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return cache if cache.device == like.device else cache.to(like.device)
+
+
+@CustomOp.register("rotary_embedding")
+class RotaryEmbedding(CustomOp):
+    """Rotary embedding with a `[max_position, rotary_dim]` cos/sin cache (cos | sin halves).
+
+    `forward(positions, query, key=None) -> (query, key)` rotates the first rotary_dim features
+    of every head, neox style (halves) or gptj style (interleaved pairs); `key=None` returns
+    `(query, None)`. Query/key are `[tokens, heads * head_size]` or `[tokens, heads, head_size]`.
+    """
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int, base: float,
+                 is_neox_style: bool, dtype: torch.dtype, *, enforce_enable: bool = False):
+        super().__init__(enforce_enable=enforce_enable)
+        _check_rotary_dims(type(self).__name__, head_size, rotary_dim, max_position_embeddings, base)
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        self.max_position_embeddings = max_position_embeddings
+        self.base = base
+        self.is_neox_style = is_neox_style
+        self.dtype = dtype
+        cache = compute_cos_sin_cache(head_size, rotary_dim, max_position_embeddings, base, dtype)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    def forward_native(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None):
+        cache = _on_device(self.cos_sin_cache, query)
+        if key is None:
+            return (ir.ops.rotary_embedding_query(positions, query, self.head_size, cache, self.is_neox_style),
+                    None)
+        return ir.ops.rotary_embedding(positions, query, key, self.head_size, cache, self.is_neox_style)
+
+    def extra_repr(self) -> str:
+        return (f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "
+                f"max_position_embeddings={self.max_position_embeddings}, base={self.base}, "
+                f"is_neox_style={self.is_neox_style}")
+
+
+def _cos_sin(t: torch.Tensor, rotary_dim: int, base: float, dtype: torch.dtype) -> torch.Tensor:
+    """cos | sin rows for (float64) positions `t`."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    freqs = torch.outer(t, inv_freq)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+
+
+@CustomOp.register("dual_chunk_rotary_embedding")
+class DualChunkRotaryEmbedding(CustomOp):
+    """Rotary embedding for dual chunk attention (Qwen2.5-1M), following vLLM's native form.
+
+    With `chunk_len = chunk_size - local_size`, keys rotate at `position % chunk_len`; the query
+    is rotated five ways and concatenated on the last dim: intra-chunk (`position % chunk_len`),
+    successive (`(position % chunk_len) + chunk_len`, clamped at chunk_size), inter (the fixed
+    successive position of `chunk_len - 1`), successive-critical (unclamped) and inter-critical
+    (`(position % chunk_len) + chunk_size`). Caches are computed in float64 then cast (vLLM uses
+    float32), like `compute_cos_sin_cache`.
+    """
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int, base: float,
+                 is_neox_style: bool, dtype: torch.dtype, chunk_size: int, local_size: int,
+                 *, enforce_enable: bool = False):
+        super().__init__(enforce_enable=enforce_enable)
+        _check_rotary_dims(type(self).__name__, head_size, rotary_dim, max_position_embeddings, base)
+        if not 0 <= local_size < chunk_size:
+            raise ValueError(f"DualChunkRotaryEmbedding: need 0 <= local_size < chunk_size, got "
+                             f"local_size={local_size}, chunk_size={chunk_size}")
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        self.max_position_embeddings = max_position_embeddings
+        self.base = base
+        self.is_neox_style = is_neox_style
+        self.dtype = dtype
+        self.chunk_size = chunk_size
+        self.local_size = local_size
+        self.chunk_len = chunk_len = chunk_size - local_size
+        t = torch.arange(chunk_len, dtype=torch.float64)
+        k_t = torch.arange(max_position_embeddings, dtype=torch.float64) % chunk_len
+        for name, positions in (("cos_sin_q_cache", t),
+                                ("cos_sin_qc_cache", (t + chunk_len).clamp(max=chunk_size)),
+                                ("cos_sin_k_cache", k_t),
+                                ("cos_sin_qc_no_clamp_cache", t + chunk_len),
+                                ("cos_sin_q_inter_cache", t + chunk_size)):
+            self.register_buffer(name, _cos_sin(positions, rotary_dim, base, dtype), persistent=False)
+
+    def forward_native(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                       offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = positions + offsets if offsets is not None else positions
+
+        def rotate(pos, x, cache):
+            return ir.ops.rotary_embedding_query(pos, x, self.head_size, _on_device(cache, x), self.is_neox_style)
+
+        key_out = rotate(positions, key, self.cos_sin_k_cache)
+        in_chunk = positions % self.chunk_len
+        inter = torch.full_like(in_chunk, self.chunk_len - 1)
+        query_out = torch.cat((
+            rotate(in_chunk, query, self.cos_sin_q_cache),
+            rotate(in_chunk, query, self.cos_sin_qc_cache),
+            rotate(inter, query, self.cos_sin_qc_cache),
+            rotate(in_chunk, query, self.cos_sin_qc_no_clamp_cache),
+            rotate(in_chunk, query, self.cos_sin_q_inter_cache),
+        ), dim=-1)
+        return query_out, key_out
+
+    def extra_repr(self) -> str:
+        return (f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "
+                f"max_position_embeddings={self.max_position_embeddings}, base={self.base}, "
+                f"is_neox_style={self.is_neox_style}, chunk_size={self.chunk_size}, local_size={self.local_size}")
+
+
+@CustomOp.register("apply_rotary_emb")
+class ApplyRotaryEmb(CustomOp):
+    """Apply given cos/sin to `x = [(batch,) seq, heads, head_size]`; cos/sin broadcast over the
+    leading dims with `head_size // 2` features (`[seq, head_size // 2]` typically).
+
+    `enable_fp32_compute` rotates a float32 copy and casts back. Goes through IR
+    `rotary_embedding_query` with one cache row per token (the given cos/sin) and positions
+    `0..tokens-1`.
+    """
+
+    def __init__(self, enforce_enable: bool = False, is_neox_style: bool = True,
+                 enable_fp32_compute: bool = False):
+        super().__init__(enforce_enable=enforce_enable)
+        self.is_neox_style = is_neox_style
+        self.enable_fp32_compute = enable_fp32_compute
+
+    def forward_native(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if x.dim() < 2:
+            raise ValueError(f"ApplyRotaryEmb expects x of shape [..., heads, head_size], got {tuple(x.shape)}")
+        head_size = x.shape[-1]
+        if cos.shape != sin.shape or cos.shape[-1] * 2 != head_size:
+            raise ValueError(f"ApplyRotaryEmb: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have one "
+                             f"shape with head_size // 2 = {head_size // 2} features (x is {tuple(x.shape)})")
+        origin_dtype = x.dtype
+        if self.enable_fp32_compute:
+            x = x.float()
+        lead = x.shape[:-2]
+        tokens = math.prod(lead)
+        half = cos.shape[-1]
+        cache = torch.cat((cos.expand(*lead, half).reshape(tokens, half),
+                           sin.expand(*lead, half).reshape(tokens, half)), dim=-1)
+        positions = torch.arange(tokens, device=x.device)
+        out = ir.ops.rotary_embedding_query(positions, x, head_size, cache, self.is_neox_style)
+        return out.to(origin_dtype) if self.enable_fp32_compute else out
+
+    def extra_repr(self) -> str:
+        return f"is_neox_style={self.is_neox_style}, enable_fp32_compute={self.enable_fp32_compute}"
+
+
+# ----- conformance cases --------------------------------------------------------------------------
+_MAX_POSITION = 4096
+
+
+def _rope_case(name, tokens, q_heads, kv_heads, head_size, rotary_dim, neox, *, key=True, layout=None,
+               level="quick"):
+    def make_kwargs(dtype):
+        return {"head_size": head_size, "rotary_dim": rotary_dim, "max_position_embeddings": _MAX_POSITION,
+                "base": 10000.0, "is_neox_style": neox, "dtype": dtype}
+
+    def make_inputs(dtype, device, gen):
+        positions = torch.randint(0, _MAX_POSITION, (tokens,), generator=gen).to(device)
+        if layout == "3d":
+            q = randn((tokens, q_heads, head_size), dtype, device, gen)
+            k = randn((tokens, kv_heads, head_size), dtype, device, gen)
+        else:
+            q = randn((tokens, q_heads * head_size), dtype, device, gen)
+            k = randn((tokens, kv_heads * head_size), dtype, device, gen)
+            if layout == "row_strided":
+                q, k = row_strided(q, head_size), row_strided(k, 3)
+        return (positions, q, k) if key else (positions, q)
+
+    return LayerCase(name, make_kwargs, make_inputs, level=level)
+
+
+RotaryEmbedding.tolerances = ROPE_TOLERANCES
+RotaryEmbedding.conformance_cases = [
+    _rope_case("tokens=1,heads=1/1,head=64,neox", 1, 1, 1, 64, 64, True),
+    _rope_case("tokens=7,heads=4/2,head=128,neox", 7, 4, 2, 128, 128, True),
+    _rope_case("tokens=7,heads=4/2,head=128,gptj", 7, 4, 2, 128, 128, False),
+    _rope_case("tokens=5,heads=3/1,head=80,rot=32,neox", 5, 3, 1, 80, 32, True),
+    _rope_case("tokens=5,heads=3/1,head=80,rot=32,gptj,key=None", 5, 3, 1, 80, 32, False, key=False),
+    _rope_case("tokens=6,heads=2/2,head=64,3d,neox", 6, 2, 2, 64, 64, True, layout="3d"),
+    _rope_case("tokens=6,heads=2/2,head=64,row_strided,gptj", 6, 2, 2, 64, 64, False, layout="row_strided"),
+    _rope_case("tokens=33,heads=8/8,head=256,neox", 33, 8, 8, 256, 256, True, level="standard"),
+]
+
+
+def _dual_chunk_case(name, tokens, q_heads, kv_heads, head_size, rotary_dim, neox, *, offsets=False,
+                     level="quick"):
+    chunk_size, local_size, max_position = 64, 16, 512
+
+    def make_kwargs(dtype):
+        return {"head_size": head_size, "rotary_dim": rotary_dim, "max_position_embeddings": max_position,
+                "base": 10000.0, "is_neox_style": neox, "dtype": dtype, "chunk_size": chunk_size,
+                "local_size": local_size}
+
+    def make_inputs(dtype, device, gen):
+        limit = max_position // 2 if offsets else max_position
+        positions = torch.randint(0, limit, (tokens,), generator=gen).to(device)
+        q = randn((tokens, q_heads * head_size), dtype, device, gen)
+        k = randn((tokens, kv_heads * head_size), dtype, device, gen)
+        if offsets:
+            return (positions, q, k, torch.randint(0, limit, (tokens,), generator=gen).to(device))
+        return (positions, q, k)
+
+    return LayerCase(name, make_kwargs, make_inputs, level=level)
+
+
+DualChunkRotaryEmbedding.tolerances = ROPE_TOLERANCES
+DualChunkRotaryEmbedding.conformance_cases = [
+    _dual_chunk_case("tokens=9,heads=4/2,head=64,neox", 9, 4, 2, 64, 64, True),
+    _dual_chunk_case("tokens=9,heads=4/2,head=64,gptj", 9, 4, 2, 64, 64, False),
+    _dual_chunk_case("tokens=5,heads=2/1,head=80,rot=32,neox,offsets", 5, 2, 1, 80, 32, True, offsets=True),
+    _dual_chunk_case("tokens=1,heads=1/1,head=32,neox", 1, 1, 1, 32, 32, True),
+]
+
+
+def _apply_case(name, seq, heads, head_size, *, batch=None, neox=True, fp32=False, level="quick"):
+    def make_inputs(dtype, device, gen):
+        lead = (batch, seq) if batch else (seq,)
+        x = randn((*lead, heads, head_size), dtype, device, gen)
+        angles = torch.rand((seq, head_size // 2), generator=gen, dtype=torch.float64) * 2 * math.pi
+        return (x, angles.cos().to(dtype).to(device), angles.sin().to(dtype).to(device))
+
+    return LayerCase(name, lambda dtype: {"is_neox_style": neox, "enable_fp32_compute": fp32}, make_inputs,
+                     level=level)
+
+
+ApplyRotaryEmb.tolerances = ROPE_TOLERANCES
+ApplyRotaryEmb.conformance_cases = [
+    _apply_case("seq=7,heads=4,head=64,neox", 7, 4, 64),
+    _apply_case("seq=7,heads=4,head=64,gptj", 7, 4, 64, neox=False),
+    _apply_case("batch=2,seq=5,heads=3,head=80,neox", 5, 3, 80, batch=2),
+    _apply_case("seq=6,heads=2,head=32,gptj,fp32_compute", 6, 2, 32, neox=False, fp32=True),
+    _apply_case("seq=1,heads=1,head=2,neox", 1, 1, 2),
+]
