@@ -146,6 +146,7 @@ class ResultsFile:
         fd, tmp = tempfile.mkstemp(prefix=".conformance-", suffix=".json", dir=directory)
         with os.fdopen(fd, "w") as fh:
             json.dump(doc, fh, indent=1, allow_nan=False)
+        os.chmod(tmp, 0o644)   # mkstemp makes it private; a results file is for CI to read
         os.replace(tmp, self.path)
         self._last_write = time.monotonic()
 
