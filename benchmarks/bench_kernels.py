@@ -2,9 +2,11 @@
 
 For each kernel, dtype and one large shape this prints the effective bandwidth (bytes the op
 must read and write / median time) of: the "cpp" provider, the native function in eager mode,
-the native function compiled by torch.compile (inductor), and `dst.copy_(src)` of the same
-number of bytes; then the ratios kernel/copy, kernel/inductor and kernel/eager, all measured in
-one run on this machine. Targets (DESIGN.md): >= 0.8 of copy, >= inductor, >= 3x eager.
+the native function compiled by torch.compile (inductor), and a plain copy of the same number of
+bytes; then the ratios kernel/copy, kernel/inductor and kernel/eager (ratios of times), all
+measured interleaved in one run on this machine. The copy allocates its destination (`clone`)
+when the kernel allocates its output, so both pay for fresh pages, and is `copy_` into an
+existing tensor for in-place kernels. Targets (DESIGN.md): >= 0.8 of copy, >= inductor, >= 3x eager.
 
     python benchmarks/bench_kernels.py              # every kernel, fp32/fp16/bf16
     python benchmarks/bench_kernels.py --quick      # bf16, the main memory-bound kernels, short timing
@@ -93,29 +95,38 @@ def specs() -> list[Spec]:
     return out
 
 
-def median_time(fn: Callable[[], object], min_time: float) -> float:
-    """Median seconds per call over blocks of calls, after warm-up."""
-    for _ in range(3):
-        fn()
-    start = time.perf_counter()
-    fn()
-    once = max(time.perf_counter() - start, 1e-7)
-    per_block = max(1, int(0.05 / once))
-    samples = []
-    deadline = time.perf_counter() + min_time
-    while len(samples) < 5 or time.perf_counter() < deadline:
-        start = time.perf_counter()
-        for _ in range(per_block):
+def median_times(fns: dict[str, Callable[[], object]], min_time: float) -> dict[str, float]:
+    """Median seconds per call of each function, measured in interleaved rounds after warm-up.
+
+    Interleaving (a block of each function per round) keeps slow drifts of a shared machine from
+    favouring whichever function happens to run in a quiet moment.
+    """
+    per_block = {}
+    for name, fn in fns.items():
+        for _ in range(2):
             fn()
-        samples.append((time.perf_counter() - start) / per_block)
-    return statistics.median(samples)
+        start = time.perf_counter()
+        fn()
+        per_block[name] = max(1, int(0.02 / max(time.perf_counter() - start, 1e-7)))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    deadline = time.perf_counter() + min_time * len(fns)
+    while min(len(v) for v in samples.values()) < 7 or time.perf_counter() < deadline:
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(per_block[name]):
+                fn()
+            samples[name].append((time.perf_counter() - start) / per_block[name])
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
-def copy_bandwidth(nbytes: int, min_time: float) -> float:
-    """GB/s of dst.copy_(src) moving `nbytes` in total (half read, half written)."""
+def copy_fn(nbytes: int, allocate: bool) -> Callable[[], object]:
+    """A plain copy moving `nbytes` in total (half read, half written): `src.clone()` when the
+    kernel allocates its output (so both pay for fresh pages), else `dst.copy_(src)`."""
     src = torch.empty(nbytes // 2, dtype=torch.uint8).random_(0, 255)
+    if allocate:
+        return src.clone
     dst = torch.empty_like(src)
-    return 2 * (nbytes // 2) / median_time(lambda: dst.copy_(src), min_time) / 1e9
+    return lambda: dst.copy_(src)
 
 
 def run(ops: list[str], dtypes: list[torch.dtype], min_time: float, inductor: bool) -> list[list]:
@@ -132,25 +143,26 @@ def run(ops: list[str], dtypes: list[torch.dtype], min_time: float, inductor: bo
                 continue
             nbytes = spec.nbytes(args)
             kernel_args = list(args)  # in-place kernels keep rewriting the same buffers
-            t_kernel = median_time(lambda: impl.impl_fn(*kernel_args), min_time)
-            t_eager = median_time(lambda: op.native_fn(*args), min_time)
-            t_inductor = float("nan")
+            fns = {"cpp": lambda: impl.impl_fn(*kernel_args), "eager": lambda: op.native_fn(*args),
+                   "copy": copy_fn(nbytes, allocate=not impl.inplace)}
             if inductor:
                 torch._dynamo.reset()
                 compiled = torch.compile(op.native_fn, backend="inductor", dynamic=False)
-                t_inductor = median_time(lambda: compiled(*args), min_time)
-            gbs = lambda t: nbytes / t / 1e9  # noqa: E731
-            copy = copy_bandwidth(nbytes, min_time)
+                fns["inductor"] = lambda: compiled(*args)
+            t = median_times(fns, min_time)
+            t.setdefault("inductor", float("nan"))
+            gbs = {name: nbytes / seconds / 1e9 for name, seconds in t.items()}
             rows.append([spec.op, str(dtype).removeprefix("torch."), spec.shape, f"{nbytes / 1e6:.0f}",
-                         f"{gbs(t_kernel):.2f}", f"{gbs(t_eager):.2f}", f"{gbs(t_inductor):.2f}",
-                         f"{copy:.2f}", f"{copy and gbs(t_kernel) / copy:.2f}",
-                         f"{t_inductor / t_kernel:.2f}", f"{t_eager / t_kernel:.2f}"])
+                         f"{gbs['cpp']:.2f}", f"{gbs['eager']:.2f}", f"{gbs['inductor']:.2f}",
+                         f"{gbs['copy']:.2f}", "copy_" if impl.inplace else "clone",
+                         f"{t['copy'] / t['cpp']:.2f}", f"{t['inductor'] / t['cpp']:.2f}",
+                         f"{t['eager'] / t['cpp']:.2f}"])
             print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
 
 HEADERS = ["op", "dtype", "shape", "MB moved", "cpp GB/s", "eager GB/s", "inductor GB/s", "copy GB/s",
-           "cpp/copy", "cpp/inductor", "cpp/eager"]
+           "copy kind", "cpp/copy", "cpp/inductor", "cpp/eager"]
 
 
 def main(argv: list[str] | None = None) -> int:

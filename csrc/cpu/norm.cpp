@@ -4,6 +4,8 @@
 // features, the normalized value cast to the input dtype BEFORE the weight multiply, and for the
 // fused form s = x + residual formed in fp32 (the normalization uses fp32 s, not its rounded copy).
 // One row per step of at::parallel_for; a row is read twice (the second read hits cache).
+#include <vector>
+
 #include "vec_common.h"
 
 namespace reference_cpu {
@@ -51,18 +53,96 @@ inline float inv_rms(float sum_sq, int64_t n_var, float eps) {
   return 1.0f / std::sqrt(variance + eps);
 }
 
-// o = cast(cast(v * inv) * w) for one chunk (w null: no multiply).
-template <typename T>
-inline void scale_chunk(fVec& a, fVec& b, const fVec& inv, const T* w, int64_t len) {
+// o = cast(cast(v * inv) * w) for one chunk (kWeight false: cast(v * inv)). `w` is the weight
+// already widened to fp32 (and zero-padded to whole chunks), shared by every row.
+template <typename T, bool kWeight>
+inline void scale_chunk(fVec& a, fVec& b, const fVec& inv, const float* w) {
   a = a * inv;
   b = b * inv;
-  if (w != nullptr) {
+  if constexpr (kWeight) {
     Io<T>::round(a, b);
-    fVec wa, wb;
-    load_n(w, len, wa, wb);
-    a = a * wa;
-    b = b * wb;
+    a = a * fVec::loadu(w);
+    b = b * fVec::loadu(w + kF);
   }
+}
+
+// The weight widened to fp32 once per task, padded with zeros to a whole number of chunks.
+template <typename T>
+std::vector<float> widen_weight(const T* w, int64_t hidden) {
+  std::vector<float> wf((hidden + kChunk - 1) / kChunk * kChunk, 0.f);
+  if (w != nullptr) {
+    for (int64_t j = 0; j < hidden; j += kChunk) {
+      fVec a, b;
+      load_n(w + j, std::min<int64_t>(kChunk, hidden - j), a, b);
+      a.store(wf.data() + j);
+      b.store(wf.data() + j + kF);
+    }
+  }
+  return wf;
+}
+
+// One row of rms_norm, full chunks first, then the tail. Pointers arrive by value (and restrict),
+// so vector stores cannot make the compiler reload them.
+template <typename T, bool kWeight>
+inline void normalize_row(const T* __restrict x, const float* __restrict w, T* __restrict o,
+                          int64_t hidden, const fVec& inv) {
+  int64_t j = 0;
+  for (; j + kChunk <= hidden; j += kChunk) {
+    fVec a, b;
+    Io<T>::load(x + j, a, b);
+    scale_chunk<T, kWeight>(a, b, inv, w + j);
+    Io<T>::store(o + j, a, b);
+  }
+  if (j < hidden) {
+    fVec a, b;
+    load_tail(x + j, hidden - j, a, b);
+    scale_chunk<T, kWeight>(a, b, inv, w + j);
+    store_tail(o + j, hidden - j, a, b);
+  }
+}
+
+// One row of fused_add_rms_norm, in place: r = cast(x + r); x = normalized.
+template <typename T, bool kWeight>
+inline void add_normalize_row(T* __restrict x, T* __restrict r, const float* __restrict w,
+                              int64_t hidden, const fVec& inv) {
+  for (int64_t j = 0; j < hidden; j += kChunk) {
+    const int64_t len = std::min<int64_t>(kChunk, hidden - j);
+    fVec a, b, ra, rb;
+    load_n(x + j, len, a, b);
+    load_n(r + j, len, ra, rb);
+    a = a + ra;
+    b = b + rb;
+    store_n(r + j, len, a, b);
+    scale_chunk<T, kWeight>(a, b, inv, w + j);
+    store_n(x + j, len, a, b);
+  }
+}
+
+template <typename T, bool kWeight>
+void rms_norm_rows(const T* x, RowIndex x_rows, const T* weight, T* out, int64_t rows, int64_t hidden,
+                   int64_t n_var, float eps) {
+  at::parallel_for(0, rows, row_grain(hidden), [=](int64_t begin, int64_t end) {
+    const std::vector<float> w = widen_weight(kWeight ? weight : nullptr, hidden);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + x_rows(r);
+      const fVec inv(inv_rms(sum_squares(xr, n_var), n_var, eps));
+      normalize_row<T, kWeight>(xr, w.data(), out + r * hidden, hidden, inv);
+    }
+  });
+}
+
+template <typename T, bool kWeight>
+void fused_add_rms_norm_rows(T* x, RowIndex x_rows, T* residual, RowIndex res_rows, const T* weight,
+                             int64_t rows, int64_t hidden, int64_t n_var, float eps) {
+  at::parallel_for(0, rows, row_grain(hidden), [=](int64_t begin, int64_t end) {
+    const std::vector<float> w = widen_weight(kWeight ? weight : nullptr, hidden);
+    for (int64_t r = begin; r < end; ++r) {
+      T* xr = x + x_rows(r);
+      T* rr = residual + res_rows(r);
+      const fVec inv(inv_rms(sum_squares_added(xr, rr, n_var), n_var, eps));
+      add_normalize_row<T, kWeight>(xr, rr, w.data(), hidden, inv);
+    }
+  });
 }
 
 }  // namespace
@@ -70,43 +150,21 @@ inline void scale_chunk(fVec& a, fVec& b, const fVec& inv, const T* w, int64_t l
 template <typename T>
 void rms_norm(const T* x, RowIndex x_rows, const T* weight, T* out, int64_t rows, int64_t hidden,
               int64_t n_var, float eps) {
-  at::parallel_for(0, rows, row_grain(hidden), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + x_rows(r);
-      T* o = out + r * hidden;
-      const fVec inv(inv_rms(sum_squares(xr, n_var), n_var, eps));
-      for (int64_t j = 0; j < hidden; j += kChunk) {
-        const int64_t len = std::min<int64_t>(kChunk, hidden - j);
-        fVec a, b;
-        load_n(xr + j, len, a, b);
-        scale_chunk(a, b, inv, weight == nullptr ? nullptr : weight + j, len);
-        store_n(o + j, len, a, b);
-      }
-    }
-  });
+  if (weight != nullptr) {
+    rms_norm_rows<T, true>(x, x_rows, weight, out, rows, hidden, n_var, eps);
+  } else {
+    rms_norm_rows<T, false>(x, x_rows, weight, out, rows, hidden, n_var, eps);
+  }
 }
 
 template <typename T>
 void fused_add_rms_norm(T* x, RowIndex x_rows, T* residual, RowIndex res_rows, const T* weight,
                         int64_t rows, int64_t hidden, int64_t n_var, float eps) {
-  at::parallel_for(0, rows, row_grain(hidden), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      T* xr = x + x_rows(r);
-      T* rr = residual + res_rows(r);
-      const fVec inv(inv_rms(sum_squares_added(xr, rr, n_var), n_var, eps));
-      for (int64_t j = 0; j < hidden; j += kChunk) {
-        const int64_t len = std::min<int64_t>(kChunk, hidden - j);
-        fVec a, b, ra, rb;
-        load_n(xr + j, len, a, b);
-        load_n(rr + j, len, ra, rb);
-        a = a + ra;
-        b = b + rb;
-        store_n(rr + j, len, a, b);
-        scale_chunk(a, b, inv, weight == nullptr ? nullptr : weight + j, len);
-        store_n(xr + j, len, a, b);
-      }
-    }
-  });
+  if (weight != nullptr) {
+    fused_add_rms_norm_rows<T, true>(x, x_rows, residual, res_rows, weight, rows, hidden, n_var, eps);
+  } else {
+    fused_add_rms_norm_rows<T, false>(x, x_rows, residual, res_rows, weight, rows, hidden, n_var, eps);
+  }
 }
 
 #define INSTANTIATE_NORM(T)                                                                      \

@@ -88,9 +88,19 @@ void rotary_embedding(const int64_t* positions, int64_t tokens, HeadsView<T> que
     float* sin = buf.data() + padded;
     for (int64_t t = begin; t < end; ++t) {
       const C* row = cache + positions[t] * cache_stride;
-      for (int64_t i = 0; i < half; ++i) {
-        cos[i] = Io<T>::round(static_cast<float>(row[i]));
-        sin[i] = Io<T>::round(static_cast<float>(row[half + i]));
+      for (int64_t i = 0; i < half; i += kChunk) {  // tails load as zeros into the padding
+        const int64_t len = std::min<int64_t>(kChunk, half - i);
+        fVec ca, cb, sa, sb;
+        load_n(row + i, len, ca, cb);
+        load_n(row + half + i, len, sa, sb);
+        if constexpr (!std::is_same_v<C, T>) {
+          Io<T>::round(ca, cb);
+          Io<T>::round(sa, sb);
+        }
+        ca.store(cos + i);
+        cb.store(cos + i + kF);
+        sa.store(sin + i);
+        sb.store(sin + i + kF);
       }
       rotate_heads(query, t, cos, sin, half, is_neox);
       if (key.data != nullptr) rotate_heads(key, t, cos, sin, half, is_neox);
