@@ -8,6 +8,7 @@ toolchain the kernel tests skip with the reason and the no-compiler tests still 
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -121,6 +122,32 @@ def test_fp8_encoding_is_exact_over_the_whole_range(built):
     q = built.static_quant_fp8(x.reshape(1, -1), torch.ones(1))
     ref = x.reshape(1, -1).clamp(-448, 448).to(torch.float8_e4m3fn)
     assert torch.equal(q.view(torch.uint8), ref.view(torch.uint8))
+
+
+@needs_build
+def test_fast_gelu_math_is_close_to_float64(built):
+    """The rational tanh/erf and polynomial exp stay within a few fp32 ulp of the exact functions."""
+    x = torch.linspace(-12, 12, 200_001, dtype=torch.float64)
+    x32 = x.float().reshape(1, -1)
+    c = math.sqrt(2 / math.pi)
+    exact = {
+        "gelu_new": 0.5 * x * (1 + torch.tanh(c * (x + 0.044715 * x**3))),
+        "gelu_fast": 0.5 * x * (1 + torch.tanh(x * 0.7978845608 * (1 + 0.044715 * x * x))),
+        "quick_gelu": x * torch.sigmoid(1.702 * x),
+    }
+    for name, ref in exact.items():
+        got = getattr(built, name)(x32).double().flatten()
+        excess = (got - ref).abs() - (1e-6 + 2e-6 * ref.abs())
+        assert excess.max() <= 0, f"{name}: error beyond 1e-6 + 2e-6 |ref| at x={x[excess.argmax()]:.4f}"
+    # gelu_and_mul with up = 1 is gelu itself; 16-bit inputs take the fast erf/tanh.
+    for approximate in ("none", "tanh"):
+        for dtype in (torch.float16, torch.bfloat16):
+            g = x.to(dtype).double()
+            ref = torch.nn.functional.gelu(g, approximate=approximate).to(dtype).double()
+            inp = torch.cat([x.to(dtype).reshape(1, -1), torch.ones(1, x.numel(), dtype=dtype)], dim=1)
+            got = built.gelu_and_mul(inp, approximate).double().flatten()
+            ulp = torch.finfo(dtype).eps * ref.abs().clamp(min=torch.finfo(dtype).tiny)
+            assert ((got - ref).abs() <= ulp + 1e-6).all(), f"gelu_and_mul {approximate} {dtype}: off by more than 1 ulp"
 
 
 # ----- in place and functional ------------------------------------------------------------------

@@ -137,11 +137,13 @@ inline float reduce_max(const fVec& v) {
 
 // ----- fast fp32 transcendentals ------------------------------------------------------------------
 // Rational minimax approximations (the coefficient sets Eigen publishes for float tanh and erf)
-// evaluated with FMAs and one division: a few ulp of error (worst relative error of tanh ~3e-7,
-// worst absolute error of erf ~4e-7, checked in tests against float64), 2-5x faster than the
+// evaluated with FMAs and one division: a few ulp of error (worst absolute error of tanh and erf
+// ~4e-7, checked in tests against float64), 2-5x faster than the
 // Sleef calls at::vec uses, which made the GELU kernels compute-bound. NaN propagates.
 
-// tanh(x); |x| < 4e-4 returns x, |x| > 7.9 saturates at +-1.
+// tanh(x); |x| < 4e-4 returns x. The rational part is evaluated on [-7.9, 7.9]; beyond 9.01,
+// where float tanh rounds to +-1, the result is exactly +-1 (so 1 + tanh(x) is exactly 0 there,
+// as with torch's tanh), and in between it is within 2.4e-7 of the true value.
 inline fVec fast_tanh(const fVec& x0) {
   const fVec bound(7.90531110763549805f);
   const fVec x = at::vec::clamp(x0, fVec(-7.90531110763549805f), bound);
@@ -156,7 +158,9 @@ inline fVec fast_tanh(const fVec& x0) {
   fVec q = at::vec::fmadd(x2, fVec(1.19825839466702e-06f), fVec(1.18534705686654e-04f));
   q = at::vec::fmadd(x2, q, fVec(2.26843463243900e-03f));
   q = at::vec::fmadd(x2, q, fVec(4.89352518554385e-03f));
-  return fVec::blendv(p / q, x0, x0.abs() < fVec(0.0004f));
+  const fVec r = fVec::blendv(p / q, x0, x0.abs() < fVec(0.0004f));
+  const fVec saturated = fVec::blendv(fVec(1.f), fVec(-1.f), x0 < fVec(0.f));
+  return fVec::blendv(r, saturated, x0.abs() >= fVec(9.01f));
 }
 
 // erf(x); inputs are clamped to [-4, 4], where erf is +-1 in float.
