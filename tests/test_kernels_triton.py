@@ -450,6 +450,23 @@ def test_supported_flag_follows_the_rule():
         assert _env.SUPPORTED is (importable and (interpreting or torch.cuda.is_available()))
 
 
+def test_impls_trace_as_opaque_ops_under_fake_tensors():
+    """Compile lowering traces impls with fake tensors: every launch must sit behind a torch op
+    whose fake gives native's output metadata, never touching data."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for name in _provider_ops():
+        op = getattr(ir.ops, name)
+        assert hasattr(torch.ops.reference_triton, name), f"no opaque torch op for {name}"
+        case = next(c for c in op.cases if c.runs_at("quick"))
+        args = case.make_args(torch.bfloat16, "cpu", torch.Generator().manual_seed(0))
+        expected = _as_tuple(op.native_fn(*args))
+        with FakeTensorMode() as mode:
+            fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+            got = _as_tuple(op.impls["triton"].impl_fn(*fake_args))
+        assert [(tuple(t.shape), t.dtype) for t in got] == [(tuple(t.shape), t.dtype) for t in expected], name
+
+
 def test_triton_is_not_in_the_cpu_default_priority():
     from reference_impl.platforms import CpuPlatform
 

@@ -37,3 +37,23 @@ def float_tensor_ok(t: torch.Tensor | None) -> bool:
 def slice_length(n: int, stop: int | None) -> int:
     """`len(range(n)[:stop])`: how many features `x[..., :stop]` keeps."""
     return n if stop is None else len(range(n)[:stop])
+
+
+LIBRARY = "reference_triton"
+
+
+def triton_op(name: str, *, mutates_args: tuple[str, ...] = (), fake=None):
+    """Declare the decorated launcher as the opaque torch op `reference_triton::<name>`.
+
+    Compiled graphs then call the op instead of tracing into the Triton launch (which needs real
+    data pointers). `fake` computes output metadata: the IR op's native function for functional
+    ops; in-place (mutating) ops return nothing and need none.
+    """
+
+    def decorator(fn):
+        op = torch.library.custom_op(f"{LIBRARY}::{name}", fn, mutates_args=mutates_args)
+        if fake is not None:
+            op.register_fake(fake)
+        return op
+
+    return decorator

@@ -13,6 +13,7 @@ from reference_impl.kernels.triton._host import (
     rows_or_copy,
     rows_view,
     slice_length,
+    triton_op,
 )
 
 if _env.HAS_TRITON:
@@ -34,8 +35,8 @@ def _rms_norm_supports(x, weight, epsilon, variance_size=None) -> bool:
     return _common_args_ok(x, weight)
 
 
-@ir.ops.rms_norm.register_impl(PROVIDER, supported=_env.SUPPORTED, supports_args=_rms_norm_supports)
-def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+@triton_op("rms_norm", fake=ir.ops.rms_norm.native_fn)
+def _rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None) -> Tensor:
     _env.require()
     hidden = x.shape[-1]
     out_dtype = x.dtype if weight is None else torch.promote_types(x.dtype, weight.dtype)
@@ -53,6 +54,11 @@ def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: in
     return out
 
 
+@ir.ops.rms_norm.register_impl(PROVIDER, supported=_env.SUPPORTED, supports_args=_rms_norm_supports)
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    return _rms_norm(x, weight, epsilon, variance_size)
+
+
 def _fused_add_supports(x, x_residual, weight, epsilon, variance_size=None) -> bool:
     # In place means the outputs take the inputs' dtype and shape: a weight of another dtype
     # (which promotes the output) or a residual of another dtype/shape is left to native.
@@ -62,11 +68,9 @@ def _fused_add_supports(x, x_residual, weight, epsilon, variance_size=None) -> b
             and (weight is None or weight.dtype == x.dtype))
 
 
-@ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supported=_env.SUPPORTED,
-                                         supports_args=_fused_add_supports, inplace=True)
-def fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
-                       variance_size: int | None = None) -> tuple[Tensor, Tensor]:
-    """Writes the normalized rows into `x` and the sum into `x_residual`, and returns them."""
+def _fused_add_in_place(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
+                        variance_size: int | None) -> None:
+    """Writes the normalized rows into `x` and the sum into `x_residual`."""
     _env.require()
     if x_residual.shape != x.shape:
         raise ValueError(f"triton fused_add_rms_norm works in place and needs x and x_residual of one shape, "
@@ -75,13 +79,13 @@ def fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, eps
     x2, r2 = rows_view(x), rows_view(x_residual)
     if x2 is None or r2 is None:
         # No 2-D view of the caller's memory: run on copies, then write the results back.
-        out, res = fused_add_rms_norm(x.reshape(-1, hidden).clone(), x_residual.reshape(-1, hidden).clone(),
-                                      weight, epsilon, variance_size)
-        x.copy_(out.view(x.shape))
-        x_residual.copy_(res.view(x.shape))
-        return x, x_residual
+        x_copy, r_copy = x.reshape(-1, hidden).clone(), x_residual.reshape(-1, hidden).clone()
+        _fused_add_in_place(x_copy, r_copy, weight, epsilon, variance_size)
+        x.copy_(x_copy.view(x.shape))
+        x_residual.copy_(r_copy.view(x.shape))
+        return
     if x2.numel() == 0:
-        return x, x_residual
+        return
     w = weight.contiguous() if weight is not None else x2
     block = _block(hidden)
     _jit.fused_add_rms_norm_kernel[(x2.shape[0],)](
@@ -89,4 +93,15 @@ def fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, eps
         x2, x2.stride(0), x2.stride(1), r2, r2.stride(0), r2.stride(1),
         hidden, slice_length(hidden, variance_size), float(epsilon),
         HAS_WEIGHT=weight is not None, BLOCK=block, num_warps=_env.num_warps_for(block), **LAUNCH_OPTIONS)
+
+
+_fused_add_op = triton_op("fused_add_rms_norm", mutates_args=("x", "x_residual"))(_fused_add_in_place)
+
+
+@ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supported=_env.SUPPORTED,
+                                         supports_args=_fused_add_supports, inplace=True)
+def fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
+                       variance_size: int | None = None) -> tuple[Tensor, Tensor]:
+    """Writes the normalized rows into `x` and the sum into `x_residual`, and returns them."""
+    _fused_add_op(x, x_residual, weight, epsilon, variance_size)
     return x, x_residual

@@ -8,7 +8,7 @@ from torch import Tensor
 from reference_impl import ir
 from reference_impl.ir.ops.quant import FP8_DTYPE
 from reference_impl.kernels.triton import _env
-from reference_impl.kernels.triton._host import LAUNCH_OPTIONS, float_tensor_ok, rows_or_copy
+from reference_impl.kernels.triton._host import LAUNCH_OPTIONS, float_tensor_ok, rows_or_copy, triton_op
 
 if _env.HAS_TRITON:
     from reference_impl.kernels.triton import _quant_jit as _jit
@@ -47,8 +47,8 @@ def _launch_quant(x2: Tensor, scale2: Tensor, group_len: int, q2: Tensor) -> Non
         q2, q2.stride(0), BLOCK=block, num_warps=_env.num_warps_for(block), **LAUNCH_OPTIONS)
 
 
-@ir.ops.static_quant_fp8.register_impl(PROVIDER, supported=_env.SUPPORTED, supports_args=_static_supports)
-def static_quant_fp8(x: Tensor, scale: Tensor) -> Tensor:
+@triton_op("static_quant_fp8", fake=ir.ops.static_quant_fp8.native_fn)
+def _static_quant(x: Tensor, scale: Tensor) -> Tensor:
     _env.require()
     hidden = x.shape[-1]
     groups = _scale_groups(scale, hidden)
@@ -67,13 +67,18 @@ def static_quant_fp8(x: Tensor, scale: Tensor) -> Tensor:
     return q
 
 
+@ir.ops.static_quant_fp8.register_impl(PROVIDER, supported=_env.SUPPORTED, supports_args=_static_supports)
+def static_quant_fp8(x: Tensor, scale: Tensor) -> Tensor:
+    return _static_quant(x, scale)
+
+
 def _dynamic_supports(x, per_token, scale_ub=None) -> bool:
     return (_x_ok(x) and isinstance(per_token, bool)
             and (scale_ub is None or (scale_ub.numel() == 1 and float_tensor_ok(scale_ub))))
 
 
-@ir.ops.dynamic_quant_fp8.register_impl(PROVIDER, supported=_env.SUPPORTED, supports_args=_dynamic_supports)
-def dynamic_quant_fp8(x: Tensor, per_token: bool, scale_ub: Tensor | None = None) -> tuple[Tensor, Tensor]:
+@triton_op("dynamic_quant_fp8", fake=ir.ops.dynamic_quant_fp8.native_fn)
+def _dynamic_quant(x: Tensor, per_token: bool, scale_ub: Tensor | None) -> tuple[Tensor, Tensor]:
     _env.require()
     hidden = x.shape[-1]
     q = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
@@ -108,13 +113,18 @@ def dynamic_quant_fp8(x: Tensor, per_token: bool, scale_ub: Tensor | None = None
     return q, scale
 
 
+@ir.ops.dynamic_quant_fp8.register_impl(PROVIDER, supported=_env.SUPPORTED, supports_args=_dynamic_supports)
+def dynamic_quant_fp8(x: Tensor, per_token: bool, scale_ub: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    return _dynamic_quant(x, per_token, scale_ub)
+
+
 def _group_supports(x, group_size) -> bool:
     return (_x_ok(x) and isinstance(group_size, int) and 0 < group_size <= _MAX_BLOCK
             and x.shape[-1] % group_size == 0)
 
 
-@ir.ops.dynamic_group_quant_fp8.register_impl(PROVIDER, supported=_env.SUPPORTED, supports_args=_group_supports)
-def dynamic_group_quant_fp8(x: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+@triton_op("dynamic_group_quant_fp8", fake=ir.ops.dynamic_group_quant_fp8.native_fn)
+def _group_quant(x: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
     _env.require()
     hidden = x.shape[-1]
     if group_size <= 0 or hidden % group_size:
@@ -133,3 +143,8 @@ def dynamic_group_quant_fp8(x: Tensor, group_size: int) -> tuple[Tensor, Tensor]
         GROUPS_BLOCK=groups_block, GROUP_BLOCK=group_block,
         num_warps=_env.num_warps_for(groups_block * group_block), **LAUNCH_OPTIONS)
     return q, scale
+
+
+@ir.ops.dynamic_group_quant_fp8.register_impl(PROVIDER, supported=_env.SUPPORTED, supports_args=_group_supports)
+def dynamic_group_quant_fp8(x: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+    return _group_quant(x, group_size)

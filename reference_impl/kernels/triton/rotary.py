@@ -10,7 +10,7 @@ from torch import Tensor
 
 from reference_impl import ir
 from reference_impl.kernels.triton import _env
-from reference_impl.kernels.triton._host import LAUNCH_OPTIONS, float_tensor_ok
+from reference_impl.kernels.triton._host import LAUNCH_OPTIONS, float_tensor_ok, triton_op
 
 if _env.HAS_TRITON:
     from reference_impl.kernels.triton import _rotary_jit as _jit
@@ -67,6 +67,20 @@ def _rotate_in_place(positions: Tensor, query: Tensor, key: Tensor | None, head_
         **LAUNCH_OPTIONS)
 
 
+@triton_op("rotary_embedding", mutates_args=("x_query", "x_key"))
+def _rope_op(positions: Tensor, x_query: Tensor, x_key: Tensor, head_size: int, cos_sin_cache: Tensor,
+             is_neox_style: bool) -> None:
+    _env.require()
+    _rotate_in_place(positions, x_query, x_key, head_size, cos_sin_cache, is_neox_style)
+
+
+@triton_op("rotary_embedding_query", mutates_args=("x_query",))
+def _rope_query_op(positions: Tensor, x_query: Tensor, head_size: int, cos_sin_cache: Tensor,
+                   is_neox_style: bool) -> None:
+    _env.require()
+    _rotate_in_place(positions, x_query, None, head_size, cos_sin_cache, is_neox_style)
+
+
 def _rope_supports(positions, x_query, x_key, head_size, cos_sin_cache, is_neox_style) -> bool:
     return (_common_ok(positions, x_query, head_size, cos_sin_cache)
             and _heads_ok(x_key, head_size))
@@ -76,8 +90,7 @@ def _rope_supports(positions, x_query, x_key, head_size, cos_sin_cache, is_neox_
                                        inplace=True)
 def rotary_embedding(positions: Tensor, x_query: Tensor, x_key: Tensor, head_size: int,
                      cos_sin_cache: Tensor, is_neox_style: bool) -> tuple[Tensor, Tensor]:
-    _env.require()
-    _rotate_in_place(positions, x_query, x_key, head_size, cos_sin_cache, is_neox_style)
+    _rope_op(positions, x_query, x_key, head_size, cos_sin_cache, is_neox_style)
     return x_query, x_key
 
 
@@ -89,6 +102,5 @@ def _rope_query_supports(positions, x_query, head_size, cos_sin_cache, is_neox_s
                                              supports_args=_rope_query_supports, inplace=True)
 def rotary_embedding_query(positions: Tensor, x_query: Tensor, head_size: int, cos_sin_cache: Tensor,
                            is_neox_style: bool) -> Tensor:
-    _env.require()
-    _rotate_in_place(positions, x_query, None, head_size, cos_sin_cache, is_neox_style)
+    _rope_query_op(positions, x_query, head_size, cos_sin_cache, is_neox_style)
     return x_query
