@@ -101,7 +101,8 @@ def compare_outputs(got, ref, gold, atol: float, rtol: float, compare_nan: bool 
             return f"output {i}: got {g.dtype} {tuple(g.shape)}, native gives {r.dtype} {tuple(r.shape)}"
         gf, rf, gdf = g.double(), r.double(), gd.double()
         if compare_nan and not torch.equal(torch.isnan(gf), torch.isnan(rf)):
-            return f"output {i}: nan positions differ ({int(torch.isnan(gf).sum())} vs native {int(torch.isnan(rf).sum())})"
+            return (f"output {i}: nan positions differ ({int(torch.isnan(gf).sum())} vs native "
+                    f"{int(torch.isnan(rf).sum())})")
         if torch.allclose(gf, rf, atol=atol, rtol=rtol, equal_nan=True):
             continue
         both = ~torch.isnan(gf) & ~torch.isnan(rf) & ~torch.isnan(gdf)

@@ -80,7 +80,8 @@ class QuantFP8(CustomOp):
             raise ValueError("QuantFP8(static=False) computes its scales; do not pass scale")
         if scale_ub is not None and not (self.use_per_token_if_dynamic and scale_ub.numel() == 1):
             raise ValueError("QuantFP8: scale_ub applies to dynamic per-token quantization only and must hold "
-                             f"one value (group_shape={tuple(self.group_shape)}, scale_ub of {scale_ub.numel()} values)")
+                             f"one value (group_shape={tuple(self.group_shape)}, "
+                             f"scale_ub of {scale_ub.numel()} values)")
         if self.is_group_quant:
             q, scales = ir.ops.dynamic_group_quant_fp8(x, self.group_size)
             if self.column_major_scales:
