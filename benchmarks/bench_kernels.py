@@ -5,8 +5,13 @@ must read and write / median time) of: the "cpp" provider, the native function i
 the native function compiled by torch.compile (inductor), and a plain copy of the same number of
 bytes; then the ratios kernel/copy, kernel/inductor and kernel/eager (ratios of times), all
 measured interleaved in one run on this machine. The copy allocates its destination (`clone`)
-when the kernel allocates its output, so both pay for fresh pages, and is `copy_` into an
-existing tensor for in-place kernels. Targets (DESIGN.md): >= 0.8 of copy, >= inductor, >= 3x eager.
+when the kernel allocates its output and is `copy_` into an existing tensor for in-place kernels.
+Targets (DESIGN.md): >= 0.8 of copy, >= inductor, >= 3x eager.
+
+By default the script runs with glibc malloc set to reuse freed memory (`--allocator reuse`), so
+the numbers measure the kernels rather than the kernel's page faults: with glibc defaults every
+output above 32 MB is fresh pages, and on small VMs faulting them in (~1 us per 4 KB page) costs
+more than the kernel itself for every implementation alike (`--allocator system` shows that).
 
     python benchmarks/bench_kernels.py              # every kernel, fp32/fp16/bf16
     python benchmarks/bench_kernels.py --quick      # bf16, the main memory-bound kernels, short timing
@@ -16,6 +21,7 @@ existing tensor for in-place kernels. Targets (DESIGN.md): >= 0.8 of copy, >= in
 from __future__ import annotations
 
 import argparse
+import os
 import dataclasses
 import statistics
 import sys
@@ -34,6 +40,8 @@ TOKENS = 4096
 HIDDEN = 4096
 INTERMEDIATE = 11008
 Q_HEADS, KV_HEADS, HEAD_SIZE = 32, 8, 128
+# glibc malloc: never mmap (so memory is never returned per allocation) and never trim the heap.
+REUSE_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 QUICK_OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gelu_and_mul", "gelu_new",
              "rotary_embedding", "dynamic_quant_fp8")
 
@@ -172,7 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", help="comma-separated dtypes: float32,float16,bfloat16")
     parser.add_argument("--min-time", type=float, help="seconds of timing per measurement")
     parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile (inductor) timings")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's default)")
+    parser.add_argument("--allocator", choices=("reuse", "system"), default="reuse",
+                        help="reuse (default): glibc keeps freed outputs for the next allocation, as a "
+                             "caching allocator would, so timings exclude page faults; system: glibc "
+                             "defaults, every output above 32 MB is fresh pages (faulted in by the op)")
     args = parser.parse_args(argv)
+    if args.allocator == "reuse" and os.environ.get("MALLOC_MMAP_MAX_") != "0":
+        # glibc reads these at start-up: run this script again with them set.
+        env = {**os.environ, **REUSE_ENV}
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:])], env)
 
     all_ops = [s.op for s in specs()]
     ops = args.ops.split(",") if args.ops else (list(QUICK_OPS) if args.quick else all_ops)
@@ -184,9 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"dtypes must be among {list(DTYPES)}")
     min_time = args.min_time or (0.3 if args.quick else 1.0)
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     _cpp_build.load()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, ISA {_cpp_build.isa()}",
-          file=sys.stderr)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, ISA {_cpp_build.isa()}, "
+          f"allocator {args.allocator}", file=sys.stderr)
     rows = run(ops, [DTYPES[n] for n in dtype_names], min_time, not args.no_inductor)
     try:
         from tabulate import tabulate
