@@ -62,11 +62,31 @@ inline fVec round_bf16(const fVec& v) {
   return at::vec::cast<float>(r);
 }
 
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+// CPUs with AVX512_BF16 (the build adds -mavx512bf16 where torch reports it) round two fp32
+// vectors to bf16 in one instruction (round-to-nearest-even, as c10::BFloat16 does).
+inline __m512i pack_bf16(const fVec& lo, const fVec& hi) {
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+template <>
+inline void Io<c10::BFloat16>::store(c10::BFloat16* p, const fVec& a, const fVec& b) {
+  _mm512_storeu_si512(p, pack_bf16(a, b));
+}
+
+template <>
+inline void Io<c10::BFloat16>::round(fVec& a, fVec& b) {
+  const __m512i packed = pack_bf16(a, b);
+  a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(packed)), 16));
+  b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(packed, 1)), 16));
+}
+#else
 template <>
 inline void Io<c10::BFloat16>::round(fVec& a, fVec& b) {
   a = round_bf16(a);
   b = round_bf16(b);
 }
+#endif
 
 template <>
 struct Io<float> {

@@ -4,7 +4,7 @@ Built on first use with `torch.utils.cpp_extension.load` (ninja, TUs in parallel
 isolation, nothing downloaded) into `$TORCH_EXTENSIONS_DIR` (default: torch's extension root),
 under a name that hashes the sources, flags, compiler and torch version, so a cached build is
 reused across processes and a changed source rebuilds. The vector ISA (AVX512 / AVX2 / none)
-follows torch's own CPU capability detection.
+follows torch's own CPU capability detection (plus AVX512_BF16 conversions where the CPU has them).
 """
 
 from __future__ import annotations
@@ -85,12 +85,18 @@ def check_toolchain() -> None:
 
 
 def isa() -> str:
+    """The vector ISA the kernels are built for: torch's CPU capability, plus BF16 where present."""
     capability = torch.backends.cpu.get_cpu_capability()
-    return capability if capability in _ISA_FLAGS else "DEFAULT"
+    if capability not in _ISA_FLAGS:
+        return "DEFAULT"
+    has_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+    return "AVX512_BF16" if capability == "AVX512" and has_bf16 else capability
 
 
 def build_flags() -> list[str]:
-    return ["-O3", "-DNDEBUG", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", *_ISA_FLAGS[isa()]]
+    name = isa()
+    arch = _ISA_FLAGS["AVX512"] + ["-mavx512bf16"] if name == "AVX512_BF16" else _ISA_FLAGS[name]
+    return ["-O3", "-DNDEBUG", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", *arch]
 
 
 def build_name() -> str:
