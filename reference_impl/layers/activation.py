@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn
-from reference_impl.ir.ops.activation import ACT_TOLERANCES, make_activation
+from reference_impl.ir.ops.activation import ACT_TOLERANCES, GELU_TOLERANCES, make_activation
 from reference_impl.layers.cases import LayerCase, randomize_parameters
 
 GELU_APPROXIMATIONS = ("none", "tanh")
@@ -221,7 +221,7 @@ SiluAndMul.tolerances = ACT_TOLERANCES
 SiluAndMul.conformance_cases = _cases(_GATED_SHAPES)
 MulAndSilu.tolerances = ACT_TOLERANCES
 MulAndSilu.conformance_cases = _cases(_GATED_SHAPES)
-GeluAndMul.tolerances = ACT_TOLERANCES
+GeluAndMul.tolerances = GELU_TOLERANCES
 GeluAndMul.conformance_cases = (_cases(_GATED_SHAPES, {"approximate": "none"}, ",approximate=none")
                                 + _cases(_GATED_SHAPES[:4], {"approximate": "tanh"}, ",approximate=tanh"))
 # The threshold moves with the sparsified mean/std, so rounding of those statistics in half
@@ -231,9 +231,9 @@ GeluAndMulSparse.tolerances = {torch.float32: (1e-5, 1e-5), torch.float16: (5e-3
 GeluAndMulSparse.conformance_cases = (
     _cases(_GATED_SHAPES, {"activation_sparsity": 0.95}, ",sparsity=0.95")
     + _cases(_GATED_SHAPES[1:4], {"activation_sparsity": 0.5, "approximate": "tanh"}, ",sparsity=0.5,tanh"))
-NewGELU.tolerances = ACT_TOLERANCES
+NewGELU.tolerances = GELU_TOLERANCES
 NewGELU.conformance_cases = _cases(_UNARY_SHAPES)
-FastGELU.tolerances = ACT_TOLERANCES
+FastGELU.tolerances = GELU_TOLERANCES
 FastGELU.conformance_cases = _cases(_UNARY_SHAPES)
 QuickGELU.tolerances = ACT_TOLERANCES
 QuickGELU.conformance_cases = _cases(_UNARY_SHAPES)
