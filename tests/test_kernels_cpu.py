@@ -264,6 +264,17 @@ def test_supports_args_does_not_depend_on_batch_size(name):
         assert impl.supports_args(*first) is answer, f"{name}/{case.name}"
 
 
+@needs_build
+def test_cpu_platform_dispatches_to_cpp_by_default(built):
+    from reference_impl.platforms import activate_platform
+
+    x, w = _x(3, 64), _x(64)
+    with activate_platform("cpu"):
+        assert ir.ops.rms_norm.dispatch(x, w, 1e-6).provider == PROVIDER
+        assert ir.ops.rms_norm.dispatch(x[:, ::2], None, 1e-6).provider == "native"  # declined
+        torch.testing.assert_close(ir.ops.rms_norm(x, w, 1e-6), ir.ops.rms_norm.native_fn(x, w, 1e-6))
+
+
 def test_default_priority_names_cpp_first_for_every_op():
     priority = cpu_kernels.default_priority()
     assert set(priority) == set(cpu_kernels.OPS)
