@@ -3,10 +3,8 @@
 //
 // Matches reference_impl/ir/ops/quant.py operation for operation: static and dynamic scales are
 // applied as x * (1 / scale), group scales as x / scale; values are clamped to +-448 (NaN stays
-// NaN) and encoded with round-to-nearest-even. A row is first scaled into an fp32 buffer, then
-// encoded by a plain loop the compiler vectorizes.
-#include <vector>
-
+// NaN) and encoded with round-to-nearest-even, in registers with ATen's AVX512 encoder, or through
+// a small buffer and the portable encoder of vec_common.h elsewhere (and for row tails).
 #include "vec_common.h"
 
 namespace reference_cpu {
@@ -19,9 +17,24 @@ inline fVec clamp_fp8(const fVec& v) {
   return fVec::blendv(r, lo, v < lo);
 }
 
-// buf[0:n) = clamp(x[0:n) * mul) (kDivide: x / mul).
+// Encodes the first n (<= kChunk) lanes of (a, b), already clamped, as fp8 codes.
+inline void store_fp8(uint8_t* out, int64_t n, const fVec& a, const fVec& b) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if (n == kChunk) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), at::vec::cvtfp32_fp8e4m3(a));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + kF), at::vec::cvtfp32_fp8e4m3(b));
+    return;
+  }
+#endif
+  alignas(64) float buf[kChunk];
+  a.store(buf);
+  b.store(buf + kF);
+  encode_fp8(buf, out, n);
+}
+
+// out[0:n) = fp8(clamp(x[0:n) * mul)) (kDivide: x / mul).
 template <typename T, bool kDivide>
-inline void scale_into(const T* x, float mul, float* buf, int64_t n) {
+inline void quantize_into(const T* x, float mul, uint8_t* out, int64_t n) {
   const fVec m(mul);
   for (int64_t j = 0; j < n; j += kChunk) {
     const int64_t len = std::min<int64_t>(kChunk, n - j);
@@ -34,7 +47,7 @@ inline void scale_into(const T* x, float mul, float* buf, int64_t n) {
       a = a * m;
       b = b * m;
     }
-    store_n(buf + j, len, clamp_fp8(a), clamp_fp8(b));
+    store_fp8(out + j, len, clamp_fp8(a), clamp_fp8(b));
   }
 }
 
@@ -67,15 +80,13 @@ void static_quant_fp8(const T* x, RowIndex x_rows, const float* scale, RowIndex 
                       int64_t hidden) {
   const int64_t group = hidden / groups;
   at::parallel_for(0, rows, row_grain(hidden), [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(hidden);
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + x_rows(r);
       const float* sr = scale + scale_rows(r);
       for (int64_t g = 0; g < groups; ++g) {
         const float inv = 1.0f / sr[g * scale_group_stride];
-        scale_into<T, false>(xr + g * group, inv, buf.data() + g * group, group);
+        quantize_into<T, false>(xr + g * group, inv, out + r * hidden + g * group, group);
       }
-      encode_fp8(buf.data(), out + r * hidden, hidden);
     }
   });
 }
@@ -96,7 +107,6 @@ void dynamic_quant_fp8(const T* x, RowIndex x_rows, uint8_t* out, float* scale_o
     scale_out[0] = tensor_scale;
   }
   at::parallel_for(0, rows, row_grain(hidden), [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(hidden);
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + x_rows(r);
       float s = tensor_scale;
@@ -104,8 +114,7 @@ void dynamic_quant_fp8(const T* x, RowIndex x_rows, uint8_t* out, float* scale_o
         s = dynamic_scale(absmax(xr, hidden), scale_ub);
         scale_out[r] = s;
       }
-      scale_into<T, false>(xr, 1.0f / s, buf.data(), hidden);
-      encode_fp8(buf.data(), out + r * hidden, hidden);
+      quantize_into<T, false>(xr, 1.0f / s, out + r * hidden, hidden);
     }
   });
 }
@@ -115,16 +124,14 @@ void dynamic_group_quant_fp8(const T* x, RowIndex x_rows, uint8_t* out, float* s
                              int64_t rows, int64_t hidden, int64_t group_size) {
   const int64_t groups = hidden / group_size;
   at::parallel_for(0, rows, row_grain(hidden), [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(hidden);
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + x_rows(r);
       for (int64_t g = 0; g < groups; ++g) {
         const T* xg = xr + g * group_size;
         const float s = dynamic_scale(absmax(xg, group_size), nullptr);
         scale_out[r * groups + g] = s;
-        scale_into<T, true>(xg, s, buf.data() + g * group_size, group_size);
+        quantize_into<T, true>(xg, s, out + r * hidden + g * group_size, group_size);
       }
-      encode_fp8(buf.data(), out + r * hidden, hidden);
     }
   });
 }
