@@ -13,22 +13,22 @@ import pytest
 import torch
 
 from reference_impl import ir
-from reference_impl.kernels import _cuda_build
+from reference_impl.kernels import _build_cuda
 
-NVCC = _cuda_build.find_nvcc()
+NVCC = _build_cuda.find_nvcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (set CUDA_HOME or put nvcc on PATH)")
 
 
 @pytest.fixture(scope="module")
 def objects(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cuda-objects")
-    times = _cuda_build.compile_check(out, ("80", "90"))
-    assert set(times) == set(_cuda_build.CU_SOURCES)
+    times = _build_cuda.compile_check(out, ("80", "90"))
+    assert set(times) == set(_build_cuda.CU_SOURCES)
     return out
 
 
 @needs_nvcc
-@pytest.mark.parametrize("source", _cuda_build.CU_SOURCES)
+@pytest.mark.parametrize("source", _build_cuda.CU_SOURCES)
 def test_cu_source_compiles_for_sm80_and_sm90(objects, source):
     obj = objects / (Path(source).stem + ".o")
     assert obj.is_file() and obj.stat().st_size > 0
@@ -38,11 +38,11 @@ def test_cu_source_compiles_for_sm80_and_sm90(objects, source):
 
 @needs_nvcc
 def test_binding_parses_against_torch_headers(tmp_path):
-    assert _cuda_build.binding_syntax_check(tmp_path) > 0
+    assert _build_cuda.binding_syntax_check(tmp_path) > 0
 
 
 def test_cuda_sources_do_not_include_torch():
-    cuda_dir = _cuda_build.CSRC_DIR
+    cuda_dir = _build_cuda.CSRC_DIR
     for path in [*cuda_dir.glob("*.cu"), *cuda_dir.glob("*.cuh"), cuda_dir / "kernels.h"]:
         includes = re.findall(r'#include\s+[<"]([^>"]+)[>"]', path.read_text())
         torchy = [i for i in includes if i.split("/")[0] in ("torch", "ATen", "c10") or "binding" in i]
@@ -53,23 +53,23 @@ def test_cuda_sources_do_not_include_torch():
 def test_compile_failure_names_the_file(tmp_path):
     broken = tmp_path / "broken_kernel.cu"
     broken.write_text("__global__ void k(float* x) { x[0] = undefined_symbol; }\n")
-    with pytest.raises(_cuda_build.CudaBuildError, match=r"broken_kernel\.cu(.|\n)*undefined_symbol"):
-        _cuda_build.compile_check(tmp_path / "out", ("80",), sources=[broken])
+    with pytest.raises(_build_cuda.CudaBuildError, match=r"broken_kernel\.cu(.|\n)*undefined_symbol"):
+        _build_cuda.compile_check(tmp_path / "out", ("80",), sources=[broken])
 
 
 def test_missing_nvcc_is_named(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
-    assert _cuda_build.find_nvcc() is None
-    with pytest.raises(_cuda_build.CudaBuildError, match="nvcc not found"):
-        _cuda_build.compile_check(tmp_path / "out")
+    assert _build_cuda.find_nvcc() is None
+    with pytest.raises(_build_cuda.CudaBuildError, match="nvcc not found"):
+        _build_cuda.compile_check(tmp_path / "out")
 
 
 def test_cuda_provider_is_registered_and_honest_about_support():
     from reference_impl.kernels import cuda
 
-    problem = _cuda_build.runtime_problem()
+    problem = _build_cuda.runtime_problem()
     if torch.version.cuda is None or not torch.cuda.is_available():
         assert problem is not None and cuda.SUPPORTED is False
     for name in cuda.OPS:

@@ -5,9 +5,9 @@ The .cu files include no torch headers (the CPU torch wheel lacks the c10 CUDA c
 headers), so `compile_check` builds them with nvcc alone, each file once for every target
 architecture (sm_80 and sm_90 by default), files in parallel:
 
-    python -m reference_impl.kernels._cuda_build            # compile check into a temp dir
-    python -m reference_impl.kernels._cuda_build --out DIR --arch 80 --arch 90 --jobs 4
-    python -m reference_impl.kernels._cuda_build --binding   # also parse bindings.cpp vs torch headers
+    python -m reference_impl.kernels._build_cuda            # compile check into a temp dir
+    python -m reference_impl.kernels._build_cuda --out DIR --arch 80 --arch 90 --jobs 4
+    python -m reference_impl.kernels._build_cuda --binding   # also parse bindings.cpp vs torch headers
 
 `load()` (CUDA torch and a GPU only) builds the .cu files plus the torch binding
 `csrc/cuda/bindings.cpp` with `torch.utils.cpp_extension.load` for the local GPU's architecture.

@@ -33,7 +33,7 @@ HEADERS = ("kernels.h", "vec_common.h", "../common/binding_utils.h", "../common/
 # Set to 1 to turn the provider off (dispatch then falls back to the next provider).
 DISABLE_ENV = "REFERENCE_IMPL_DISABLE_CPP_KERNELS"
 
-# torch capability -> (tag, preprocessor and arch flags); the same flags torch's inductor uses.
+# torch capability -> preprocessor and arch flags (the ones torch's inductor uses).
 _ISA_FLAGS = {
     "AVX512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512",
                "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma"],

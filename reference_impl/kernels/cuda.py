@@ -7,7 +7,7 @@ built and loaded; that build happens here, at import, which only the CUDA platfo
 (`CudaPlatform.import_ir_kernels`). Anywhere else (the CPU wheel, no GPU, no nvcc, a failed
 build) the provider is registered with supported=False and the reason is logged, so dispatch
 uses the next provider. The .cu sources are compile-checked without a GPU by
-`python -m reference_impl.kernels._cuda_build` (tests/test_cuda_build.py).
+`python -m reference_impl.kernels._build_cuda` (tests/test_cuda_build.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from reference_impl import ir
-from reference_impl.kernels import _cuda_build
+from reference_impl.kernels import _build_cuda
 from reference_impl.kernels._cpp_provider import OPS, register_kernel_provider
 
 logger = logging.getLogger(__name__)
@@ -25,11 +25,11 @@ PROVIDER = "cuda"
 
 def _prepare() -> str | None:
     """Build and load the library where it can run; the reason it cannot, or None."""
-    problem = _cuda_build.runtime_problem()
+    problem = _build_cuda.runtime_problem()
     if problem is not None:
         return problem
     try:
-        _cuda_build.load()
+        _build_cuda.load()
     except Exception as exc:  # a compiler error must not break platform import
         return f"building the CUDA kernels failed: {exc}"
     return None
@@ -39,10 +39,10 @@ UNSUPPORTED_REASON = _prepare()
 SUPPORTED = UNSUPPORTED_REASON is None
 if not SUPPORTED:
     # Expected without CUDA (info); a failed build where CUDA exists deserves a warning.
-    (logger.warning if _cuda_build.runtime_problem() is None else logger.info)(
+    (logger.warning if _build_cuda.runtime_problem() is None else logger.info)(
         "reference CUDA kernels are off (%s); IR ops use their next provider", UNSUPPORTED_REASON)
 
-CHECKS = register_kernel_provider(PROVIDER, supported=SUPPORTED, library=_cuda_build.ops, device_type="cuda")
+CHECKS = register_kernel_provider(PROVIDER, supported=SUPPORTED, library=_build_cuda.ops, device_type="cuda")
 
 
 def default_priority() -> dict[str, list[str]]:
