@@ -1,0 +1,295 @@
+"""The tensor-parallel group: rank, world size and the collectives the parallel layers use.
+
+Without any initialization the group is a single rank (world size 1): every collective returns its
+input and no `torch.distributed` call is made, so layers and models run in a plain process.
+`init_distributed_environment` + `initialize_model_parallel` build real groups on
+`torch.distributed` (gloo on the CPU); the collectives then run as opaque torch ops
+(`reference_dist::*`) so compiled graphs call them instead of tracing into `torch.distributed`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+class ParallelStateError(RuntimeError):
+    """The parallel state is used wrongly (initialized twice, sizes that do not divide, ...)."""
+
+
+def divide(numerator: int, denominator: int, what: str = "size") -> int:
+    """`numerator // denominator`, raising ValueError when it does not divide exactly."""
+    if denominator <= 0 or numerator % denominator:
+        raise ValueError(f"{what} {numerator} is not divisible by the tensor-parallel size {denominator}")
+    return numerator // denominator
+
+
+def split_tensor_along_last_dim(x: torch.Tensor, num_partitions: int) -> tuple[torch.Tensor, ...]:
+    """Equal views of `x` along its last dimension (ValueError when it does not divide)."""
+    size = divide(x.shape[-1], num_partitions, "last dimension")
+    return torch.split(x, size, dim=-1)
+
+
+# ----- groups ---------------------------------------------------------------------------------------
+_GROUPS: dict[str, GroupCoordinator] = {}
+
+
+@dataclasses.dataclass(eq=False)
+class GroupCoordinator:
+    """One group of ranks and its collectives; all collectives are functional (fresh outputs).
+
+    `ranks` are global ranks; `device_group` is the torch.distributed group (None for a single rank,
+    which needs no torch.distributed at all).
+    """
+
+    name: str
+    ranks: list[int]
+    rank: int                                   # this process's global rank
+    device_group: object | None = None
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def rank_in_group(self) -> int:
+        return self.ranks.index(self.rank)
+
+    @property
+    def is_first_rank(self) -> bool:
+        return self.rank_in_group == 0
+
+    def _check_real(self, what: str) -> None:
+        if self.device_group is None:
+            raise ParallelStateError(f"{what} on group {self.name!r} (rank {self.rank_in_group} of {self.world_size}) "
+                                     "has no process group behind it (simulated_tensor_parallel): only "
+                                     "construction and weight loading work there")
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum of `x` over the group (every rank gets it); `x` itself for a single rank."""
+        if self.world_size == 1:
+            return x
+        self._check_real("all_reduce")
+        return torch.ops.reference_dist.all_reduce(x, self.name)
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """The ranks' `x` concatenated along `dim` in rank order (every rank gets it)."""
+        if self.world_size == 1:
+            return x
+        self._check_real("all_gather")
+        dim = dim % x.dim() if x.dim() else 0
+        return torch.ops.reference_dist.all_gather(x, dim, self.world_size, self.name)
+
+    def gather(self, x: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
+        """Like `all_gather` but only rank `dst` of the group gets the result; the others get None."""
+        if self.world_size == 1:
+            return x
+        gathered = self.all_gather(x, dim)
+        return gathered if self.rank_in_group == dst else None
+
+    def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """A copy of rank `src`'s `x` on every rank (`x` itself for a single rank)."""
+        if self.world_size == 1:
+            return x
+        self._check_real("broadcast")
+        return torch.ops.reference_dist.broadcast(x, self.ranks[src], self.name)
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier(group=self.device_group)
+
+
+def _single_rank_group(name: str) -> GroupCoordinator:
+    return GroupCoordinator(name=name, ranks=[0], rank=0, device_group=None)
+
+
+def _lookup(group_name: str) -> GroupCoordinator:
+    try:
+        return _GROUPS[group_name]
+    except KeyError:
+        raise ParallelStateError(f"no process group named {group_name!r} (known: {sorted(_GROUPS)}); "
+                                 "was initialize_model_parallel called in this process?") from None
+
+
+# ----- the collectives as opaque torch ops -----------------------------------------------------------
+@torch.library.custom_op("reference_dist::all_reduce", mutates_args=())
+def _all_reduce_op(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    out = x.contiguous().clone()
+    dist.all_reduce(out, group=_lookup(group_name).device_group)
+    return out
+
+
+@_all_reduce_op.register_fake
+def _(x, group_name):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("reference_dist::all_gather", mutates_args=())
+def _all_gather_op(x: torch.Tensor, dim: int, world_size: int, group_name: str) -> torch.Tensor:
+    group = _lookup(group_name)
+    parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(world_size)]
+    dist.all_gather(parts, x.contiguous(), group=group.device_group)
+    return torch.cat(parts, dim=dim)
+
+
+@_all_gather_op.register_fake
+def _(x, dim, world_size, group_name):
+    shape = list(x.shape)
+    shape[dim] *= world_size
+    return x.new_empty(shape)
+
+
+@torch.library.custom_op("reference_dist::broadcast", mutates_args=())
+def _broadcast_op(x: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
+    out = x.contiguous().clone()
+    dist.broadcast(out, src=src, group=_lookup(group_name).device_group)
+    return out
+
+
+@_broadcast_op.register_fake
+def _(x, src, group_name):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+# ----- the process-wide state ------------------------------------------------------------------------
+_TP: GroupCoordinator | None = None
+_WORLD: GroupCoordinator | None = None
+
+
+def init_distributed_environment(world_size: int, rank: int, init_method: str = "env://",
+                                 backend: str = "gloo") -> GroupCoordinator:
+    """Join the torch.distributed world (once per process) and return the world group."""
+    global _WORLD
+    if not dist.is_available():
+        raise ParallelStateError("torch.distributed is not available in this torch build")
+    if world_size < 1 or not (0 <= rank < world_size):
+        raise ValueError(f"rank {rank} / world size {world_size}: need world_size >= 1 and 0 <= rank < world_size")
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, init_method=init_method, world_size=world_size, rank=rank)
+    elif dist.get_world_size() != world_size or dist.get_rank() != rank:
+        raise ParallelStateError(f"torch.distributed is already initialized as rank {dist.get_rank()} of "
+                                 f"{dist.get_world_size()}, not rank {rank} of {world_size}")
+    _WORLD = GroupCoordinator("world", list(range(world_size)), rank, dist.group.WORLD)
+    _GROUPS["world"] = _WORLD
+    return _WORLD
+
+
+def initialize_model_parallel(tensor_model_parallel_size: int = 1, backend: str | None = None) -> GroupCoordinator:
+    """Split the world into tensor-parallel groups of consecutive ranks; every rank must call it."""
+    global _TP
+    if _TP is not None:
+        raise ParallelStateError("the tensor-parallel group is already initialized; call "
+                                 "destroy_model_parallel() first")
+    if _WORLD is None:
+        if tensor_model_parallel_size != 1:
+            raise ParallelStateError(f"tensor_model_parallel_size={tensor_model_parallel_size} needs "
+                                     "init_distributed_environment(world_size, rank) first")
+        _TP = _single_rank_group("tp")
+        _GROUPS["tp"] = _TP
+        return _TP
+    world_size = _WORLD.world_size
+    if tensor_model_parallel_size < 1 or world_size % tensor_model_parallel_size:
+        raise ParallelStateError(f"world size {world_size} is not divisible by tensor_model_parallel_size="
+                                 f"{tensor_model_parallel_size}")
+    mine = None
+    for start in range(0, world_size, tensor_model_parallel_size):
+        ranks = list(range(start, start + tensor_model_parallel_size))
+        # every rank creates every group (torch.distributed requires it), keeps its own
+        group = dist.new_group(ranks, backend=backend) if tensor_model_parallel_size > 1 else None
+        if _WORLD.rank in ranks:
+            mine = GroupCoordinator("tp", ranks, _WORLD.rank, group)
+    _TP = mine
+    _GROUPS["tp"] = _TP
+    return _TP
+
+
+def model_parallel_is_initialized() -> bool:
+    return _TP is not None
+
+
+def get_tp_group() -> GroupCoordinator:
+    """The tensor-parallel group; a single-rank group when nothing was initialized."""
+    return _TP if _TP is not None else _DEFAULT_TP
+
+
+def get_tensor_model_parallel_world_size() -> int:
+    return get_tp_group().world_size
+
+
+def get_tensor_model_parallel_rank() -> int:
+    return get_tp_group().rank_in_group
+
+
+def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    return get_tp_group().all_reduce(x)
+
+
+def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    return get_tp_group().all_gather(x, dim)
+
+
+def tensor_model_parallel_gather(x: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
+    return get_tp_group().gather(x, dst, dim)
+
+
+def tensor_model_parallel_broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
+    return get_tp_group().broadcast(x, src)
+
+
+def destroy_model_parallel() -> None:
+    """Forget the tensor-parallel group (torch.distributed groups are freed with the process group)."""
+    global _TP
+    _TP = None
+    _GROUPS.pop("tp", None)
+
+
+def destroy_distributed_environment() -> None:
+    """Forget all groups and leave torch.distributed, if this module joined it."""
+    global _WORLD
+    destroy_model_parallel()
+    _WORLD = None
+    _GROUPS.pop("world", None)
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def single_rank_tensor_parallel() -> Iterator[GroupCoordinator]:
+    """Inside the block the tensor-parallel group is a single rank, whatever was initialized."""
+    global _TP
+    saved = _TP
+    _TP = _DEFAULT_TP
+    try:
+        yield _TP
+    finally:
+        _TP = saved
+
+
+@contextlib.contextmanager
+def simulated_tensor_parallel(rank: int, world_size: int) -> Iterator[GroupCoordinator]:
+    """Layers built inside the block see rank `rank` of `world_size` without any process group.
+
+    For inspecting sharding and weight loading in one process; collectives on this group raise
+    ParallelStateError.
+    """
+    global _TP
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} / world size {world_size}: need 0 <= rank < world_size")
+    saved = _TP
+    _TP = GroupCoordinator(f"simulated-tp{world_size}", list(range(world_size)), rank, None)
+    try:
+        yield _TP
+    finally:
+        _TP = saved
+
+
+_DEFAULT_TP = _single_rank_group("tp-single")
+_GROUPS["tp-single"] = _DEFAULT_TP
+
