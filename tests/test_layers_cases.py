@@ -14,15 +14,17 @@ import pytest
 import torch
 
 from reference_impl.custom_op import CustomOp
-from reference_impl.layers import activation, layernorm, mamba, quantization, rotary_embedding
+from reference_impl.layers import (activation, attention, conv, fused_moe, layernorm, mamba, quantization,
+                                   rotary_embedding)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-MODULES = (activation, layernorm, mamba, rotary_embedding, quantization)
+MODULES = (activation, layernorm, mamba, rotary_embedding, quantization, conv, attention, fused_moe)
 # Native in half precision against float64: allowed error in units of the layer's tolerance.
 GOLDEN_SLACK = 4.0
 
 LAYERS = sorted({cls for module in MODULES for cls in vars(module).values()
-                 if isinstance(cls, type) and issubclass(cls, CustomOp) and cls.__module__ == module.__name__},
+                 if isinstance(cls, type) and issubclass(cls, CustomOp) and cls.__module__ == module.__name__
+                 and "name" in vars(cls)},  # registered classes, not shared bases (ConvLayerBase)
                 key=lambda c: c.__name__)
 
 
