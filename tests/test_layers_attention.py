@@ -95,11 +95,13 @@ def test_mm_encoder_attention_half_precision_rounds_once():
     assert ((out.double() - exact).abs() <= 2.0 ** -8 * exact.abs() + 1e-6).all()
 
 
-def test_mm_encoder_attention_is_always_enabled():
+def test_mm_encoder_attention_follows_custom_ops_unless_enforced():
     with set_current_config(RuntimeConfig(CompilationConfig(custom_ops=["none"]))):
-        attn = MMEncoderAttention(2, 8)
-        assert MMEncoderAttention.enabled()
-        assert attn._forward_method.__func__ is not MMEncoderAttention.forward_native
+        assert MMEncoderAttention(2, 8)._forward_method.__func__ is MMEncoderAttention.forward_native
+        enforced = MMEncoderAttention(2, 8, enforce_enable=True)
+        assert enforced._forward_method.__func__ is not MMEncoderAttention.forward_native
+    with set_current_config(RuntimeConfig(CompilationConfig(custom_ops=["all"]))):
+        assert MMEncoderAttention(2, 8)._forward_method.__func__ is not MMEncoderAttention.forward_native
 
 
 @pytest.mark.parametrize("kwargs,match", [

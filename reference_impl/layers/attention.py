@@ -50,8 +50,11 @@ class MMEncoderAttention(CustomOp):
     query head h reads kv head `h // (num_heads // num_kv_heads)`); the output has the query's layout.
     `cu_seqlens` (int, `[n + 1]`, 0 ... seq, non-decreasing) splits the sequence dim into `n`
     packed sequences that attend only within themselves (every batch row alike); query and key
-    lengths must then agree. `max_seqlen` is a flash-attention hint and is ignored. Like vLLM,
-    the op is always enabled (`enabled()` is True), whatever custom_ops says.
+    lengths must then agree. `max_seqlen` is a flash-attention hint and is ignored.
+
+    vLLM always enables this op (its `enabled()` is True); here custom_ops governs it like every
+    CustomOp (the conformance dispatch check relies on that), and vision encoders that want the
+    platform kernel whatever custom_ops says pass `enforce_enable=True`, as for ApplyRotaryEmb.
     """
 
     def __init__(self, num_heads: int, head_size: int, scale: float | None = None, num_kv_heads: int | None = None,
@@ -71,10 +74,6 @@ class MMEncoderAttention(CustomOp):
         self.scale = head_size ** -0.5 if scale is None else float(scale)
         self.layer_name = prefix
         self.multimodal_config = multimodal_config
-
-    @classmethod
-    def enabled(cls) -> bool:
-        return True
 
     def _to_4d(self, t: torch.Tensor, heads: int, what: str) -> torch.Tensor:
         if t.dim() == 3 and t.shape[-1] == heads * self.head_size:
