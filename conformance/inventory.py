@@ -171,6 +171,14 @@ class Inventory:
             units.append(Unit(family, check, name, rep.__qualname__, dtype_name(dtypes[0])))
         return units
 
+    def _units_decoder(self, family, check, level):
+        """Per dtype the model declares a tolerance for: eager and compiled (quick: compiled in the first only)."""
+        from conformance.checks.model import CASES, MODEL_NAME, MODEL_TOLERANCES
+
+        dtypes = self.dtypes_for(MODEL_TOLERANCES)
+        return [Unit(family, check, MODEL_NAME, None, dtype_name(d), case) for i, d in enumerate(dtypes)
+                for case in CASES if case == "eager" or level != "quick" or i == 0]
+
 
 def activate(name: str) -> Inventory:
     """Make platform `name` current and return what it brings; PlatformSetupError on any failure."""

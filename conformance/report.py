@@ -9,7 +9,7 @@ from tabulate import tabulate
 
 from conformance.results import CheckResult, Outcome, summarize, verdict
 
-FAMILY_COLUMNS = ("numerics", "aliasing", "compile", "dispatch")
+FAMILY_COLUMNS = ("numerics", "aliasing", "compile", "dispatch", "model")
 ABBREV = {
     Outcome.PASS: "P", Outcome.NOT_IMPLEMENTED: "NI", Outcome.NOT_SUPPORTED: "NS", Outcome.SKIP: "S",
     Outcome.XFAIL: "XF", Outcome.QUALITY_WARNING: "QW", Outcome.XPASS: "XP", Outcome.FAIL: "F",
@@ -29,6 +29,8 @@ def is_layer_result(r: CheckResult) -> bool:
 
 def row_label(r: CheckResult) -> str:
     op = r.op or "(platform)"
+    if r.check == "model":
+        return f"{op} (model)"
     return f"{op} (CustomOp)" if is_layer_result(r) else op
 
 
@@ -50,7 +52,7 @@ def scorecard_rows(results: Sequence[CheckResult]) -> tuple[list[str], list[list
 
 def coverage(results: Sequence[CheckResult], ir_ops: Sequence[str] | None = None) -> str:
     """'ops implemented / ops in the catalog' from the results (dispatch coverage marks the rest)."""
-    results = [r for r in results if not is_layer_result(r)]
+    results = [r for r in results if not is_layer_result(r) and r.check != "model"]
     not_impl = {r.op for r in results if r.outcome is Outcome.NOT_IMPLEMENTED}
     implemented = {r.op for r in results if r.provider and r.op and r.op not in not_impl}
     total = set(ir_ops) if ir_ops is not None else (implemented | not_impl)

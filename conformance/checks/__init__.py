@@ -11,7 +11,7 @@ from conformance.units import Unit
 
 def registry() -> dict[str, object]:
     """'family.check' -> body(ctx, unit) -> Verdict."""
-    from conformance.checks import aliasing, compile, dispatch, numerics
+    from conformance.checks import aliasing, compile, dispatch, model, numerics
 
     return {
         "numerics.unsupported": numerics.unsupported,
@@ -28,6 +28,7 @@ def registry() -> dict[str, object]:
         "dispatch.defaults": dispatch.defaults,
         "dispatch.oot_registration": dispatch.oot_registration,
         "dispatch.oot_dispatch": dispatch.oot_dispatch,
+        "model.decoder": model.decoder,
     }
 
 

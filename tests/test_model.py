@@ -1,0 +1,260 @@
+"""The small decoder: semantics against an independent float64 Llama, residual form, compile, loading,
+generation, and the harness's model family (fixed model invariants, cpu passes, a wrong rms_norm fails).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from conformance.checks import model as model_check
+from conformance.checks.common import native_only
+from harness_runner import run_harness
+from reference_impl.compilation import compile_module
+from reference_impl.config import CompilationConfig, CompilationMode, RuntimeConfig
+from reference_impl.models import DecoderConfig, LlamaForCausalLM, build_model, greedy_generate, random_checkpoint
+
+CONFIG = DecoderConfig()   # the tiny default: hidden 64, 2 layers, vocab 300
+AOT_EAGER = RuntimeConfig(CompilationConfig(mode=CompilationMode.REFERENCE_COMPILE, backend="aot_eager"))
+
+
+def _llama_float64(ckpt: dict[str, torch.Tensor], cfg: DecoderConfig, ids: torch.Tensor) -> torch.Tensor:
+    """Llama written out with plain torch ops (no project code): the logits of every position."""
+    w = {k: v.double() for k, v in ckpt.items()}
+    n, d, eps = ids.numel(), cfg.head_dim, cfg.rms_norm_eps
+
+    def rms(x, weight):
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq[None]
+    cos, sin = angles.cos()[:, None], angles.sin()[:, None]
+
+    def rope(x):   # neox style: rotate the two halves of every head
+        a, b = x[..., : d // 2], x[..., d // 2:]
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    x = w["model.embed_tokens.weight"][ids]
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}"
+        h = rms(x, w[f"{p}.input_layernorm.weight"])
+        q = rope((h @ w[f"{p}.self_attn.q_proj.weight"].T).view(n, cfg.num_heads, d))
+        k = rope((h @ w[f"{p}.self_attn.k_proj.weight"].T).view(n, cfg.num_kv_heads, d))
+        v = (h @ w[f"{p}.self_attn.v_proj.weight"].T).view(n, cfg.num_kv_heads, d)
+        group = cfg.num_heads // cfg.num_kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / d ** 0.5
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        attn = torch.einsum("hqk,khd->qhd", probs, v).reshape(n, -1)
+        x = x + attn @ w[f"{p}.self_attn.o_proj.weight"].T
+        h = rms(x, w[f"{p}.post_attention_layernorm.weight"])
+        gate, up = h @ w[f"{p}.mlp.gate_proj.weight"].T, h @ w[f"{p}.mlp.up_proj.weight"].T
+        x = x + (torch.nn.functional.silu(gate) * up) @ w[f"{p}.mlp.down_proj.weight"].T
+    return rms(x, w["model.norm.weight"]) @ w["lm_head.weight"].T
+
+
+def _prompt(n=7, seed=0):
+    return torch.randint(0, CONFIG.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_logits_match_an_independent_float64_llama():
+    ckpt = random_checkpoint(CONFIG, seed=5, dtype=torch.float64)
+    model = build_model(CONFIG, torch.float64, checkpoint=ckpt)
+    ids = _prompt()
+    logits = model(ids, torch.arange(ids.numel()))
+    assert logits.shape == (ids.numel(), CONFIG.vocab_size) and logits.dtype == torch.float64
+    # 1e-5: IR rms_norm computes its statistics in float32 even for float64 inputs (as vLLM's native does)
+    torch.testing.assert_close(logits, _llama_float64(ckpt, CONFIG, ids), atol=1e-5, rtol=1e-5)
+    assert 1.5 < float(logits.std()) < 6   # the checkpoint spreads logits over a few units
+
+
+def test_softcap_scale_and_tied_embeddings():
+    cfg = DecoderConfig(tie_word_embeddings=True, final_logit_softcap=5.0, logit_scale=0.5)
+    ckpt = random_checkpoint(cfg, seed=6, dtype=torch.float64)
+    assert "lm_head.weight" not in ckpt
+    model = build_model(cfg, torch.float64, checkpoint=ckpt)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ids = _prompt()
+    raw = _llama_float64({**ckpt, "lm_head.weight": ckpt["model.embed_tokens.weight"]}, cfg, ids)
+    torch.testing.assert_close(model(ids, torch.arange(ids.numel())), torch.tanh(raw / 5.0) * 5.0 * 0.5,
+                               atol=1e-5, rtol=1e-5)
+
+
+class _IrCalls(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "reference_ir":
+            self.calls.append(f"{func._overloadpacket.__name__}.{func._overloadname}")
+        return func(*args, **(kwargs or {}))
+
+
+def test_residual_stream_uses_the_fused_in_place_norm():
+    model = build_model(CONFIG, torch.float32, seed=1)
+    ids = _prompt()
+    with _IrCalls() as probe, torch.no_grad():
+        model(ids, torch.arange(ids.numel()))
+    calls = probe.calls
+    # layer 0's input norm has no residual yet; every other norm (2 per layer - 1, plus the final) is fused
+    assert calls.count("rms_norm.default") == 1
+    assert calls.count("fused_add_rms_norm.maybe_inplace") == 2 * CONFIG.num_layers
+    assert "fused_add_rms_norm.default" not in calls
+    assert calls.count("silu_and_mul.default") == CONFIG.num_layers
+    assert calls.count("rotary_embedding.default") == CONFIG.num_layers
+
+
+def test_compiled_matches_eager_without_recompiling_as_the_sequence_grows():
+    model = build_model(CONFIG, torch.float32, seed=2)
+    prompt = _prompt(5, seed=3)
+    eager = greedy_generate(model, prompt, 4)
+    torch._dynamo.reset()
+    compiled = compile_module(model, AOT_EAGER)
+    got = greedy_generate(compiled, prompt, 4)
+    assert got.tokens == eager.tokens
+    torch.testing.assert_close(got.step_logits, eager.step_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.prompt_logits, eager.prompt_logits, atol=1e-5, rtol=1e-5)
+    assert compiled.backend.num_compilations == 1   # lengths 5..8 share one graph (dynamic length)
+    lowered = str(list(compiled.backend.graph_snapshots.values())[-1])
+    assert "reference_ir" not in lowered   # every IR op lowered to the selected provider
+
+
+def test_greedy_generation_appends_the_argmax():
+    model = build_model(CONFIG, torch.float64, seed=4)
+    prompt = _prompt(4, seed=4)
+    gen = greedy_generate(model, prompt, 3)
+    ids = torch.cat([prompt, torch.tensor(gen.tokens[:-1])])
+    logits = model(ids, torch.arange(ids.numel()))
+    assert gen.tokens == [int(logits[3 + i].argmax()) for i in range(3)]
+    torch.testing.assert_close(gen.step_logits, logits[3:], atol=1e-12, rtol=1e-12)
+    assert gen.prompt_logits.shape == (4, CONFIG.vocab_size)
+    with pytest.raises(ValueError, match="non-empty 1-D"):
+        greedy_generate(model, prompt[None], 1)
+    with pytest.raises(ValueError, match="max_new_tokens=0"):
+        greedy_generate(model, prompt, 0)
+
+
+def test_load_weights_names_unknown_missing_and_misshapen_tensors():
+    ckpt = random_checkpoint(CONFIG, seed=0)
+    model = LlamaForCausalLM(CONFIG)
+    with pytest.raises(KeyError, match="model.layers.0.self_attn.extra.weight"):
+        model.load_weights({**ckpt, "model.layers.0.self_attn.extra.weight": torch.zeros(1)})
+    partial = dict(ckpt)
+    del partial["model.norm.weight"], partial["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(KeyError, match=r"did not provide: \['model.norm.weight'\]"):
+        model.load_weights(partial)   # up_proj only fills half of gate_up_proj: not detectable per tensor
+    with pytest.raises(ValueError, match=r"model.norm.weight has shape \(3,\)"):
+        model.load_weights({**ckpt, "model.norm.weight": torch.zeros(3)})
+    with pytest.raises(ValueError, match="num_kv_heads=3"):
+        DecoderConfig(num_kv_heads=3)
+
+
+# ----- the harness's model family -----------------------------------------------------------------
+@pytest.mark.parametrize("dtype", list(model_check.MODEL_TOLERANCES), ids=lambda d: str(d).removeprefix("torch."))
+def test_fixed_model_greedy_margins_exceed_twice_the_tolerance(dtype):
+    """No platform within tolerance of native can flip a token of the model family's decoder."""
+    cfg = model_check.model_config()
+    ckpt = random_checkpoint(cfg, model_check.MODEL_SEED, dtype)
+    ref = model_check.build_reference(cfg, dtype, ckpt)
+    with native_only():
+        gen = greedy_generate(ref, model_check.prompt(cfg), model_check.NEW_TOKENS)
+    assert len(set(gen.tokens)) >= 3, gen.tokens   # a real continuation, not one repeated token
+    top = gen.step_logits.double().topk(2, dim=-1).values
+    atol, rtol = model_check.MODEL_TOLERANCES[dtype]
+    # a flip needs both logits to move toward each other by their allowed error
+    flip_needs = 2 * atol + rtol * top.abs().sum(-1)
+    assert bool(((top[:, 0] - top[:, 1]) > 2 * flip_needs).all()), (top, flip_needs)
+
+
+def _run(dtype: str, case: str):
+    from conformance.checks import CheckContext, run_unit
+    from conformance.units import Unit
+    from reference_impl.platforms import get_current_platform
+
+    ctx = CheckContext("cpu", get_current_platform())
+    verdict, _ = run_unit(ctx, Unit("model", "decoder", model_check.MODEL_NAME, None, dtype, case))
+    return verdict
+
+
+def test_model_family_units_per_level():
+    from conformance.inventory import Inventory
+    from reference_impl.platforms import get_current_platform
+
+    inv = Inventory("cpu", get_current_platform(), {}, {}, {})
+    quick = {(u.dtype, u.case) for u in inv.units("model", "decoder", "quick")}
+    assert quick == {("float32", "eager"), ("float16", "eager"), ("bfloat16", "eager"), ("float32", "compiled")}
+    standard = inv.units("model", "decoder", "standard")
+    assert {(u.dtype, u.case) for u in standard} == {(d, c) for d in ("float32", "float16", "bfloat16")
+                                                      for c in ("eager", "compiled")}
+    assert {(u.op, u.provider) for u in standard} == {("decoder", None)}
+
+
+@pytest.mark.parametrize("dtype,case", [("float32", "compiled"), ("bfloat16", "eager")])
+def test_model_family_passes_on_the_cpu_platform(dtype, case):
+    verdict = _run(dtype, case)
+    assert verdict.outcome.value == "PASS", verdict.message
+    assert "rms_norm: cpp" in verdict.message and "fused_add_rms_norm: cpp" in verdict.message
+    assert verdict.max_abs_err is not None and verdict.max_abs_err < model_check.MODEL_TOLERANCES[
+        getattr(torch, dtype)][0]
+
+
+def test_model_family_is_not_implemented_when_everything_runs_native():
+    with native_only():
+        verdict = _run("float32", "eager")
+    assert verdict.outcome.value == "NOT_IMPLEMENTED", verdict.message
+    assert "ran entirely on native" in verdict.message
+
+
+@pytest.fixture
+def negated_rms_norm():
+    """A provider preferred for IR rms_norm that returns minus native: big logit changes, no error."""
+    from reference_impl import ir
+
+    op = ir.ops.rms_norm
+
+    def negated(x, weight, epsilon, variance_size=None):
+        return -op.native_fn(x, weight, epsilon, variance_size)
+
+    op.register_impl("model_test_negated")(negated)
+    try:
+        with op.set_priority(["model_test_negated"]):
+            yield
+    finally:
+        op.remove_impl("model_test_negated")
+
+
+def test_model_family_fails_on_wrong_logits_and_on_other_tokens(negated_rms_norm, monkeypatch):
+    verdict = _run("float32", "eager")
+    assert verdict.outcome.value == "FAIL" and verdict.message.startswith("logits"), verdict.message
+    assert "rms_norm: model_test_negated" in verdict.message and "model seed" in verdict.message
+    # with a tolerance that accepts any logits, the greedy tokens still have to agree
+    monkeypatch.setitem(model_check.MODEL_TOLERANCES, torch.float32, (1e6, 1.0))
+    verdict = _run("float32", "eager")
+    assert verdict.outcome.value == "FAIL" and "greedy tokens differ at step" in verdict.message, verdict.message
+
+
+def test_scorecard_shows_the_model_column():
+    from conformance.report import render_scorecard
+    from conformance.results import CheckResult
+
+    results = [CheckResult("suites/test_model.py::test_decoder[decoder-float32-eager]", "model", "decoder", None,
+                           "float32", "eager", "PASS"),
+               CheckResult("x::test_ir_case[rms_norm]", "numerics", "rms_norm", "cpp", "float32", "c", "PASS")]
+    card = render_scorecard(results, platform="cpu", ir_ops=["rms_norm"])
+    header = card.splitlines()[1].split()
+    assert header[-1] == "model" and "decoder (model)" in card
+    assert "coverage: 1 / 1 IR ops implemented (rms_norm)" in card   # the model row is not an IR op
+
+
+def test_model_family_catches_a_subtly_wrong_rms_norm(tmp_path):
+    """broken_odd_numerics drops the last element of odd-sized means: the decoder's odd hidden size shows it."""
+    run = run_harness(tmp_path, "broken_odd_numerics", "-k", "model and float32 and eager", dist="broken")
+    assert run.returncode != 0 and run.doc["verdict"] == "NOT_CONFORMANT", run.output[-3000:]
+    assert run.outcomes(check="model") == {"FAIL"}
+    for r in run.where(check="model"):
+        assert "logits" in r["message"] and "rms_norm: broken" in r["message"], r["message"]
+        assert r["repro"].startswith("python -m conformance repro --platform broken_odd_numerics --check model.decoder")
+    assert "decoder (model)" in run.output
