@@ -1,7 +1,7 @@
 """Bandwidth of the reference C++ CPU kernels against eager native, inductor and a plain copy.
 
 For each kernel, dtype and one large shape this prints the effective bandwidth (bytes the op
-must read and write / median time) of: the "cpp" provider, the native function in eager mode,
+must read and write / best time) of: the "cpp" provider, the native function in eager mode,
 the native function compiled by torch.compile (inductor), and a plain copy of the same number of
 bytes; then the ratios kernel/copy, kernel/inductor and kernel/eager (ratios of times), all
 measured interleaved in one run on this machine. The copy allocates its destination (`clone`)
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import dataclasses
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -103,11 +102,12 @@ def specs() -> list[Spec]:
     return out
 
 
-def median_times(fns: dict[str, Callable[[], object]], min_time: float) -> dict[str, float]:
-    """Median seconds per call of each function, measured in interleaved rounds after warm-up.
+def best_times(fns: dict[str, Callable[[], object]], min_time: float, rounds: int = 10) -> dict[str, float]:
+    """Seconds per call of each function: the best block of calls, blocks interleaved in rounds.
 
     Interleaving (a block of each function per round) keeps slow drifts of a shared machine from
-    favouring whichever function happens to run in a quiet moment.
+    favouring one function; taking each function's best block (as timeit does) discards blocks
+    in which other processes took the cores, which otherwise dominate the spread on small VMs.
     """
     per_block = {}
     for name, fn in fns.items():
@@ -118,13 +118,13 @@ def median_times(fns: dict[str, Callable[[], object]], min_time: float) -> dict[
         per_block[name] = max(1, int(0.02 / max(time.perf_counter() - start, 1e-7)))
     samples: dict[str, list[float]] = {name: [] for name in fns}
     deadline = time.perf_counter() + min_time * len(fns)
-    while min(len(v) for v in samples.values()) < 7 or time.perf_counter() < deadline:
+    while min(len(v) for v in samples.values()) < rounds or time.perf_counter() < deadline:
         for name, fn in fns.items():
             start = time.perf_counter()
             for _ in range(per_block[name]):
                 fn()
             samples[name].append((time.perf_counter() - start) / per_block[name])
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return {name: min(v) for name, v in samples.items()}
 
 
 def copy_fn(nbytes: int, allocate: bool) -> Callable[[], object]:
@@ -157,7 +157,7 @@ def run(ops: list[str], dtypes: list[torch.dtype], min_time: float, inductor: bo
                 torch._dynamo.reset()
                 compiled = torch.compile(op.native_fn, backend="inductor", dynamic=False)
                 fns["inductor"] = lambda: compiled(*args)
-            t = median_times(fns, min_time)
+            t = best_times(fns, min_time)
             t.setdefault("inductor", float("nan"))
             gbs = {name: nbytes / seconds / 1e9 for name, seconds in t.items()}
             rows.append([spec.op, str(dtype).removeprefix("torch."), spec.shape, f"{nbytes / 1e6:.0f}",
