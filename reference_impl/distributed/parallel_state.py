@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-
-logger = logging.getLogger(__name__)
 
 
 class ParallelStateError(RuntimeError):
@@ -161,18 +158,20 @@ def _(x, src, group_name):
 # ----- the process-wide state ------------------------------------------------------------------------
 _TP: GroupCoordinator | None = None
 _WORLD: GroupCoordinator | None = None
+_JOINED = False     # whether init_distributed_environment itself called init_process_group
 
 
 def init_distributed_environment(world_size: int, rank: int, init_method: str = "env://",
                                  backend: str = "gloo") -> GroupCoordinator:
     """Join the torch.distributed world (once per process) and return the world group."""
-    global _WORLD
+    global _WORLD, _JOINED
     if not dist.is_available():
         raise ParallelStateError("torch.distributed is not available in this torch build")
     if world_size < 1 or not (0 <= rank < world_size):
         raise ValueError(f"rank {rank} / world size {world_size}: need world_size >= 1 and 0 <= rank < world_size")
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, init_method=init_method, world_size=world_size, rank=rank)
+        _JOINED = True
     elif dist.get_world_size() != world_size or dist.get_rank() != rank:
         raise ParallelStateError(f"torch.distributed is already initialized as rank {dist.get_rank()} of "
                                  f"{dist.get_world_size()}, not rank {rank} of {world_size}")
@@ -252,12 +251,13 @@ def destroy_model_parallel() -> None:
 
 def destroy_distributed_environment() -> None:
     """Forget all groups and leave torch.distributed, if this module joined it."""
-    global _WORLD
+    global _WORLD, _JOINED
     destroy_model_parallel()
     _WORLD = None
     _GROUPS.pop("world", None)
-    if dist.is_available() and dist.is_initialized():
+    if _JOINED and dist.is_initialized():
         dist.destroy_process_group()
+    _JOINED = False
 
 
 @contextlib.contextmanager

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from reference_impl.custom_op import CustomOp
-from reference_impl.distributed import get_tp_group
 from reference_impl.ir.cases import randn
 from reference_impl.layers.cases import LayerCase
 from reference_impl.layers.linear import LINEAR_TOLERANCES
@@ -37,7 +36,6 @@ class LogitsProcessor(CustomOp):
         self.scale = scale
         self.logits_as_input = logits_as_input
         self.soft_cap = soft_cap
-        self.tp_group = get_tp_group()
 
     def forward_native(self, lm_head: ParallelLMHead | None, hidden_states: torch.Tensor,
                        embedding_bias: torch.Tensor | None = None) -> torch.Tensor:
