@@ -53,3 +53,21 @@ def row_strided(t: torch.Tensor, pad: int = 7) -> torch.Tensor:
     view = wide[..., : t.shape[-1]]
     view.copy_(t)
     return view
+
+
+def make_input(shape, dtype, device, generator, opts: dict, default_scale: float = 1.0) -> torch.Tensor:
+    """A seeded case input shaped by `opts`: `scale`, `special` ('zeros', or 'nan_row': row 1 all nan)
+    and `layout` ('strided': every 2nd column of a wider buffer, 'row_strided': padded rows)."""
+    special = opts.get("special")
+    if special == "zeros":
+        t = torch.zeros(shape, dtype=dtype, device=device)
+    else:
+        t = randn(shape, dtype, device, generator, scale=opts.get("scale", default_scale))
+        if special == "nan_row":
+            t[..., 1, :] = float("nan")
+    layout = opts.get("layout")
+    if layout == "strided":
+        t = strided(t)
+    elif layout == "row_strided":
+        t = row_strided(t)
+    return t

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from reference_impl.ir.cases import OpCase, randn, row_strided, strided
+from reference_impl.ir.cases import OpCase, make_input
 from reference_impl.ir.op import register_op
 
 ACT_TOLERANCES = {
@@ -114,19 +114,8 @@ _UNARY_CASES = [(n.replace(",d=", ",hidden="), s, lvl, o) for n, s, lvl, o in _G
 
 
 def make_activation(shape, dtype, device, gen, opts) -> Tensor:
-    special = opts.get("special")
-    if special == "zeros":
-        t = torch.zeros(shape, dtype=dtype, device=device)
-    else:
-        t = randn(shape, dtype, device, gen, scale=opts.get("scale", 2.0))
-        if special == "nan_row":
-            t[1] = float("nan")
-    layout = opts.get("layout")
-    if layout == "strided":
-        t = strided(t)
-    elif layout == "row_strided":
-        t = row_strided(t)
-    return t
+    """An activation input for the cases (values ~ N(0, 2) unless `opts` says otherwise)."""
+    return make_input(shape, dtype, device, gen, opts, default_scale=2.0)
 
 
 def _cases(table, extra_args=()):

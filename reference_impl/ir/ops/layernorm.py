@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from reference_impl.ir.cases import OpCase, randn, row_strided, strided
+from reference_impl.ir.cases import OpCase, make_input, randn
 from reference_impl.ir.op import register_op
 
 NORM_TOLERANCES = {
@@ -67,19 +67,7 @@ _NORM_CASES = [
 
 
 def _activation(shape, dtype, device, gen, opts) -> Tensor:
-    special = opts.get("special")
-    if special == "zeros":
-        t = torch.zeros(shape, dtype=dtype, device=device)
-    else:
-        t = randn(shape, dtype, device, gen, scale=opts.get("scale", 1.0))
-        if special == "nan_row":
-            t[..., 1, :] = float("nan")
-    layout = opts.get("layout")
-    if layout == "strided":
-        t = strided(t)
-    elif layout == "row_strided":
-        t = row_strided(t)
-    return t
+    return make_input(shape, dtype, device, gen, opts, default_scale=1.0)
 
 
 def _weight(hidden, dtype, device, gen, opts) -> Tensor | None:

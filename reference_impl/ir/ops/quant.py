@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from reference_impl.ir.cases import OpCase, randn, row_strided
+from reference_impl.ir.cases import OpCase, make_input
 from reference_impl.ir.op import register_op
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -88,11 +88,7 @@ _QUANT_SHAPES = [
 
 
 def _x(shape, dtype, device, gen, opts) -> Tensor:
-    if opts.get("special") == "zeros":
-        t = torch.zeros(shape, dtype=dtype, device=device)
-    else:
-        t = randn(shape, dtype, device, gen, scale=opts.get("scale", 3.0))
-    return row_strided(t) if opts.get("layout") == "row_strided" else t
+    return make_input(shape, dtype, device, gen, opts, default_scale=3.0)
 
 
 def _static_case(name, shape, level, opts, kind):
