@@ -77,8 +77,14 @@ void gated_rows(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_t d, fl
       const T* first = x + x_rows(r);
       const T* second = first + d;
       T* o = out + r * d;
+      const T* next = r + 1 < end ? x + x_rows(r + 1) : nullptr;
       for (int64_t j = 0; j < d; j += kChunk) {
         const int64_t len = std::min<int64_t>(kChunk, d - j);
+        if (next != nullptr) {  // the next row, chunk by chunk (see prefetch_bytes)
+          prefetch_bytes(next + j, kChunk * sizeof(T));
+          prefetch_bytes(next + d + j, kChunk * sizeof(T));
+          prefetch_bytes<true>(o + d + j, kChunk * sizeof(T));
+        }
         fVec a0, a1, b0, b1;
         load_n(first + j, len, a0, a1);
         load_n(second + j, len, b0, b1);
@@ -102,8 +108,13 @@ void unary_rows(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_t hidde
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + x_rows(r);
       T* o = out + r * hidden;
+      const T* next = r + 1 < end ? x + x_rows(r + 1) : nullptr;
       for (int64_t j = 0; j < hidden; j += kChunk) {
         const int64_t len = std::min<int64_t>(kChunk, hidden - j);
+        if (next != nullptr) {
+          prefetch_bytes(next + j, kChunk * sizeof(T));
+          prefetch_bytes<true>(o + hidden + j, kChunk * sizeof(T));
+        }
         fVec a, b;
         load_n(xr + j, len, a, b);
         store_n(o + j, len, Act::apply(a, unused), Act::apply(b, unused));
@@ -139,8 +150,13 @@ void swigluoai_and_mul(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + x_rows(r);
       T* o = out + r * d;
+      const T* next = r + 1 < end ? x + x_rows(r + 1) : nullptr;
       for (int64_t j = 0; j < d; j += kChunk) {
         const int64_t len = std::min<int64_t>(kChunk, d - j);  // outputs in this step
+        if (next != nullptr) {
+          prefetch_bytes(next + 2 * j, 2 * kChunk * sizeof(T));
+          prefetch_bytes<true>(o + d + j, kChunk * sizeof(T));
+        }
         const int64_t in0 = std::min<int64_t>(2 * len, kChunk);
         const int64_t in1 = 2 * len - in0;
         fVec x0, x1, x2(0.f), x3(0.f);

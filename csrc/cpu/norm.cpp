@@ -82,12 +82,18 @@ std::vector<float> widen_weight(const T* w, int64_t hidden) {
 }
 
 // One row of rms_norm, full chunks first, then the tail. Pointers arrive by value (and restrict),
-// so vector stores cannot make the compiler reload them.
+// so vector stores cannot make the compiler reload them. While a row is written, the next row's
+// input (`next_x`) and output (`next_o`) lines are prefetched chunk by chunk, so the next row's
+// statistics pass finds them in cache instead of waiting on memory.
 template <typename T, bool kWeight>
 inline void normalize_row(const T* __restrict x, const float* __restrict w, T* __restrict o,
-                          int64_t hidden, const fVec& inv) {
+                          int64_t hidden, const fVec& inv, const T* next_x, const T* next_o) {
   int64_t j = 0;
   for (; j + kChunk <= hidden; j += kChunk) {
+    if (next_x != nullptr) {
+      prefetch_bytes(next_x + j, kChunk * sizeof(T));
+      prefetch_bytes<true>(next_o + j, kChunk * sizeof(T));
+    }
     fVec a, b;
     Io<T>::load(x + j, a, b);
     scale_chunk<T, kWeight>(a, b, inv, w + j);
@@ -101,12 +107,17 @@ inline void normalize_row(const T* __restrict x, const float* __restrict w, T* _
   }
 }
 
-// One row of fused_add_rms_norm, in place: r = cast(x + r); x = normalized.
+// One row of fused_add_rms_norm, in place: r = cast(x + r); x = normalized. Prefetches the next
+// row's x and residual lines (null: last row of the task).
 template <typename T, bool kWeight>
 inline void add_normalize_row(T* __restrict x, T* __restrict r, const float* __restrict w,
-                              int64_t hidden, const fVec& inv) {
+                              int64_t hidden, const fVec& inv, const T* next_x, const T* next_r) {
   for (int64_t j = 0; j < hidden; j += kChunk) {
     const int64_t len = std::min<int64_t>(kChunk, hidden - j);
+    if (next_x != nullptr) {
+      prefetch_bytes<true>(next_x + j, kChunk * sizeof(T));
+      prefetch_bytes<true>(next_r + j, kChunk * sizeof(T));
+    }
     fVec a, b, ra, rb;
     load_n(x + j, len, a, b);
     load_n(r + j, len, ra, rb);
@@ -125,8 +136,10 @@ void rms_norm_rows(const T* x, RowIndex x_rows, const T* weight, T* out, int64_t
     const std::vector<float> w = widen_weight(kWeight ? weight : nullptr, hidden);
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + x_rows(r);
+      const bool more = r + 1 < end;
       const fVec inv(inv_rms(sum_squares(xr, n_var), n_var, eps));
-      normalize_row<T, kWeight>(xr, w.data(), out + r * hidden, hidden, inv);
+      normalize_row<T, kWeight>(xr, w.data(), out + r * hidden, hidden, inv,
+                                more ? x + x_rows(r + 1) : nullptr, out + (r + 1) * hidden);
     }
   });
 }
@@ -139,8 +152,10 @@ void fused_add_rms_norm_rows(T* x, RowIndex x_rows, T* residual, RowIndex res_ro
     for (int64_t r = begin; r < end; ++r) {
       T* xr = x + x_rows(r);
       T* rr = residual + res_rows(r);
+      const bool more = r + 1 < end;
       const fVec inv(inv_rms(sum_squares_added(xr, rr, n_var), n_var, eps));
-      add_normalize_row<T, kWeight>(xr, rr, w.data(), hidden, inv);
+      add_normalize_row<T, kWeight>(xr, rr, w.data(), hidden, inv, more ? x + x_rows(r + 1) : nullptr,
+                                    more ? residual + res_rows(r + 1) : nullptr);
     }
   });
 }

@@ -59,12 +59,16 @@ inline void rotate_gptj(T* h, const float* cos, const float* sin, int64_t half) 
   }
 }
 
+// Rotates every head of token t; with `prefetch`, each head's rotated part of token t + 1 is
+// prefetched while token t's head is computed (so memory and arithmetic overlap).
 template <typename T>
 inline void rotate_heads(const HeadsView<T>& v, int64_t t, const float* cos, const float* sin,
-                         int64_t half, bool is_neox) {
+                         int64_t half, bool is_neox, bool prefetch) {
   T* base = v.data + v.tokens(t);
+  T* next = prefetch ? v.data + v.tokens(t + 1) : nullptr;
   for (int64_t h = 0; h < v.heads; ++h) {
     T* head = base + h * v.head_stride;
+    if (next != nullptr) prefetch_bytes<true>(next + h * v.head_stride, 2 * half * sizeof(T));
     if (is_neox) {
       rotate_neox(head, cos, sin, half);
     } else {
@@ -87,6 +91,8 @@ void rotary_embedding(const int64_t* positions, int64_t tokens, HeadsView<T> que
     float* cos = buf.data();
     float* sin = buf.data() + padded;
     for (int64_t t = begin; t < end; ++t) {
+      const bool more = t + 1 < end;
+      if (more) prefetch_bytes(cache + positions[t + 1] * cache_stride, 2 * half * sizeof(C));
       const C* row = cache + positions[t] * cache_stride;
       for (int64_t i = 0; i < half; i += kChunk) {  // tails load as zeros into the padding
         const int64_t len = std::min<int64_t>(kChunk, half - i);
@@ -102,8 +108,8 @@ void rotary_embedding(const int64_t* positions, int64_t tokens, HeadsView<T> que
         sa.store(sin + i);
         sb.store(sin + i + kF);
       }
-      rotate_heads(query, t, cos, sin, half, is_neox);
-      if (key.data != nullptr) rotate_heads(key, t, cos, sin, half, is_neox);
+      rotate_heads(query, t, cos, sin, half, is_neox, more);
+      if (key.data != nullptr) rotate_heads(key, t, cos, sin, half, is_neox, more);
     }
   });
 }

@@ -136,6 +136,16 @@ inline void store_n(T* p, int64_t n, const fVec& a, const fVec& b) {
   }
 }
 
+// Prefetches the cache lines of `bytes` bytes at p (kWrite: with intent to write). Used to fetch
+// the next row while the current one is computed, so memory and arithmetic overlap; prefetching
+// past the end of an allocation is harmless.
+template <bool kWrite = false>
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) {
+    __builtin_prefetch(static_cast<const char*>(p) + b, kWrite ? 1 : 0, 3);
+  }
+}
+
 inline float reduce_add(const fVec& v) {
   alignas(64) float buf[kF];
   v.store(buf);
