@@ -150,6 +150,22 @@ def test_fast_gelu_math_is_close_to_float64(built):
             assert ((got - ref).abs() <= ulp + 1e-6).all(), f"gelu_and_mul {approximate} {dtype}: off by more than 1 ulp"
 
 
+@needs_build
+@pytest.mark.parametrize("name,extra", [("dynamic_quant_fp8", (True, None)), ("dynamic_quant_fp8", (False, None)),
+                                        ("dynamic_group_quant_fp8", (128,)), ("static_quant_fp8", ())])
+def test_quant_propagates_nan_like_native(built, name, extra):
+    """A NaN input gives NaN scales and codes exactly where native gives them."""
+    op = getattr(ir.ops, name)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(5))
+    x[1, 7] = float("nan")
+    args = (x, torch.tensor([0.01, float("nan")])) if name == "static_quant_fp8" else (x, *extra)
+    for o, r in zip(_as_tuple(op.impls[PROVIDER].impl_fn(*args)), _as_tuple(op.native_fn(*args))):
+        if r.dtype == torch.float8_e4m3fn:
+            assert torch.equal(o.view(torch.uint8), r.view(torch.uint8))
+        else:
+            torch.testing.assert_close(o, r, atol=0, rtol=0, equal_nan=True)
+
+
 # ----- in place and functional ------------------------------------------------------------------
 @needs_build
 @pytest.mark.parametrize("name", INPLACE_OPS)

@@ -164,10 +164,10 @@ void swigluoai_and_mul(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_
         if (in1 > 0) load_n(xr + 2 * j + kChunk, in1, x2, x3);
         auto [g0, u0] = at::vec::deinterleave2(x0, x1);
         auto [g1, u1] = at::vec::deinterleave2(x2, x3);
-        g0 = at::vec::minimum(g0, vlim);
-        g1 = at::vec::minimum(g1, vlim);
-        u0 = at::vec::minimum(at::vec::maximum(u0, vneg_lim), vlim);
-        u1 = at::vec::minimum(at::vec::maximum(u1, vneg_lim), vlim);
+        g0 = min_keep_nan(g0, vlim);
+        g1 = min_keep_nan(g1, vlim);
+        u0 = clamp_keep_nan(u0, vneg_lim, vlim);
+        u1 = clamp_keep_nan(u1, vneg_lim, vlim);
         const fVec o0 = (u0 + one()) * (g0 * sigmoid(g0 * va));
         const fVec o1 = (u1 + one()) * (g1 * sigmoid(g1 * va));
         store_n(o + j, len, o0, o1);

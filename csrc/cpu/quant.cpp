@@ -11,11 +11,7 @@ namespace reference_cpu {
 namespace {
 
 // clamp to [-448, 448]; NaN passes through with its bits (and sign) intact, as torch.clamp does.
-inline fVec clamp_fp8(const fVec& v) {
-  const fVec hi(kFp8Max), lo(-kFp8Max);
-  const fVec r = fVec::blendv(v, hi, v > hi);
-  return fVec::blendv(r, lo, v < lo);
-}
+inline fVec clamp_fp8(const fVec& v) { return clamp_keep_nan(v, fVec(-kFp8Max), fVec(kFp8Max)); }
 
 // Encodes the first n (<= kChunk) lanes of (a, b), already clamped, as fp8 codes.
 inline void store_fp8(uint8_t* out, int64_t n, const fVec& a, const fVec& b) {
@@ -32,12 +28,14 @@ inline void store_fp8(uint8_t* out, int64_t n, const fVec& a, const fVec& b) {
   encode_fp8(buf, out, n);
 }
 
-// out[0:n) = fp8(clamp(x[0:n) * mul)) (kDivide: x / mul).
+// out[0:n) = fp8(clamp(x[0:n) * mul)) (kDivide: x / mul). `next` (or null) is the same span of
+// the next row, prefetched chunk by chunk so its loads overlap this span's arithmetic.
 template <typename T, bool kDivide>
-inline void quantize_into(const T* x, float mul, uint8_t* out, int64_t n) {
+inline void quantize_into(const T* x, float mul, uint8_t* out, int64_t n, const T* next) {
   const fVec m(mul);
   for (int64_t j = 0; j < n; j += kChunk) {
     const int64_t len = std::min<int64_t>(kChunk, n - j);
+    if (next != nullptr) prefetch_bytes(next + j, kChunk * sizeof(T));
     fVec a, b;
     load_n(x + j, len, a, b);
     if constexpr (kDivide) {
@@ -82,10 +80,12 @@ void static_quant_fp8(const T* x, RowIndex x_rows, const float* scale, RowIndex 
   at::parallel_for(0, rows, row_grain(hidden), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + x_rows(r);
+      const T* next = r + 1 < end ? x + x_rows(r + 1) : nullptr;
       const float* sr = scale + scale_rows(r);
       for (int64_t g = 0; g < groups; ++g) {
         const float inv = 1.0f / sr[g * scale_group_stride];
-        quantize_into<T, false>(xr + g * group, inv, out + r * hidden + g * group, group);
+        quantize_into<T, false>(xr + g * group, inv, out + r * hidden + g * group, group,
+                                next == nullptr ? nullptr : next + g * group);
       }
     }
   });
@@ -114,7 +114,8 @@ void dynamic_quant_fp8(const T* x, RowIndex x_rows, uint8_t* out, float* scale_o
         s = dynamic_scale(absmax(xr, hidden), scale_ub);
         scale_out[r] = s;
       }
-      quantize_into<T, false>(xr, 1.0f / s, out + r * hidden, hidden);
+      quantize_into<T, false>(xr, 1.0f / s, out + r * hidden, hidden,
+                              r + 1 < end ? x + x_rows(r + 1) : nullptr);
     }
   });
 }
@@ -126,11 +127,13 @@ void dynamic_group_quant_fp8(const T* x, RowIndex x_rows, uint8_t* out, float* s
   at::parallel_for(0, rows, row_grain(hidden), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + x_rows(r);
+      const T* next = r + 1 < end ? x + x_rows(r + 1) : nullptr;
       for (int64_t g = 0; g < groups; ++g) {
         const T* xg = xr + g * group_size;
         const float s = dynamic_scale(absmax(xg, group_size), nullptr);
         scale_out[r * groups + g] = s;
-        quantize_into<T, true>(xg, s, out + r * hidden + g * group_size, group_size);
+        quantize_into<T, true>(xg, s, out + r * hidden + g * group_size, group_size,
+                               next == nullptr ? nullptr : next + g * group_size);
       }
     }
   });

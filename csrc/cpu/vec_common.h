@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "kernels.h"
@@ -154,10 +155,33 @@ inline float reduce_add(const fVec& v) {
   return s;
 }
 
+// clamp(v, lo, hi) and min(v, hi) that keep a NaN v (bits included), like torch.clamp. On x86
+// the min/max instructions return their second operand when either is NaN, which at::vec's
+// clamp relies on; the portable fallback compares explicitly.
+inline fVec clamp_keep_nan(const fVec& v, const fVec& lo, const fVec& hi) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  return at::vec::clamp(v, lo, hi);
+#else
+  return fVec::blendv(fVec::blendv(v, hi, v > hi), lo, v < lo);
+#endif
+}
+
+inline fVec min_keep_nan(const fVec& v, const fVec& hi) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  return at::vec::clamp_max(v, hi);
+#else
+  return fVec::blendv(v, hi, v > hi);
+#endif
+}
+
 // max that propagates NaN, like torch.amax.
 inline float nan_max(float a, float b) { return (std::isnan(a) || a > b) ? a : b; }
 
 inline float reduce_max(const fVec& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0) return std::numeric_limits<float>::quiet_NaN();
+  return _mm512_reduce_max_ps(v);
+#endif
   alignas(64) float buf[kF];
   v.store(buf);
   float m = buf[0];
