@@ -126,7 +126,7 @@ def test_fp8_encoding_is_exact_over_the_whole_range(built):
 
 @needs_build
 def test_fast_gelu_math_is_close_to_float64(built):
-    """The rational tanh/erf and polynomial exp stay within a few fp32 ulp of the exact functions."""
+    """The fast GELU math (polynomial exp, rational erf) stays within a few fp32 ulp of the exact functions."""
     x = torch.linspace(-12, 12, 200_001, dtype=torch.float64)
     x32 = x.float().reshape(1, -1)
     c = math.sqrt(2 / math.pi)
