@@ -1,1 +1,1 @@
-"""Reference kernel providers registered into the IR: C++ CPU (`cpu`), Triton (`triton`), CUDA (`cuda`)."""
+"""Reference kernel providers registered into the IR: C++ CPU (`cpp`), Triton (`triton`), CUDA (`cuda`)."""
