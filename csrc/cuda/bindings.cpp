@@ -261,19 +261,5 @@ TORCH_LIBRARY(reference_cuda, m) {
 
 TORCH_LIBRARY_IMPL(reference_cuda, CUDA, m) {
   using namespace reference_cuda;
-  m.impl("rms_norm", TORCH_FN(rms_norm_op));
-  m.impl("fused_add_rms_norm", TORCH_FN(fused_add_rms_norm_op));
-  m.impl("silu_and_mul", TORCH_FN(silu_and_mul));
-  m.impl("mul_and_silu", TORCH_FN(mul_and_silu));
-  m.impl("gelu_and_mul", TORCH_FN(gelu_and_mul));
-  m.impl("fatrelu_and_mul", TORCH_FN(fatrelu_and_mul));
-  m.impl("swigluoai_and_mul", TORCH_FN(swigluoai_and_mul_op));
-  m.impl("gelu_new", TORCH_FN(gelu_new));
-  m.impl("gelu_fast", TORCH_FN(gelu_fast));
-  m.impl("quick_gelu", TORCH_FN(quick_gelu));
-  m.impl("relu2", TORCH_FN(relu2));
-  m.impl("rotary_embedding", TORCH_FN(rotary_embedding_op));
-  m.impl("static_quant_fp8", TORCH_FN(static_quant_fp8_op));
-  m.impl("dynamic_quant_fp8", TORCH_FN(dynamic_quant_fp8_op));
-  m.impl("dynamic_group_quant_fp8", TORCH_FN(dynamic_group_quant_fp8_op));
+#include "../common/impls.inc"
 }
