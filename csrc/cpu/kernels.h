@@ -10,29 +10,12 @@
 
 #include <cstdint>
 
+#include "../common/row_index.h"
+
 namespace reference_cpu {
 
-constexpr int kMaxRowDims = 8;
-
-// Maps a flat row number to the element offset of that row's first element, for a tensor whose
-// last dim is contiguous and whose leading dims have arbitrary strides (row-strided, sliced,
-// broadcast with stride 0). Leading dims are collapsed by the binding where possible, so the
-// common case is one dim: offset = row * stride.
-struct RowIndex {
-  int ndim = 0;
-  int64_t sizes[kMaxRowDims] = {};
-  int64_t strides[kMaxRowDims] = {};
-
-  inline int64_t operator()(int64_t row) const {
-    if (ndim == 1) return row * strides[0];
-    int64_t offset = 0;
-    for (int d = ndim - 1; d >= 0; --d) {
-      offset += (row % sizes[d]) * strides[d];
-      row /= sizes[d];
-    }
-    return offset;
-  }
-};
+using reference_common::kMaxRowDims;
+using reference_common::RowIndex;
 
 // ----- norms ---------------------------------------------------------------------------------
 // out (contiguous [rows, hidden]) = cast(x * rsqrt(mean(x[:n_var]^2) + eps)) * w   (w may be null)

@@ -8,35 +8,14 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define REFERENCE_CUDA_HD __host__ __device__ __forceinline__
-#else
-#define REFERENCE_CUDA_HD inline
-#endif
+#include "../common/row_index.h"
 
 namespace reference_cuda {
 
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
-constexpr int kMaxRowDims = 8;
-
-// Flat row number -> element offset for a tensor whose last dim is contiguous and whose leading
-// dims have arbitrary strides (same contract as csrc/cpu/kernels.h).
-struct RowIndex {
-  int ndim = 0;
-  int64_t sizes[kMaxRowDims] = {};
-  int64_t strides[kMaxRowDims] = {};
-
-  REFERENCE_CUDA_HD int64_t operator()(int64_t row) const {
-    if (ndim == 1) return row * strides[0];
-    int64_t offset = 0;
-    for (int d = ndim - 1; d >= 0; --d) {
-      offset += (row % sizes[d]) * strides[d];
-      row /= sizes[d];
-    }
-    return offset;
-  }
-};
+using reference_common::kMaxRowDims;
+using reference_common::RowIndex;
 
 // Heads of one token: data + tokens(t) + h * head_stride.
 struct HeadsView {

@@ -30,7 +30,7 @@ CSRC_DIR = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
 SOURCES = ("bindings.cpp", "norm.cpp", "activation.cpp", "rotary.cpp", "quant.cpp")
 # Files the sources include (hashed into the build name); paths relative to CSRC_DIR.
 HEADERS = ("kernels.h", "vec_common.h", "../common/binding_utils.h", "../common/schemas.inc",
-           "../common/impls.inc")
+           "../common/impls.inc", "../common/row_index.h")
 # Set to 1 to turn the provider off (dispatch then falls back to the next provider).
 DISABLE_ENV = "REFERENCE_IMPL_DISABLE_CPP_KERNELS"
 
