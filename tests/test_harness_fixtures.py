@@ -47,7 +47,9 @@ FAULTS = {
                       "input 'x' was modified", True),
     "writes_weight": (["-k", "aliasing and float32"], "aliasing", "FAIL", "'weight'", False),
     "returns_input": (["-k", "aliasing and float32"], "aliasing", "FAIL", "shares storage with input 'x'", False),
-    "batch_guard": (["-k", "dispatch"], "dispatch", "FAIL", "depends on the batch size", True),
+    "batch_guard": (["-k", "dispatch"], "dispatch", "FAIL", "guards on the batch size: False with 2 rows", True),
+    "batch_guard_large": (["-k", "dispatch"], "dispatch", "FAIL", "guards on the batch size: True with 2 rows, "
+                          "False with 257 rows", True),
     "nonbool_supports": (["-k", "dispatch"], "dispatch", "FAIL", "not a Python bool", False),
     "oot_name": (["-k", "dispatch"], "dispatch", "FAIL", "matches no in-tree CustomOp class", False),
     "missing_default": (["-k", "dispatch and defaults"], "dispatch", "FAIL", "'fastnorm', which is not registered",
@@ -60,6 +62,16 @@ FAULTS = {
     "traced_branch": (["-k", "rms_norm and float32 and (compile or numerics) and not fused"], "compile", "FAIL",
                       "compiled result differs from eager", True),
 }
+
+
+def test_contiguity_predicate_passes_the_batch_rule(tmp_path):
+    """`x.is_contiguous()` differs only at 1 row (torch.compile specialises it): no false positive."""
+    run = run_harness(tmp_path, "broken_contiguous_only", "-k", "dispatch", dist="broken")
+    _assert_valid(run)
+    assert run.returncode == 0 and run.doc["verdict"] == "CONFORMANT", run.output[-3000:]
+    assert run.outcomes(check="dispatch", op="rms_norm", provider="broken") == {"PASS"}
+    [result] = [r for r in run.where(check="dispatch", op="rms_norm") if "supports_args" in r["nodeid"]]
+    assert "the same at every batch size >= 2" in result["message"]
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))

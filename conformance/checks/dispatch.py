@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from conformance.checks import lookup
+from conformance.checks import lookup, predicates
 from conformance.checks.common import (
     CheckContext,
     Verdict,
@@ -172,38 +172,9 @@ def runs(ctx: CheckContext, unit: Unit) -> Verdict:
     return not_supported(f"supports_args rejects every {unit.dtype} case of {op.name}")
 
 
-def _batch_variant(t: torch.Tensor, rows: int) -> torch.Tensor:
-    """`t` with dim 0 resized to `rows` (rows repeated cyclically), keeping the stride pattern."""
-    n = t.shape[0]
-    if rows <= n:
-        return t[:rows]
-    stride0 = t.stride(0)
-    extent = 1 + sum((s - 1) * st for s, st in zip(t.shape[1:], t.stride()[1:]) if s > 0)
-    storage = torch.zeros(stride0 * (rows - 1) + extent, dtype=t.dtype, device=t.device)
-    out = storage.as_strided((rows, *t.shape[1:]), t.stride())
-    out.copy_(t[torch.arange(rows) % n])
-    return out
-
-
-def with_batch(op, args, rows: int) -> tuple:
-    """`args` with the batch dimension resized to `rows`: the activations, and other tensors whose
-    leading size equals the activations' (only when that size is > 1, where it is unambiguous)."""
-    acts = set(op.activation_indices)
-    first = args[op.activation_indices[0]] if op.activation_indices else None
-    if not isinstance(first, torch.Tensor) or first.ndim == 0:
-        return tuple(args)
-    n = first.shape[0]
-
-    def is_batched(i, a):
-        if not isinstance(a, torch.Tensor) or a.ndim == 0 or a.shape[0] != n or a.stride(0) == 0:
-            return False
-        return i in acts or n > 1
-
-    return tuple(_batch_variant(a, rows) if is_batched(i, a) else a for i, a in enumerate(args))
-
-
 def supports_args(ctx: CheckContext, unit: Unit) -> Verdict:
-    """A real bool for every case, and the same answer at other batch sizes."""
+    """A real bool for every case, the same at every batch size >= 2 (probed on fakes up to 65537 rows
+    and under a symbolic batch, as lowering calls it), and no raise with every dim symbolic."""
     op, impl = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider)
     if impl.supports_args is None:
         return passed("no supports_args: accepts every input")
@@ -214,21 +185,16 @@ def supports_args(ctx: CheckContext, unit: Unit) -> Verdict:
         if type(answer) is not bool:
             return failed(f"supports_args returned {type(answer).__name__} ({answer!r}), not a Python bool ({where}); "
                           "return bool(...) of a static property")
-        first = args[op.activation_indices[0]] if op.activation_indices else None
-        if not isinstance(first, torch.Tensor) or first.ndim == 0:
-            continue
-        n = first.shape[0]
-        for rows in sorted({1, 2, n + 1, 2 * n + 3} - {n}):
-            other = raw_supports(impl, with_batch(op, args, rows))
-            if type(other) is not bool:
-                return failed(f"supports_args returned {type(other).__name__} ({other!r}), not a Python bool "
-                              f"({where} at batch {rows})")
-            if other != answer:
-                return failed(f"supports_args depends on the batch size: {answer} with {n} rows, {other} with "
-                              f"{rows} rows ({where}); it must decide from dtype, the non-batch shape and "
-                              "argument values, or compiled graphs with a dynamic batch select differently")
+        for probe in (predicates.at_batch_sizes, predicates.symbolic_batch):
+            problem = probe(op, impl, args, answer)
+            if problem:
+                return failed(f"{problem} ({where})")
+        problem = predicates.every_dim_symbolic(op, impl, args)
+        if problem:
+            return failed(f"{problem} ({where})")
         count += 1
-    return passed(f"bool and batch-independent on {count} inputs")
+    return passed(f"a bool, the same at every batch size >= 2 (fakes up to {predicates.PROBE_ROWS[-1]} rows, a "
+                  f"symbolic batch), and no raise with every dim symbolic, on {count} inputs")
 
 
 def defaults(ctx: CheckContext, unit: Unit) -> Verdict:

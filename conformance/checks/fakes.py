@@ -1,0 +1,88 @@
+"""Fake copies of a case's arguments as compile lowering sees them: no data, any batch size, symbolic dims.
+
+Lowering calls `supports_args` and traces implementations on fake tensors whose batch dimension
+(or, with `dynamic=True`, every dimension) is a symbol. These builders give the checks the same
+view for free: no memory is allocated, so a batch of 65537 rows costs nothing. Data pointers of
+these fakes raise instead of returning a dangling address, so probed vendor code fails cleanly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+import torch._functorch.config
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+from conformance.checks.batch import batched_indices
+
+
+def _fake_mode(shape_env: ShapeEnv | None) -> FakeTensorMode:
+    with torch._functorch.config.patch(fake_tensor_allow_unsafe_data_ptr_access=False):
+        return FakeTensorMode(shape_env=shape_env)
+
+
+@dataclasses.dataclass
+class FakeArgs:
+    """Fake arguments, their mode and shape environment, and readable names of their symbols."""
+
+    args: tuple
+    mode: FakeTensorMode
+    shape_env: ShapeEnv | None = None
+    batch_symbols: frozenset = frozenset()
+    names: dict = dataclasses.field(default_factory=dict)   # sympy symbol -> "x.shape[0]", "x.stride(0)"
+
+    def involves_batch(self, expr) -> bool:
+        return bool(getattr(expr, "free_symbols", set()) & self.batch_symbols)
+
+    def render(self, expr) -> str:
+        """`expr` with symbols named after the argument dims they stand for (deterministic text)."""
+        mapping = {s: sympy.Symbol(n) for s, n in self.names.items()}
+        return str(expr.xreplace(mapping)) if hasattr(expr, "xreplace") else str(expr)
+
+
+def at_batch(op, args: Sequence[Any], rows: int) -> FakeArgs:
+    """Fakes with `rows` rows in every batched argument (sizes static; strides, dtype, device kept)."""
+    batched = batched_indices(op, args)
+    mode = _fake_mode(None)
+    out = []
+    for i, a in enumerate(args):
+        if i in batched:
+            with mode:
+                out.append(torch.empty_strided((rows, *a.shape[1:]), a.stride(), dtype=a.dtype, device=a.device))
+        elif isinstance(a, torch.Tensor):
+            out.append(mode.from_tensor(a))
+        else:
+            out.append(a)
+    return FakeArgs(tuple(out), mode)
+
+
+def symbolic(op, args: Sequence[Any], *, every_dim: bool = False) -> FakeArgs:
+    """Fakes whose batch dimension (or, with `every_dim`, every dimension) is a symbol, each size
+    >= 2 as torch.compile assumes; `args` must already have >= 2 rows where batched."""
+    batched = batched_indices(op, args)
+    shape_env = ShapeEnv()
+    mode = _fake_mode(shape_env)
+    out, names, batch_symbols = [], {}, set()
+    for i, a in enumerate(args):
+        if not isinstance(a, torch.Tensor):
+            out.append(a)
+            continue
+        dims = [DimDynamic.DYNAMIC if every_dim or (i in batched and d == 0) else DimDynamic.STATIC
+                for d in range(a.ndim)]
+        fake = mode.from_tensor(a, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
+        out.append(fake)
+        name = op.param_names[i]
+        named = [(f"{name}.shape[{d}]", fake.shape[d]) for d in range(a.ndim)]
+        named += [(f"{name}.stride({d})", fake.stride(d)) for d in range(a.ndim)]
+        for what, value in named:   # sizes first: a contiguous stride is a size's symbol
+            expr = value.node.expr if isinstance(value, torch.SymInt) else None
+            if isinstance(expr, sympy.Symbol):
+                names.setdefault(expr, what)
+        if i in batched and isinstance(fake.shape[0], torch.SymInt):
+            batch_symbols |= fake.shape[0].node.expr.free_symbols
+    return FakeArgs(tuple(out), mode, shape_env, frozenset(batch_symbols), names)
