@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from conformance.results import validate_document
@@ -59,6 +61,12 @@ FAULTS = {
               "numerics", "TIMEOUT", "per-check limit of 3 s", False),
     "segfault": (["-k", "float32 and ir_case and 128 and not 1280 or coverage"], "numerics", "CRASH",
                  "SIGSEGV", False),
+    "oot_never_runs": (["-k", "oot or layer_case and float32"], "dispatch", "FAIL",
+                       "CudaOnlyRMSNorm defines forward_cuda but platform 'broken_oot_never_runs' (OOT) calls "
+                       "forward_oot, inherited from CustomOp, which falls back to forward_native: the replacement's "
+                       "own code never runs", True),
+    "untraceable": (["-k", "compile and rms_norm and not decoder"], "compile", "FAIL",
+                    "not traceable by make_fx: it reads the data of a fake tensor", False),
     "traced_branch": (["-k", "rms_norm and float32 and (compile or numerics) and not fused"], "compile", "FAIL",
                       "compiled result differs from eager", True),
 }
@@ -74,6 +82,32 @@ def test_contiguity_predicate_passes_the_batch_rule(tmp_path):
     assert "the same at every batch size >= 2" in result["message"]
 
 
+def test_untraceable_provider_gets_one_compile_fail_and_identical_messages_run_to_run(tmp_path):
+    """At the standard level (3 dtypes): one FAIL with diagnosis and fix, the other dtypes point to it;
+    two identical runs give identical messages, without addresses or object reprs."""
+    runs = []
+    for i in (1, 2):
+        (tmp_path / str(i)).mkdir()
+        runs.append(run_harness(tmp_path / str(i), "broken_untraceable", "-k", "compile", dist="broken",
+                                level="standard"))
+    for run in runs:
+        _assert_valid(run)
+        assert run.doc["verdict"] == "NOT_CONFORMANT"
+    compile_results = runs[0].where(check="compile", op="rms_norm", provider="broken")
+    assert sorted(r["outcome"] for r in compile_results) == ["FAIL", "SKIP", "SKIP"]
+    [fail] = [r for r in compile_results if r["outcome"] == "FAIL"]
+    assert fail["dtype"] == "float32"
+    for fragment in ("not traceable by make_fx: it reads the data of a fake tensor",
+                     "untraceable_kernels.py:19 in _launch", "torch.library custom op", "fake implementation"):
+        assert fragment in fail["message"], fail["message"]
+    for skipped in (r for r in compile_results if r["outcome"] == "SKIP"):
+        assert skipped["message"].startswith("not run: see compile rms_norm-broken-float32"), skipped["message"]
+    messages = [{r["nodeid"]: r["message"] for r in run.results} for run in runs]
+    assert messages[0] == messages[1]
+    assert any("ReferenceCompileBackend" in m for m in messages[0].values() if m)   # the model family's ERROR
+    assert not [m for m in messages[0].values() if m and re.search(r"0x[0-9a-f]{6,}| object at ", m)]
+
+
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_broken_plugin_is_caught_by_the_right_family(tmp_path, fault):
     selection, family, outcome, fragment, clean_too = FAULTS[fault]
@@ -87,8 +121,11 @@ def test_broken_plugin_is_caught_by_the_right_family(tmp_path, fault):
         f"{r['check']} {r['outcome']} {r['case']}: {(r['message'] or '')[:200]}" for r in run.results)
     if clean_too:   # the fault is specific: something else of the same run passes
         assert "PASS" in {r["outcome"] for r in run.results}
-    if fault in ("mutates_input", "traced_branch"):   # eager values are right: numerics must not blame it
+    if fault in ("mutates_input", "traced_branch", "oot_never_runs"):   # eager values are right
         assert run.outcomes(check="numerics") == {"PASS"}
+    if fault == "oot_never_runs":   # a forward_oot that CustomOp dispatch never reaches, too
+        [silu] = run.where(check="dispatch", op="silu_and_mul", outcome="FAIL")
+        assert "defines forward_oot but platform 'broken_oot_never_runs' (OOT) calls forward_native" in silu["message"]
     if fault in ("hangs", "segfault"):   # the run went on past the dead worker, to the end
         assert len(run.where(outcome=outcome)) >= 2   # aliasing and numerics: a fresh worker after each
         assert run.outcomes(check="dispatch") == {"NOT_IMPLEMENTED"}

@@ -11,7 +11,7 @@ from conformance.units import Unit
 
 def registry() -> dict[str, object]:
     """'family.check' -> body(ctx, unit) -> Verdict."""
-    from conformance.checks import aliasing, compile, dispatch, model, numerics
+    from conformance.checks import aliasing, compile, dispatch, model, numerics, oot
 
     return {
         "numerics.unsupported": numerics.unsupported,
@@ -26,8 +26,8 @@ def registry() -> dict[str, object]:
         "dispatch.runs": dispatch.runs,
         "dispatch.supports_args": dispatch.supports_args,
         "dispatch.defaults": dispatch.defaults,
-        "dispatch.oot_registration": dispatch.oot_registration,
-        "dispatch.oot_dispatch": dispatch.oot_dispatch,
+        "dispatch.oot_registration": oot.oot_registration,
+        "dispatch.oot_dispatch": oot.oot_dispatch,
         "model.decoder": model.decoder,
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import re
 import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -37,14 +38,42 @@ class CheckContext:
             raise ValueError(f"level {self.level!r} is not one of {LEVELS}")
 
 
+# `<pkg.Cls object at 0x7f..>` -> `<Cls object>`; `<function f at 0x7f..>` -> `<function f>`; other addresses.
+_OBJECT_REPR = re.compile(r"<(?:[\w.]+\.)?([\w]+) object at 0x[0-9a-fA-F]+>")
+_AT_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{8,}\b")
+
+
+def sanitize(text: str | None) -> str | None:
+    """`text` without memory addresses or object reprs, so the same run gives the same messages."""
+    if text is None:
+        return None
+    text = _OBJECT_REPR.sub(r"<\1 object>", text)
+    text = _AT_ADDRESS.sub("", text)
+    return _ADDRESS.sub("0x...", text)
+
+
+def exception_line(exc: BaseException) -> str:
+    """`Type: first line of the message`, cut after torch's first sentence when that line is long."""
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else ""
+    if len(first) > 120:
+        ends = [m.start() for m in re.finditer(r"\. ", first) if not first[: m.start()].endswith(("e.g", "i.e"))]
+        first = first[: ends[0]] if ends else first
+    return sanitize(f"{type(exc).__name__}: {first}".rstrip(": "))
+
+
 @dataclasses.dataclass
 class Verdict:
-    """A check's answer before the harness adds nodeid, repro and timing."""
+    """A check's answer before the harness adds nodeid, repro and timing; the message is sanitized."""
 
     outcome: Outcome
     message: str | None = None
     max_abs_err: float | None = None
     max_rel_err: float | None = None
+
+    def __post_init__(self):
+        self.message = sanitize(self.message)
 
 
 class CheckFailed(Exception):
@@ -67,7 +96,7 @@ def error_from(exc: BaseException, where: str) -> Verdict:
     """ERROR naming where the exception came from, with the innermost frames of its traceback."""
     frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
     tail = "".join(frames[-4:]).strip()
-    return Verdict(Outcome.ERROR, f"{where} raised {type(exc).__name__}: {exc}\n{tail}")
+    return Verdict(Outcome.ERROR, sanitize(f"{where} raised {type(exc).__name__}: {exc}\n{tail}"))
 
 
 class KernelRaised(Exception):

@@ -3,8 +3,10 @@
 Per (op, provider, dtype), one representative case with the batch dimension dynamic: functional
 and `maybe_inplace` forms match eager; lowering selects the provider eager dispatch selects; a new
 batch size does not recompile; no IR op is left in the lowered graph (when the backend exposes
-its graphs); reusing a donated input is rejected at compile time. Every check is SKIP while
-`reference_impl.compilation` cannot be imported.
+its graphs); reusing a donated input is rejected at compile time. An implementation lowering
+cannot trace (conformance.checks.tracing) is one FAIL per provider and op, with the fix; its other
+dtypes are SKIP pointing to it. Every check is SKIP while `reference_impl.compilation` cannot be
+imported.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import functools
 
 import torch
 
-from conformance.checks import lookup
+from conformance.checks import lookup, tracing
 from conformance.checks.common import (
     CheckContext,
+    KernelRaised,
     Verdict,
     as_outputs,
     call_impl,
@@ -25,9 +28,10 @@ from conformance.checks.common import (
     not_supported,
     passed,
 )
-from conformance.checks.dispatch import case_inputs, raw_supports, with_batch
+from conformance.checks.batch import with_batch
+from conformance.checks.dispatch import case_inputs, platform_dtypes, raw_supports
 from conformance.results import Outcome
-from conformance.units import Unit, dtype_from_name
+from conformance.units import Unit, dtype_from_name, dtype_name
 
 
 @functools.lru_cache(maxsize=1)
@@ -80,8 +84,6 @@ def ir_compile(ctx: CheckContext, unit: Unit) -> Verdict:
     reason = availability()
     if reason is not None:
         return Verdict(Outcome.SKIP, reason)
-    from reference_impl.compilation import DonatedInputReuseError, ReferenceCompileBackend
-
     op, impl = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider)
     dtype = dtype_from_name(unit.dtype)
     if not impl.supported:
@@ -90,8 +92,41 @@ def ir_compile(ctx: CheckContext, unit: Unit) -> Verdict:
     if picked is None:
         return not_supported(f"supports_args rejects every {unit.dtype} case of {op.name}")
     case_name, args = picked
-    atol, rtol = op.get_tolerance(dtype)
     where = f" [op {op.name}, provider {impl.provider}, case {case_name}, {unit.dtype}, seed {ctx.seed}]"
+    untraceable = _untraceable(ctx, unit, op, impl, dtype, args)
+    if untraceable is not None:
+        return untraceable if untraceable.outcome is not Outcome.FAIL else failed(untraceable.message + where)
+    try:
+        return _compile_and_compare(op, impl, dtype, args, where)
+    except KernelRaised as exc:
+        failure = tracing.classify_lowering_failure(exc.exc)
+        if failure is None:
+            raise
+        return failed(failure.message(op.name, impl.provider) + where)
+
+
+def _untraceable(ctx: CheckContext, unit: Unit, op, impl, dtype, args) -> Verdict | None:
+    """None when lowering can trace the provider at this dtype; else one FAIL per provider and op, at
+    the first dtype (in the platform's order) that fails, and SKIP pointing to it at later dtypes."""
+    failure = tracing.trace_failure(op, impl, args)
+    if failure is None:
+        return None
+    for earlier in platform_dtypes(ctx, op):
+        if earlier == dtype:
+            break
+        picked = _representative(ctx, op, impl, earlier)
+        if picked is not None and tracing.trace_failure(op, impl, picked[1]) is not None:
+            first = Unit(unit.family, unit.check, unit.op, unit.provider, dtype_name(earlier))
+            return Verdict(Outcome.SKIP, f"not run: see compile {first.id} (provider '{impl.provider}' of {op.name} "
+                           f"is {failure.problem.split(':')[0]}, as at {dtype_name(earlier)})")
+    return Verdict(Outcome.FAIL, failure.message(op.name, impl.provider))
+
+
+def _compile_and_compare(op, impl, dtype, args, where: str) -> Verdict:
+    """Functional and maybe_inplace forms compiled with a dynamic batch against eager, then donation."""
+    from reference_impl.compilation import DonatedInputReuseError, ReferenceCompileBackend
+
+    atol, rtol = op.get_tolerance(dtype)
     notes = []
     forms = [("functional", lambda *a: op(*a))]
     if op.allow_inplace:

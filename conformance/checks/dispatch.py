@@ -1,6 +1,7 @@
-"""Dispatch family: priority resolution, the selected implementation really running, the platform's
-defaults naming selectable providers, `supports_args` answering a real bool independent of batch
-size, and CustomOp `register_oot` replacements being found, constructed and dispatched to.
+"""Dispatch family for IR implementations: priority resolution, the selected implementation really
+running (counted), the platform's defaults naming selectable providers, and `supports_args`
+answering a real bool independent of the batch size (probes in conformance.checks.predicates).
+CustomOp replacements are checked in conformance.checks.oot.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from conformance.checks.common import (
     not_supported,
     passed,
 )
-from conformance.checks.numerics import build_layer_pair, platform_forward_name
 from conformance.results import Outcome
 from conformance.units import Unit, dtype_from_name, dtype_name, generator, unit_seed
 
@@ -218,78 +218,3 @@ def defaults(ctx: CheckContext, unit: Unit) -> Verdict:
             return passed(f"selectable (e.g. case {case_name}, {dtype_name(dtype)})")
     return failed(f"platform defaults for {op.name} name provider '{unit.provider}', but its supports_args rejects "
                   f"every case and dtype the platform supports: it can never be selected")
-
-
-# ----- CustomOp replacements ----------------------------------------------------------------------
-def oot_registration(ctx: CheckContext, unit: Unit) -> Verdict:
-    """The register_oot name matches an in-tree class, and constructing that class builds the replacement."""
-    from reference_impl.custom_op import CustomOp
-
-    key = CustomOp.op_registry[unit.op].__name__ if unit.op in CustomOp.op_registry else unit.op
-    replacement = CustomOp.op_registry_oot.get(key)
-    if replacement is None:
-        return failed(f"no register_oot entry named {key!r}")
-    in_tree = lookup.in_tree_classes().get(key)
-    if in_tree is None:
-        close = [n for n in lookup.in_tree_classes() if n.lower() == key.lower() or n.lower() in key.lower()]
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        return failed(f"register_oot name {key!r} (class {replacement.__qualname__}) matches no in-tree CustomOp "
-                      f"class, so it replaces nothing; the key is the replaced class's __name__, one of "
-                      f"{', '.join(sorted(lookup.in_tree_classes()))}{hint}")
-    cases = getattr(in_tree, "conformance_cases", [])
-    kwargs = cases[0].make_kwargs(torch.float32) if cases else {}
-    built = call_impl(f"constructing {in_tree.__name__}", lambda: in_tree(**kwargs))
-    if type(built) is not replacement:
-        return failed(f"constructing {in_tree.__name__}(**{kwargs}) built {type(built).__qualname__}, expected the "
-                      f"replacement {replacement.__qualname__}")
-    if not isinstance(built, in_tree):
-        return Verdict(Outcome.QUALITY_WARNING, f"{replacement.__qualname__} does not subclass {in_tree.__name__}")
-    return passed()
-
-
-@contextlib.contextmanager
-def _count_methods(cls, names):
-    counts = {n: 0 for n in names}
-    saved = {n: vars(cls).get(n) for n in names}
-    for n in names:
-        original = getattr(cls, n)
-
-        def wrapper(self, *args, __n=n, __orig=original, **kwargs):
-            counts[__n] += 1
-            return __orig(self, *args, **kwargs)
-
-        setattr(cls, n, wrapper)
-    try:
-        yield counts
-    finally:
-        for n in names:
-            if saved[n] is None:
-                delattr(cls, n)
-            else:
-                setattr(cls, n, saved[n])
-
-
-def oot_dispatch(ctx: CheckContext, unit: Unit) -> Verdict:
-    """forward_<platform> runs when the op is enabled; forward_native when disabled (none / -name)."""
-    from reference_impl.config import CompilationConfig, RuntimeConfig, set_current_config
-
-    in_tree, replacement = lookup.layer_classes(unit.op)
-    dtype = dtype_from_name(unit.dtype)
-    method = platform_forward_name(ctx.platform)
-    cases = [c for c in getattr(in_tree, "conformance_cases", []) if c.runs_at("quick")]
-    if not cases:
-        return Verdict(Outcome.SKIP, f"{in_tree.__name__} declares no conformance case to construct it with")
-    case_unit = Unit(unit.family, unit.check, unit.op, unit.provider, unit.dtype, cases[0].name)
-    settings = [(["all"], True), (["none"], False), ([f"-{unit.op}"], False), (["none", f"+{unit.op}"], True)]
-    for custom_ops, enabled in settings:
-        config = RuntimeConfig(CompilationConfig(custom_ops=custom_ops))
-        with set_current_config(config), _count_methods(replacement, [method, "forward_native"]) as counts:
-            _, rep, inputs = build_layer_pair(ctx, case_unit, dtype)
-            call_impl(f"{replacement.__qualname__}.forward", rep, *clone_args(inputs))
-        if enabled and counts[method] == 0:
-            return failed(f"custom_ops={custom_ops}: {unit.op} is enabled, yet {replacement.__qualname__}.{method} did "
-                          f"not run (forward_native ran {counts['forward_native']} times)")
-        if not enabled and (counts[method] or not counts["forward_native"]):
-            return failed(f"custom_ops={custom_ops}: {unit.op} is disabled, yet {replacement.__qualname__}.forward ran "
-                          f"{method} {counts[method]} times and forward_native {counts['forward_native']} times")
-    return passed(f"{method} when enabled, forward_native when disabled")

@@ -181,14 +181,13 @@ def build_layer_pair(ctx: CheckContext, unit: Unit, dtype: torch.dtype):
     return ref, rep, inputs
 
 
-def platform_forward_name(platform) -> str:
-    """The forward_<x> method CustomOp dispatch picks on `platform` when the op is enabled."""
-    for predicate, name in (("is_rocm", "forward_hip"), ("is_cuda", "forward_cuda"), ("is_cpu", "forward_cpu"),
-                            ("is_xpu", "forward_xpu"), ("is_tpu", "forward_tpu"),
-                            ("is_out_of_tree", "forward_oot")):
-        if getattr(platform, predicate)():
-            return name
-    return "forward_native"
+def enabled_forward(layer):
+    """The bound `forward_<x>` CustomOp's own dispatch picks for `layer` on the current platform when the
+    op is enabled (custom_ops all), e.g. forward_oot on an out-of-tree platform."""
+    from reference_impl.config import CompilationConfig, RuntimeConfig, set_current_config
+
+    with set_current_config(RuntimeConfig(CompilationConfig(custom_ops=["all"]))):
+        return layer.dispatch_forward()
 
 
 def layer_case(ctx: CheckContext, unit: Unit) -> Verdict:
@@ -203,8 +202,9 @@ def layer_case(ctx: CheckContext, unit: Unit) -> Verdict:
             golden = ref64.forward_native(*to_golden(inputs))
     except Exception:  # noqa: BLE001 - graded against native only
         golden = None
-    method = platform_forward_name(ctx.platform)
-    out = call_impl(f"{replacement.__qualname__}.{method}", getattr(rep, method), *clone_args(inputs))
+    forward = enabled_forward(rep)
+    method = forward.__name__
+    out = call_impl(f"{replacement.__qualname__}.{method}", forward, *clone_args(inputs))
     atol, rtol = in_tree.tolerances[dtype]
     hint = (f"{in_tree.__name__}.tolerances[torch.{dtype_name(dtype)}] = ({{atol:.2g}}, {{rtol:g}})")
     cmp = compare_outputs(out, expected, golden, atol=atol, rtol=rtol, compare_nan=True, dtype=dtype,

@@ -1,0 +1,116 @@
+"""What a lowering failure means for the vendor, and a cheap trace that finds it per dtype.
+
+Lowering (reference_impl.compilation.lowering) traces the selected implementation with make_fx on
+the graph's fake tensors, batch dimension symbolic. `classify_lowering_failure` is the one place
+that turns an exception of that trace (or of a whole compile) into a diagnosis with its fix; an
+exception it does not recognise stays an ERROR. `trace_failure` repeats lowering's trace outside
+torch.compile, so a compile check can tell whether another dtype of the same provider fails alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from conformance.checks import fakes
+from conformance.checks.batch import at_least_two_rows
+from conformance.checks.common import exception_line
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweringFailure:
+    """`problem` (what is wrong), `fix` (what to do), `cause` (the exception's first line), `at` (vendor frame)."""
+
+    problem: str
+    fix: str
+    cause: str
+    at: str | None = None
+
+    def message(self, op: str, provider: str) -> str:
+        where = f" (at {self.at})" if self.at else ""
+        return f"provider '{provider}' of {op} is {self.problem}{where}: {self.cause}. Fix: {self.fix}"
+
+
+READS_FAKE_DATA = ("not traceable by make_fx: it reads the data of a fake tensor (lowering traces every "
+                   "implementation on fake tensors, which have sizes but no data)")
+WRAP_IN_CUSTOM_OP = ("wrap the kernel launch in a torch.library custom op (torch.library.custom_op) with a fake "
+                     "implementation (register_fake) that returns empty outputs of the right shape, dtype and "
+                     "device, and call that op from the implementation")
+
+# (exception type names or None, message pattern or None, problem, fix): the first row that matches wins.
+RULES: list[tuple[tuple[str, ...] | None, str | None, str, str]] = [
+    (None, r"Cannot access data pointer of Tensor", READS_FAKE_DATA, WRAP_IN_CUSTOM_OP),
+    (None, r"Cannot call \w+\(\) on tensor with symbolic sizes", READS_FAKE_DATA, WRAP_IN_CUSTOM_OP),
+    (None, r"\.numpy\(\) is not supported for tensor subclasses", READS_FAKE_DATA, WRAP_IN_CUSTOM_OP),
+    (("DataDependentOutputException",), None, READS_FAKE_DATA, WRAP_IN_CUSTOM_OP),
+]
+
+
+def _chain(exc: BaseException):
+    """`exc` and its causes (torch._dynamo wraps backend errors in BackendCompilerFailed), once each."""
+    seen, todo = set(), [exc]
+    while todo:
+        current = todo.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo.extend([current.__cause__, current.__context__, getattr(current, "inner_exception", None)])
+
+
+def _vendor_frame(exc: BaseException) -> str | None:
+    """`dir/file.py:line in fn` of the innermost frame outside torch, the harness and the reference."""
+    skip = (os.sep + "torch" + os.sep, os.sep + "conformance" + os.sep, os.sep + "reference_impl" + os.sep,
+            os.sep + "sympy" + os.sep, os.sep + "contextlib.py", os.sep + "functools.py")
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if not any(s in frame.filename for s in skip) and not frame.filename.startswith("<"):
+            found = frame
+    if found is None:
+        return None
+    short = os.sep.join(found.filename.split(os.sep)[-2:])
+    return f"{short}:{found.lineno} in {found.name}"
+
+
+def classify_lowering_failure(exc: BaseException) -> LoweringFailure | None:
+    """The diagnosis of a failed trace or compile, from its exception chain; None when unrecognised."""
+    for current in _chain(exc):
+        names = {cls.__name__ for cls in type(current).__mro__}
+        text = str(current)
+        for types_, pattern, problem, fix in RULES:
+            if types_ is not None and not names & set(types_):
+                continue
+            if pattern is not None and not re.search(pattern, text):
+                continue
+            return LoweringFailure(problem, fix, exception_line(current), _vendor_frame(current))
+    return None
+
+
+def trace_failure(op, impl, args: Sequence[Any]) -> LoweringFailure | None:
+    """Trace `impl` as lowering does (make_fx on fakes, symbolic batch, in-place activations cloned);
+    the classified failure, or None when it traces or fails in a way this module does not know."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fa = fakes.symbolic(op, at_least_two_rows(op, args))
+    tensors_at = [i for i, a in enumerate(fa.args) if isinstance(a, torch.Tensor)]
+    cloned = set(op.activation_indices) if impl.inplace else set()
+
+    def run(*traced):
+        call = list(fa.args)
+        for i, t in zip(tensors_at, traced):
+            call[i] = torch.ops.aten.clone.default(t) if i in cloned else t
+        return impl.impl_fn(*call)
+
+    try:
+        with fa.mode, torch.no_grad(), enable_python_dispatcher():
+            make_fx(run, tracing_mode="real")(*[fa.args[i] for i in tensors_at])
+    except Exception as exc:  # noqa: BLE001 - classified below; unknown ones are left to the compile run
+        return classify_lowering_failure(exc)
+    return None
