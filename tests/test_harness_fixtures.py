@@ -61,6 +61,8 @@ FAULTS = {
               "numerics", "TIMEOUT", "per-check limit of 3 s", False),
     "segfault": (["-k", "float32 and ir_case and 128 and not 1280 or coverage"], "numerics", "CRASH",
                  "SIGSEGV", False),
+    "missing_epsilon": (["-k", "numerics and rms_norm and float32"], "numerics", "FAIL",
+                        "far beyond rounding differences", True),
     "oot_never_runs": (["-k", "oot or layer_case and float32"], "dispatch", "FAIL",
                        "CudaOnlyRMSNorm defines forward_cuda but platform 'broken_oot_never_runs' (OOT) calls "
                        "forward_oot, inherited from CustomOp, which falls back to forward_native: the replacement's "
@@ -123,6 +125,10 @@ def test_broken_plugin_is_caught_by_the_right_family(tmp_path, fault):
         assert "PASS" in {r["outcome"] for r in run.results}
     if fault in ("mutates_input", "traced_branch", "oot_never_runs"):   # eager values are right
         assert run.outcomes(check="numerics") == {"PASS"}
+    if fault == "missing_epsilon":   # a real bug: no advice to loosen the tolerance 300,000-fold
+        failures = run.where(check="numerics", outcome="FAIL")
+        assert failures and not [r for r in failures if "To accept" in r["message"]]
+        assert {r["case"] for r in failures} <= {"tokens=3,hidden=512,tiny", "property"}
     if fault == "oot_never_runs":   # a forward_oot that CustomOp dispatch never reaches, too
         [silu] = run.where(check="dispatch", op="silu_and_mul", outcome="FAIL")
         assert "defines forward_oot but platform 'broken_oot_never_runs' (OOT) calls forward_native" in silu["message"]
