@@ -99,7 +99,7 @@ def ir_compile(ctx: CheckContext, unit: Unit) -> Verdict:
     try:
         return _compile_and_compare(op, impl, dtype, args, where)
     except KernelRaised as exc:
-        failure = tracing.classify_lowering_failure(exc.exc)
+        failure = tracing.classify_lowering_failure(exc.exc, impl.impl_fn)
         if failure is None:
             raise
         return failed(failure.message(op.name, impl.provider) + where)

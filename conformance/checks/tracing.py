@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -64,22 +65,33 @@ def _chain(exc: BaseException):
         todo.extend([current.__cause__, current.__context__, getattr(current, "inner_exception", None)])
 
 
-def _vendor_frame(exc: BaseException) -> str | None:
-    """`dir/file.py:line in fn` of the innermost frame outside torch, the harness and the reference."""
-    skip = (os.sep + "torch" + os.sep, os.sep + "conformance" + os.sep, os.sep + "reference_impl" + os.sep,
-            os.sep + "sympy" + os.sep, os.sep + "contextlib.py", os.sep + "functools.py")
-    found = None
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if not any(s in frame.filename for s in skip) and not frame.filename.startswith("<"):
-            found = frame
-    if found is None:
+def _package_root(fn) -> str | None:
+    """Directory of the top-level package that defines `fn` (the vendor's code lives below it)."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    top = sys.modules.get(module.__name__.split(".")[0]) if module is not None else None
+    path = getattr(top, "__file__", None)
+    return os.path.dirname(os.path.abspath(path)) if path else None
+
+
+def _vendor_frame(exc: BaseException, impl_fn=None) -> str | None:
+    """`pkg/file.py:line in fn` of the innermost frame in the implementation's own package (else the
+    innermost frame outside torch, the harness and the reference)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    root = _package_root(impl_fn) if impl_fn is not None else None
+    if root is not None:
+        mine = [f for f in frames if os.path.abspath(f.filename).startswith(root + os.sep)]
+    else:
+        skip = tuple(os.sep + d + os.sep for d in ("torch", "conformance", "reference_impl", "sympy"))
+        mine = [f for f in frames if not any(s in f.filename for s in skip)]
+    if not mine:
         return None
-    short = os.sep.join(found.filename.split(os.sep)[-2:])
-    return f"{short}:{found.lineno} in {found.name}"
+    found = mine[-1]
+    return f"{os.sep.join(found.filename.split(os.sep)[-2:])}:{found.lineno} in {found.name}"
 
 
-def classify_lowering_failure(exc: BaseException) -> LoweringFailure | None:
-    """The diagnosis of a failed trace or compile, from its exception chain; None when unrecognised."""
+def classify_lowering_failure(exc: BaseException, impl_fn=None) -> LoweringFailure | None:
+    """The diagnosis of a failed trace or compile, from its exception chain; None when unrecognised.
+    `impl_fn`, when given, locates the failing line in the implementation's own package."""
     for current in _chain(exc):
         names = {cls.__name__ for cls in type(current).__mro__}
         text = str(current)
@@ -88,7 +100,7 @@ def classify_lowering_failure(exc: BaseException) -> LoweringFailure | None:
                 continue
             if pattern is not None and not re.search(pattern, text):
                 continue
-            return LoweringFailure(problem, fix, exception_line(current), _vendor_frame(current))
+            return LoweringFailure(problem, fix, exception_line(current), _vendor_frame(current, impl_fn))
     return None
 
 
@@ -112,5 +124,5 @@ def trace_failure(op, impl, args: Sequence[Any]) -> LoweringFailure | None:
         with fa.mode, torch.no_grad(), enable_python_dispatcher():
             make_fx(run, tracing_mode="real")(*[fa.args[i] for i in tensors_at])
     except Exception as exc:  # noqa: BLE001 - classified below; unknown ones are left to the compile run
-        return classify_lowering_failure(exc)
+        return classify_lowering_failure(exc, impl.impl_fn)
     return None
