@@ -45,6 +45,14 @@ def test_small_factor_but_far_from_float64_gets_no_override():
     assert "not a rounding difference" in cmp.message and "points to a bug" in cmp.message
 
 
+def test_layer_and_model_style_overrides_are_offered_too():
+    ref = torch.ones(4, 8, dtype=torch.float32)
+    hint = "RMSNorm.tolerances[torch.float32] = ({atol:.2g}, {rtol:g})"
+    cmp = _compare(ref + 3 * 2e-5, ref, golden=ref.double() + 3e-5, hint=hint)
+    assert "To accept: RMSNorm.tolerances[torch.float32] = (5.5e-05, 1e-05) or a waiver" in cmp.message
+    assert "To accept" not in _compare(ref * 30, ref, hint=hint).message
+
+
 def test_a_requirement_hint_is_not_presented_as_an_override():
     ref = torch.ones(3)
     cmp = _compare(ref + 2e-5, ref, hint="(compiled and eager must agree)")

@@ -260,7 +260,8 @@ def compare_outputs(out: Any, ref: Any, golden: Any | None, *, atol: float, rtol
                     compare_nan: bool, dtype: torch.dtype, tolerance_hint: str) -> Comparison:
     """Structure, dtype and shape exactly; values within atol + rtol*|native|; golden grading.
 
-    `tolerance_hint` is a format string taking atol and rtol, naming the override that would accept.
+    `tolerance_hint` is a format string taking atol and rtol, naming the override that would accept
+    (offered only when plausible, see OVERRIDE_FACTOR); a hint without `{atol}` is a requirement.
     """
     outs, refs = as_outputs(out), as_outputs(ref)
     goldens = as_outputs(golden) if golden is not None else (None,) * len(refs)
@@ -328,7 +329,7 @@ def compare_outputs(out: Any, ref: Any, golden: Any | None, *, atol: float, rtol
                    f"({dtype_name(dtype)}); worst at index {idx}: got {_fmt(float(a[idx]))}, native "
                    f"{_fmt(float(b[idx]))} (abs err {_fmt(float(diff[idx]))}); max abs err {_fmt(max_abs)}, "
                    f"max rel err {_fmt(max_rel)}{gold_note}. "
-                   + _advice(ratio, golden_errs, atol, tolerance_hint.format(atol=need_atol, rtol=rtol)))
+                   + _advice(ratio, golden_errs, atol, tolerance_hint, need_atol, rtol))
             return Comparison(Outcome.FAIL, msg, max_abs, max_rel)
         if gold is not None:
             gi, gn = _golden_err(a, gold, finite), _golden_err(b, gold, finite)
@@ -343,8 +344,9 @@ def compare_outputs(out: Any, ref: Any, golden: Any | None, *, atol: float, rtol
     return Comparison(Outcome.PASS, f"within atol={atol:g} rtol={rtol:g}", worst_abs, worst_rel)
 
 
-def _advice(ratio: float, golden_errs: tuple[float, float] | None, atol: float, hint: str) -> str:
-    """The override `hint` only when the failure looks like rounding: the worst error within
+def _advice(ratio: float, golden_errs: tuple[float, float] | None, atol: float, tolerance_hint: str,
+            need_atol: float, rtol: float) -> str:
+    """The override `tolerance_hint` names, only when the failure looks like rounding: the worst error within
     OVERRIDE_FACTOR of the tolerance and, where graded, the implementation not clearly further from
     float64 than native (QUALITY_FACTOR, above atol). Otherwise say why it points to a bug."""
     bug = "which points to a bug in the implementation rather than a tolerance to loosen"
@@ -356,9 +358,9 @@ def _advice(ratio: float, golden_errs: tuple[float, float] | None, atol: float, 
         if gi > QUALITY_FACTOR * gn and gi > atol:
             return (f"Against float64 the implementation is off by {_fmt(gi)}, native by {_fmt(gn)}: not a "
                     f"rounding difference (> {QUALITY_FACTOR:g}x native's and > atol), {bug}")
-    if "atol=" not in hint:        # a requirement, not an override (e.g. compiled and eager must agree)
-        return f"The worst error is {_fmt(ratio)}x the tolerance {hint}"
-    return f"To accept: {hint} or a waiver"
+    if "{atol" not in tolerance_hint:      # a requirement, not an override (e.g. compiled and eager must agree)
+        return f"The worst error is {_fmt(ratio)}x the tolerance {tolerance_hint}"
+    return f"To accept: {tolerance_hint.format(atol=need_atol, rtol=rtol)} or a waiver"
 
 
 def _golden_err(x: torch.Tensor, gold: torch.Tensor, mask: torch.Tensor) -> float:
