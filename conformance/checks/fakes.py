@@ -45,10 +45,15 @@ class FakeArgs:
         return str(expr.xreplace(mapping)) if hasattr(expr, "xreplace") else str(expr)
 
 
-def at_batch(op, args: Sequence[Any], rows: int) -> FakeArgs:
+def static_mode() -> FakeTensorMode:
+    """A fake mode with static sizes, to share between `at_batch` calls on the same arguments."""
+    return _fake_mode(None)
+
+
+def at_batch(op, args: Sequence[Any], rows: int, mode: FakeTensorMode | None = None) -> FakeArgs:
     """Fakes with `rows` rows in every batched argument (sizes static; strides, dtype, device kept)."""
     batched = batched_indices(op, args)
-    mode = _fake_mode(None)
+    mode = mode or _fake_mode(None)
     out = []
     for i, a in enumerate(args):
         if i in batched:

@@ -40,8 +40,9 @@ def at_batch_sizes(op, impl, args: Sequence[Any], answer: bool) -> str | None:
     if n is None:
         return None
     seen: list[tuple[int, bool, str]] = []
+    mode = fakes.static_mode()
     if n >= 2:
-        fake = _call_fake(impl, fakes.at_batch(op, args, n).args, f"fake tensors with {n} rows")
+        fake = _call_fake(impl, fakes.at_batch(op, args, n, mode).args, f"fake tensors with {n} rows")
         if isinstance(fake, str):
             return fake
         if fake != answer:
@@ -50,7 +51,7 @@ def at_batch_sizes(op, impl, args: Sequence[Any], answer: bool) -> str | None:
                     f"graphs would select another provider than eager; {STATIC_FIX}")
         seen.append((n, answer, "real"))
     for rows in PROBE_ROWS:
-        got = _call_fake(impl, fakes.at_batch(op, args, rows).args, f"fake tensors with {rows} rows")
+        got = _call_fake(impl, fakes.at_batch(op, args, rows, mode).args, f"fake tensors with {rows} rows")
         if isinstance(got, str):
             return got
         first_rows, first, _ = seen[0] if seen else (rows, got, "fake")
