@@ -39,8 +39,8 @@ def at_batch_sizes(op, impl, args: Sequence[Any], answer: bool) -> str | None:
     n = batch_size(op, args)
     if n is None:
         return None
-    seen: list[tuple[int, bool, str]] = []
     mode = fakes.static_mode()
+    first: tuple[int, bool] | None = None      # (rows, answer) every later answer must equal
     if n >= 2:
         fake = _call_fake(impl, fakes.at_batch(op, args, n, mode).args, f"fake tensors with {n} rows")
         if isinstance(fake, str):
@@ -49,16 +49,15 @@ def at_batch_sizes(op, impl, args: Sequence[Any], answer: bool) -> str | None:
             return (f"supports_args answers {answer} on real tensors but {fake} on fake tensors of the same "
                     f"shape, strides and dtype ({n} rows): lowering calls it on fake tensors, so compiled "
                     f"graphs would select another provider than eager; {STATIC_FIX}")
-        seen.append((n, answer, "real"))
+        first = (n, answer)
     for rows in PROBE_ROWS:
         got = _call_fake(impl, fakes.at_batch(op, args, rows, mode).args, f"fake tensors with {rows} rows")
         if isinstance(got, str):
             return got
-        first_rows, first, _ = seen[0] if seen else (rows, got, "fake")
-        if got != first:
-            return (f"supports_args guards on the batch size: {first} with {first_rows} rows, {got} with "
+        first = first or (rows, got)
+        if got != first[1]:
+            return (f"supports_args guards on the batch size: {first[1]} with {first[0]} rows, {got} with "
                     f"{rows} rows (probed on fake tensors of the case's layout); {STATIC_FIX}")
-        seen.append((rows, got, "fake"))
     return None
 
 
