@@ -70,16 +70,16 @@ def _functions(cls: type) -> dict:
 
 
 @contextlib.contextmanager
-def recording(classes: list[type]) -> Iterator[list[str]]:
-    """Record, in order, every call of a function defined by `classes` as 'Class.method'."""
+def recording(classes: list[type]) -> Iterator[list[tuple[str, object]]]:
+    """Record, in order, every call of a function defined by `classes` as ('Class.method', code)."""
     codes = {}
     for cls in reversed(classes):
         codes.update({code: f"{cls.__name__}.{name}" for code, name in _functions(cls).items()})
-    calls: list[str] = []
+    calls: list[tuple[str, object]] = []
 
     def hook(frame, event, arg):
         if event == "call" and frame.f_code in codes:
-            calls.append(codes[frame.f_code])
+            calls.append((codes[frame.f_code], frame.f_code))
 
     previous = sys.getprofile()
     sys.setprofile(hook)
@@ -89,19 +89,25 @@ def recording(classes: list[type]) -> Iterator[list[str]]:
         sys.setprofile(previous)
 
 
-def _chain(calls: list[str]) -> str:
+def _chain(calls: list[tuple[str, object]]) -> str:
+    """'A.forward -> B.forward_native': the recorded calls in first-call order."""
     seen = []
-    for c in calls:
-        if c not in seen:
-            seen.append(c)
+    for label, _ in calls:
+        if label not in seen:
+            seen.append(label)
     return " -> ".join(seen) or "nothing"
 
 
-def own_code_problem(ctx: CheckContext, replacement: type, in_tree: type, method: str, calls: list[str]) -> str | None:
+def _count(calls: list[tuple[str, object]], method: str) -> int:
+    return sum(label.endswith(f".{method}") for label, _ in calls)
+
+
+def own_code_problem(ctx: CheckContext, replacement: type, in_tree: type, method: str,
+                     calls: list[tuple[str, object]]) -> str | None:
     """Why the replacement's own code did not run when enabled (None when it did)."""
     mine = vendor_classes(replacement, in_tree)
-    own = {f"{c.__name__}.{n}" for c in mine for n in _functions(c).values()}
-    if own & set(calls):
+    own = {code for c in mine for code in _functions(c)}
+    if own & {code for _, code in calls}:
         return None
     defined = sorted({n for c in mine for n in vars(c) if n.startswith("forward")})
     what = f"defines {', '.join(defined)}" if defined else "defines no forward method"
@@ -113,7 +119,7 @@ def own_code_problem(ctx: CheckContext, replacement: type, in_tree: type, method
         how = f"{platform} although the op is enabled"
         how += f" ({dispatcher.__name__} overrides dispatch_forward)" if dispatcher is not None else ""
     elif owner is not None and owner not in mine:
-        falls = ", which falls back to forward_native" if any(c.endswith(".forward_native") for c in calls) else ""
+        falls = ", which falls back to forward_native" if _count(calls, "forward_native") else ""
         how = f"{platform}, inherited from {owner.__name__}{falls}"
     else:
         how = f"{platform}, yet calling the layer ran only {_chain(calls)}"
@@ -140,8 +146,7 @@ def oot_dispatch(ctx: CheckContext, unit: Unit) -> Verdict:
             method = method or enabled_forward(rep).__name__
             with recording(classes) as calls:
                 call_impl(f"{replacement.__qualname__}.forward", rep, *clone_args(inputs))
-        ran = sum(c.endswith(f".{method}") for c in calls)
-        natives = sum(c.endswith(".forward_native") for c in calls)
+        ran, natives = _count(calls, method), _count(calls, "forward_native")
         if enabled:
             problem = own_code_problem(ctx, replacement, in_tree, method, calls)
             if problem:
