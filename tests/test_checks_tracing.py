@@ -98,3 +98,16 @@ def test_classifier_reads_through_wrapping_and_leaves_unknown_errors_alone():
     assert failure is not None
     assert failure.cause == "RuntimeError: Cannot access data pointer of Tensor (e.g. FakeTensor, FunctionalTensor)"
     assert tracing.classify_lowering_failure(ValueError("shapes do not match")) is None
+
+
+def test_trace_sees_what_lowering_sees_of_is_compiling():
+    """Inside torch.compile (torch 2.13) lowering runs with is_compiling() true; so does the probe, so a
+    kernel that branches on it is judged by the compile run, as lowering would trace it."""
+    seen = []
+
+    def branches(x, weight, epsilon, variance_size=None):
+        seen.append(torch.compiler.is_compiling())
+        return _norm(x, weight, epsilon)
+
+    assert tracing.trace_failure(ir.ops.rms_norm, _impl(branches), ARGS) is None
+    assert seen == [hasattr(torch.compiler, "_compile_session_context")]

@@ -9,6 +9,7 @@ torch.compile, so a compile check can tell whether another dtype of the same pro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -120,8 +121,10 @@ def trace_failure(op, impl, args: Sequence[Any]) -> LoweringFailure | None:
             call[i] = torch.ops.aten.clone.default(t) if i in cloned else t
         return impl.impl_fn(*call)
 
+    # Inside torch.compile, torch versions that have this context report is_compiling() during lowering.
+    session = getattr(torch.compiler, "_compile_session_context", contextlib.nullcontext)
     try:
-        with fa.mode, torch.no_grad(), enable_python_dispatcher():
+        with session(), fa.mode, torch.no_grad(), enable_python_dispatcher():
             make_fx(run, tracing_mode="real")(*[fa.args[i] for i in tensors_at])
     except Exception as exc:  # noqa: BLE001 - classified below; unknown ones are left to the compile run
         return classify_lowering_failure(exc, impl.impl_fn)
