@@ -205,8 +205,9 @@ def layer_case(ctx: CheckContext, unit: Unit) -> Verdict:
         golden = None
     method = platform_forward_name(ctx.platform)
     out = call_impl(f"{replacement.__qualname__}.{method}", getattr(rep, method), *clone_args(inputs))
-    atol, rtol = in_tree.tolerances[dtype]
-    hint = (f"{in_tree.__name__}.tolerances[torch.{dtype_name(dtype)}] = ({{atol:.2g}}, {{rtol:g}})")
+    atol, rtol = lookup.layer_record(unit.op).get_tolerance(dtype)
+    hint = (f"conformance_of({in_tree.__name__}).override_tolerance(torch.{dtype_name(dtype)}, "
+            f"atol={{atol:.2g}}, rtol={{rtol:g}})")
     cmp = compare_outputs(out, expected, golden, atol=atol, rtol=rtol, compare_nan=True, dtype=dtype,
                           tolerance_hint=hint)
     suffix = (f" [{replacement.__qualname__}.{method} vs {in_tree.__name__}.forward_native, case {unit.case}, "
