@@ -16,11 +16,12 @@ import textwrap
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference_impl import ir
 from reference_impl.ir.ops.rotary import compute_cos_sin_cache
+from reference_impl.ir.strategies import conformance_settings
 from reference_impl.kernels import _cpp_build
 from reference_impl.kernels import cpu as cpu_kernels
 
@@ -98,8 +99,7 @@ def test_kernel_matches_native_on_random_inputs(built, name):
     op = getattr(ir.ops, name)
     impl = op.impls[PROVIDER]
 
-    @settings(max_examples=15, deadline=None, derandomize=True,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(conformance_settings(15), derandomize=True)
     @given(data=st.data(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
     def check(data, dtype, seed):
         args = op.property_args(data.draw, dtype, "cpu", torch.Generator().manual_seed(seed))

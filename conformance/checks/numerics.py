@@ -94,10 +94,12 @@ def ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
 
 def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
     """Hypothesis draws over shapes, layouts and value ranges; the seed fixes the draws."""
-    from hypothesis import HealthCheck, assume, given, settings
+    from hypothesis import assume, given, settings
     from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
     from hypothesis.errors import Unsatisfiable
+
+    from reference_impl.ir.strategies import conformance_settings
 
     op, impl = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider)
     if op.property_args is None:
@@ -108,8 +110,7 @@ def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
     base_seed = unit_seed(ctx.seed, unit.op, "property", unit.dtype)
     state = {"draws": [], "last": None, "quality": None, "runs": 0, "worst_abs": 0.0, "worst_rel": 0.0}
 
-    @settings(max_examples=PROPERTY_EXAMPLES[ctx.level], database=None, deadline=None, print_blob=False,
-              suppress_health_check=list(HealthCheck))
+    @settings(conformance_settings(PROPERTY_EXAMPLES[ctx.level]))
     @hypothesis_seed(base_seed)
     @given(st.data())
     def prop(data):
