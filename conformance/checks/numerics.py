@@ -54,18 +54,11 @@ def _impl_args(impl, op, args) -> tuple:
 
 
 def compare_ir(ctx: CheckContext, op, impl, args, dtype: torch.dtype, compare_nan: bool) -> Comparison:
-    """Run native, float64 native and the implementation on copies of `args` and compare."""
-    ref = op.native_fn(*clone_args(args))
-    try:
-        golden = op.native_fn(*to_golden(args))
-    except Exception:  # noqa: BLE001 - an op without a float64 path is graded against native only
-        golden = None
+    """Run the implementation on copies of `args` and judge it with the oracle (native, float64 golden)."""
+    from conformance.oracle import judge
+
     out = call_impl(f"provider '{impl.provider}' of {op.name}", impl.impl_fn, *_impl_args(impl, op, args))
-    atol, rtol = op.get_tolerance(dtype)
-    hint = (f"ir.ops.{op.name}.override_tolerance(torch.{dtype_name(dtype)}, atol={{atol:.2g}}, "
-            f"rtol={{rtol:g}})")
-    return compare_outputs(out, ref, golden, atol=atol, rtol=rtol, compare_nan=compare_nan, dtype=dtype,
-                           tolerance_hint=hint)
+    return judge(op, args, out, dtype, compare_nan=compare_nan)
 
 
 def unsupported(ctx: CheckContext, unit: Unit) -> Verdict:
