@@ -59,8 +59,9 @@ class Inventory:
     def in_tree_layers(self) -> dict[str, type]:
         """Registered name -> in-tree CustomOp class, for classes that declare conformance cases."""
         from reference_impl.custom_op import CustomOp
+        from reference_impl.layers.cases import conformance_of
 
-        return {name: cls for name, cls in CustomOp.op_registry.items() if getattr(cls, "conformance_cases", None)}
+        return {name: cls for name, cls in CustomOp.op_registry.items() if conformance_of(cls) is not None}
 
     def replaced_layers(self) -> dict[str, tuple[type, type]]:
         """Registered name -> (in-tree class, replacement) for replacements whose key matches a class."""
@@ -130,10 +131,15 @@ class Inventory:
         return units
 
     def _units_layer_case(self, family, check, level):
+        from reference_impl.layers.cases import conformance_of
+
         units = []
         for name, (cls, rep) in self.replaced_layers().items():
-            for dtype in self.dtypes_for(getattr(cls, "tolerances", {})):
-                for case in getattr(cls, "conformance_cases", []):
+            record = conformance_of(cls)
+            if record is None:
+                continue
+            for dtype in self.dtypes_for(record.tolerances):
+                for case in record.cases:
                     if case.runs_at(level) and (case.dtypes is None or dtype in case.dtypes):
                         units.append(Unit(family, check, name, rep.__qualname__, dtype_name(dtype), case.name))
         return units
@@ -165,9 +171,12 @@ class Inventory:
         return [Unit(family, check, by_class.get(key, key), rep.__qualname__) for key, rep in self.oot.items()]
 
     def _units_oot_dispatch(self, family, check, level):
+        from reference_impl.layers.cases import conformance_of
+
         units = []
         for name, (cls, rep) in self.replaced_layers().items():
-            dtypes = self.dtypes_for(getattr(cls, "tolerances", {})) or [torch.float32]
+            record = conformance_of(cls)
+            dtypes = (self.dtypes_for(record.tolerances) if record else []) or [torch.float32]
             units.append(Unit(family, check, name, rep.__qualname__, dtype_name(dtypes[0])))
         return units
 

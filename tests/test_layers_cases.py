@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from reference_impl.custom_op import CustomOp
+from reference_impl.layers.cases import LayerCase, LayerCaseError, conformance_of, declare_cases
 from reference_impl.layers import (activation, attention, conv, fused_moe, layernorm, mamba, quantization,
                                    rotary_embedding)
 
@@ -30,7 +31,7 @@ LAYERS = sorted({cls for module in MODULES for cls in vars(module).values()
 
 def _params():
     for cls in LAYERS:
-        for case in cls.conformance_cases:
+        for case in conformance_of(cls).cases:
             for dtype in case.dtypes or DTYPES:
                 yield pytest.param(cls, case, dtype, id=f"{cls.__name__}::{case.name}::{str(dtype)[6:]}")
 
@@ -48,12 +49,12 @@ def test_every_layer_is_registered_and_declares_cases_and_tolerances():
     assert len(LAYERS) >= 18
     for cls in LAYERS:
         assert CustomOp.op_registry.get(cls.name) is cls, cls
-        assert cls.conformance_cases, f"{cls.__name__} declares no conformance cases"
-        names = [c.name for c in cls.conformance_cases]
+        assert conformance_of(cls).cases, f"{cls.__name__} declares no conformance cases"
+        names = [c.name for c in conformance_of(cls).cases]
         assert len(names) == len(set(names)), f"{cls.__name__} repeats a case name"
-        assert any(c.runs_at("quick") for c in cls.conformance_cases), cls
+        assert any(c.runs_at("quick") for c in conformance_of(cls).cases), cls
         for dtype in DTYPES:
-            atol, rtol = cls.tolerances[dtype]
+            atol, rtol = conformance_of(cls).get_tolerance(dtype)
             assert 0 < atol < 1 and 0 < rtol < 1, (cls, dtype)
 
 
@@ -73,7 +74,7 @@ def test_case_runs_and_tracks_float64(cls, case, dtype):
     native = run(layer.forward_native)
     dispatched = run(layer.forward)
     golden = _outputs(copy.deepcopy(layer).to(torch.float64).forward_native(*_golden_inputs(saved)))
-    atol, rtol = cls.tolerances[dtype]
+    atol, rtol = conformance_of(cls).get_tolerance(dtype)
     assert len(native) == len(dispatched) == len(golden)
     for out, again, gold in zip(native, dispatched, golden):
         if out is None:
@@ -83,3 +84,51 @@ def test_case_runs_and_tracks_float64(cls, case, dtype):
         torch.testing.assert_close(again.double(), out.double(), atol=atol, rtol=rtol, equal_nan=True)
         torch.testing.assert_close(out.double(), gold.double(), atol=GOLDEN_SLACK * atol,
                                    rtol=GOLDEN_SLACK * rtol, equal_nan=True)
+
+
+# ----- the declaration itself ----------------------------------------------------------------------
+def _case(name, level="quick", dtypes=None):
+    return LayerCase(name, lambda dtype: {}, lambda dtype, device, gen: (), level=level, dtypes=dtypes)
+
+
+def _fresh_class():
+    return type("Scratch", (), {})
+
+
+TOL = {torch.float32: (1e-5, 1e-5)}
+
+
+def test_declaration_is_read_back_and_not_inherited():
+    base = _fresh_class()
+    record = declare_cases(base, tolerances=TOL, cases=[_case("a"), _case("b", level="standard")])
+    assert conformance_of(base) is record
+    assert [c.name for c in record.cases] == ["a", "b"]
+    assert record.case("b").level == "standard"
+    assert record.get_tolerance(torch.float32) == (1e-5, 1e-5)
+    sub = type("Sub", (base,), {})
+    assert conformance_of(sub) is None, "a subclass must declare its own cases"
+    with pytest.raises(LookupError, match="Scratch declares no conformance case 'zzz'"):
+        record.case("zzz")
+    with pytest.raises(KeyError, match="no tolerance for torch.bfloat16"):
+        record.get_tolerance(torch.bfloat16)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"tolerances": TOL, "cases": [_case("a"), _case("a")]}, "case 'a' declared twice"),
+    ({"tolerances": TOL, "cases": []}, "no conformance cases"),
+    ({"tolerances": {}, "cases": [_case("a")]}, "no tolerances"),
+    ({"tolerances": {torch.float32: (-1.0, 0.0)}, "cases": [_case("a")]}, "atol, rtol >= 0"),
+    ({"tolerances": TOL, "cases": [_case("a", dtypes=(torch.float16,))]}, "no tolerance is declared"),
+    ({"tolerances": TOL, "cases": [_case("a", level="standard")]}, "no case runs at the quick level"),
+    ({"tolerances": TOL, "cases": ["not a case"]}, "str is not a LayerCase"),
+])
+def test_malformed_declarations_are_refused(kwargs, match):
+    with pytest.raises(LayerCaseError, match=match):
+        declare_cases(_fresh_class(), **kwargs)
+
+
+def test_declaring_twice_is_refused():
+    cls = _fresh_class()
+    declare_cases(cls, tolerances=TOL, cases=[_case("a")])
+    with pytest.raises(LayerCaseError, match="Scratch: conformance cases declared twice"):
+        declare_cases(cls, tolerances=TOL, cases=[_case("b")])

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from _layer_support import f64
 from reference_impl.custom_op import CustomOp
 from reference_impl.distributed import simulated_tensor_parallel
+from reference_impl.layers.cases import conformance_of
 from reference_impl.layers.logits_processor import LogitsProcessor
 from reference_impl.layers.vocab_parallel_embedding import (
     ParallelLMHead,
@@ -177,7 +178,7 @@ def test_logits_processor_errors():
 
 def _cases():
     for cls in (VocabParallelEmbedding, ParallelLMHead, LogitsProcessor):
-        for case in cls.conformance_cases:
+        for case in conformance_of(cls).cases:
             for dtype in (torch.float32, torch.bfloat16):
                 yield pytest.param(cls, case, dtype, id=f"{cls.__name__}::{case.name}::{str(dtype)[6:]}")
 
@@ -192,6 +193,6 @@ def test_conformance_cases_track_float64(cls, case, dtype):
     golden_inputs = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else
                      copy.deepcopy(a).to(torch.float64) if isinstance(a, torch.nn.Module) else a for a in inputs]
     golden = copy.deepcopy(layer).to(torch.float64)(*golden_inputs)
-    atol, rtol = cls.tolerances[dtype]
+    atol, rtol = conformance_of(cls).get_tolerance(dtype)
     assert out.dtype == dtype and out.shape == golden.shape
     torch.testing.assert_close(out.double(), golden, atol=4 * atol, rtol=4 * rtol)

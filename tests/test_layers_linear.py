@@ -13,6 +13,7 @@ import torch
 from _layer_support import f64
 from reference_impl.custom_op import CustomOp
 from reference_impl.distributed import ParallelStateError, simulated_tensor_parallel
+from reference_impl.layers.cases import conformance_of
 from reference_impl.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -152,7 +153,7 @@ def test_disable_tp_keeps_the_full_weight():
 
 def _cases():
     for cls in LAYERS:
-        for case in cls.conformance_cases:
+        for case in conformance_of(cls).cases:
             for dtype in (torch.float32, torch.bfloat16):
                 yield pytest.param(cls, case, dtype, id=f"{cls.__name__}::{case.name}::{str(dtype)[6:]}")
 
@@ -166,7 +167,7 @@ def test_conformance_cases_track_float64(cls, case, dtype):
     out = layer(*inputs)
     golden = copy.deepcopy(layer).to(torch.float64)(*[a.double() for a in inputs])
     outs, golds = (out, golden) if isinstance(out, tuple) else ((out,), (golden,))
-    atol, rtol = cls.tolerances[dtype]
+    atol, rtol = conformance_of(cls).get_tolerance(dtype)
     for o, g in zip(outs, golds):
         assert o.dtype == dtype
         torch.testing.assert_close(o.double(), g, atol=4 * atol, rtol=4 * rtol)

@@ -53,13 +53,29 @@ def layer_classes(registered_name: str) -> tuple[type, type]:
 
 
 def layer_case(registered_name: str, case_name: str):
-    from reference_impl.custom_op import CustomOp
+    return layer_record(registered_name).case(case_name)
 
-    cls = CustomOp.op_registry[registered_name]
-    for case in getattr(cls, "conformance_cases", []):
-        if case.name == case_name:
-            return case
-    raise LookupError(f"{cls.__name__} declares no conformance case {case_name!r}")
+
+def conformance_record(cls: type):
+    """`cls`'s own declared `LayerConformance`, or None."""
+    from reference_impl.layers.cases import conformance_of
+
+    return conformance_of(cls)
+
+
+def layer_record(registered_name: str):
+    """The in-tree class's declared `LayerConformance` (tolerances and cases)."""
+    from reference_impl.custom_op import CustomOp
+    from reference_impl.layers.cases import conformance_of
+
+    try:
+        cls = CustomOp.op_registry[registered_name]
+    except KeyError:
+        raise LookupError(f"no in-tree CustomOp registered as {registered_name!r}") from None
+    record = conformance_of(cls)
+    if record is None:
+        raise LookupError(f"{cls.__name__} declares no conformance cases")
+    return record
 
 
 @contextlib.contextmanager

@@ -54,18 +54,11 @@ def _impl_args(impl, op, args) -> tuple:
 
 
 def compare_ir(ctx: CheckContext, op, impl, args, dtype: torch.dtype, compare_nan: bool) -> Comparison:
-    """Run native, float64 native and the implementation on copies of `args` and compare."""
-    ref = op.native_fn(*clone_args(args))
-    try:
-        golden = op.native_fn(*to_golden(args))
-    except Exception:  # noqa: BLE001 - an op without a float64 path is graded against native only
-        golden = None
+    """Run the implementation on copies of `args` and judge it with the oracle (native, float64 golden)."""
+    from conformance.oracle import judge
+
     out = call_impl(f"provider '{impl.provider}' of {op.name}", impl.impl_fn, *_impl_args(impl, op, args))
-    atol, rtol = op.get_tolerance(dtype)
-    hint = (f"ir.ops.{op.name}.override_tolerance(torch.{dtype_name(dtype)}, atol={{atol:.2g}}, "
-            f"rtol={{rtol:g}})")
-    return compare_outputs(out, ref, golden, atol=atol, rtol=rtol, compare_nan=compare_nan, dtype=dtype,
-                           tolerance_hint=hint)
+    return judge(op, args, out, dtype, compare_nan=compare_nan)
 
 
 def unsupported(ctx: CheckContext, unit: Unit) -> Verdict:
@@ -94,10 +87,12 @@ def ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
 
 def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
     """Hypothesis draws over shapes, layouts and value ranges; the seed fixes the draws."""
-    from hypothesis import HealthCheck, assume, given, settings
+    from hypothesis import assume, given, settings
     from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
     from hypothesis.errors import Unsatisfiable
+
+    from reference_impl.ir.strategies import conformance_settings
 
     op, impl = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider)
     if op.property_args is None:
@@ -108,8 +103,7 @@ def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
     base_seed = unit_seed(ctx.seed, unit.op, "property", unit.dtype)
     state = {"draws": [], "last": None, "quality": None, "runs": 0, "worst_abs": 0.0, "worst_rel": 0.0}
 
-    @settings(max_examples=PROPERTY_EXAMPLES[ctx.level], database=None, deadline=None, print_blob=False,
-              suppress_health_check=list(HealthCheck))
+    @settings(conformance_settings(PROPERTY_EXAMPLES[ctx.level]))
     @hypothesis_seed(base_seed)
     @given(st.data())
     def prop(data):
@@ -205,8 +199,9 @@ def layer_case(ctx: CheckContext, unit: Unit) -> Verdict:
     forward = enabled_forward(rep)
     method = forward.__name__
     out = call_impl(f"{replacement.__qualname__}.{method}", forward, *clone_args(inputs))
-    atol, rtol = in_tree.tolerances[dtype]
-    hint = (f"{in_tree.__name__}.tolerances[torch.{dtype_name(dtype)}] = ({{atol:.2g}}, {{rtol:g}})")
+    atol, rtol = lookup.layer_record(unit.op).get_tolerance(dtype)
+    hint = (f"conformance_of({in_tree.__name__}).override_tolerance(torch.{dtype_name(dtype)}, "
+            f"atol={{atol:.2g}}, rtol={{rtol:g}})")
     cmp = compare_outputs(out, expected, golden, atol=atol, rtol=rtol, compare_nan=True, dtype=dtype,
                           tolerance_hint=hint)
     suffix = (f" [{replacement.__qualname__}.{method} vs {in_tree.__name__}.forward_native, case {unit.case}, "

@@ -39,7 +39,8 @@ def oot_registration(ctx: CheckContext, unit: Unit) -> Verdict:
         return failed(f"register_oot name {key!r} (class {replacement.__qualname__}) matches no in-tree CustomOp "
                       f"class, so it replaces nothing; the key is the replaced class's __name__, one of "
                       f"{', '.join(sorted(lookup.in_tree_classes()))}{hint}")
-    cases = getattr(in_tree, "conformance_cases", [])
+    record = lookup.conformance_record(in_tree)
+    cases = record.cases if record else ()
     kwargs = cases[0].make_kwargs(torch.float32) if cases else {}
     built = call_impl(f"constructing {in_tree.__name__}", lambda: in_tree(**kwargs))
     if type(built) is not replacement:
@@ -133,7 +134,8 @@ def oot_dispatch(ctx: CheckContext, unit: Unit) -> Verdict:
 
     in_tree, replacement = lookup.layer_classes(unit.op)
     dtype = dtype_from_name(unit.dtype)
-    cases = [c for c in getattr(in_tree, "conformance_cases", []) if c.runs_at("quick")]
+    record = lookup.conformance_record(in_tree)
+    cases = [c for c in (record.cases if record else ()) if c.runs_at("quick")]
     if not cases:
         return Verdict(Outcome.SKIP, f"{in_tree.__name__} declares no conformance case to construct it with")
     case_unit = Unit(unit.family, unit.check, unit.op, unit.provider, unit.dtype, cases[0].name)

@@ -15,7 +15,7 @@ from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn
 from reference_impl.ir.ops.activation import ACT_TOLERANCES, GELU_TOLERANCES, make_activation
-from reference_impl.layers.cases import LayerCase, randomize_parameters
+from reference_impl.layers.cases import LayerCase, declare_cases, randomize_parameters
 
 GELU_APPROXIMATIONS = ("none", "tanh")
 
@@ -217,28 +217,28 @@ def _cases(shapes, kwargs: dict | None = None, suffix: str = "", init_params=Non
     return [case(*row) for row in shapes]
 
 
-SiluAndMul.tolerances = ACT_TOLERANCES
-SiluAndMul.conformance_cases = _cases(_GATED_SHAPES)
-MulAndSilu.tolerances = ACT_TOLERANCES
-MulAndSilu.conformance_cases = _cases(_GATED_SHAPES)
-GeluAndMul.tolerances = GELU_TOLERANCES
-GeluAndMul.conformance_cases = (_cases(_GATED_SHAPES, {"approximate": "none"}, ",approximate=none")
-                                + _cases(_GATED_SHAPES[:4], {"approximate": "tanh"}, ",approximate=tanh"))
+declare_cases(SiluAndMul, tolerances=ACT_TOLERANCES,
+              cases=_cases(_GATED_SHAPES))
+declare_cases(MulAndSilu, tolerances=ACT_TOLERANCES,
+              cases=_cases(_GATED_SHAPES))
+declare_cases(GeluAndMul, tolerances=GELU_TOLERANCES,
+              cases=(_cases(_GATED_SHAPES, {"approximate": "none"}, ",approximate=none")
+                     + _cases(_GATED_SHAPES[:4], {"approximate": "tanh"}, ",approximate=tanh")))
 # The threshold moves with the sparsified mean/std, so rounding of those statistics in half
 # precision moves outputs by a little more than the plain activations' tolerance.
-GeluAndMulSparse.tolerances = {torch.float32: (1e-5, 1e-5), torch.float16: (5e-3, 5e-3),
-                               torch.bfloat16: (4e-2, 4e-2)}
-GeluAndMulSparse.conformance_cases = (
+declare_cases(GeluAndMulSparse, tolerances={torch.float32: (1e-5, 1e-5), torch.float16: (5e-3, 5e-3),
+                                            torch.bfloat16: (4e-2, 4e-2)},
+              cases=(
     _cases(_GATED_SHAPES, {"activation_sparsity": 0.95}, ",sparsity=0.95")
-    + _cases(_GATED_SHAPES[1:4], {"activation_sparsity": 0.5, "approximate": "tanh"}, ",sparsity=0.5,tanh"))
-NewGELU.tolerances = GELU_TOLERANCES
-NewGELU.conformance_cases = _cases(_UNARY_SHAPES)
-FastGELU.tolerances = GELU_TOLERANCES
-FastGELU.conformance_cases = _cases(_UNARY_SHAPES)
-QuickGELU.tolerances = ACT_TOLERANCES
-QuickGELU.conformance_cases = _cases(_UNARY_SHAPES)
-ReLUSquaredActivation.tolerances = ACT_TOLERANCES
-ReLUSquaredActivation.conformance_cases = _cases(_UNARY_SHAPES)
+    + _cases(_GATED_SHAPES[1:4], {"activation_sparsity": 0.5, "approximate": "tanh"}, ",sparsity=0.5,tanh")))
+declare_cases(NewGELU, tolerances=GELU_TOLERANCES,
+              cases=_cases(_UNARY_SHAPES))
+declare_cases(FastGELU, tolerances=GELU_TOLERANCES,
+              cases=_cases(_UNARY_SHAPES))
+declare_cases(QuickGELU, tolerances=ACT_TOLERANCES,
+              cases=_cases(_UNARY_SHAPES))
+declare_cases(ReLUSquaredActivation, tolerances=ACT_TOLERANCES,
+              cases=_cases(_UNARY_SHAPES))
 
 
 def _xielu_kwargs(dtype):
@@ -264,12 +264,12 @@ def _xielu_cases():
     return cases
 
 
-XIELU.tolerances = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
-XIELU.conformance_cases = _xielu_cases()
-SwigluOAIAndMul.tolerances = ACT_TOLERANCES
-SwigluOAIAndMul.conformance_cases = (_cases(_GATED_SHAPES)
-                                     + _cases(_GATED_SHAPES[1:4], {"alpha": 1.0, "limit": 2.0},
-                                              ",alpha=1.0,limit=2.0"))
-FatreluAndMul.tolerances = ACT_TOLERANCES
-FatreluAndMul.conformance_cases = (_cases(_GATED_SHAPES)
-                                   + _cases(_GATED_SHAPES[1:4], {"threshold": 0.5}, ",threshold=0.5"))
+declare_cases(XIELU, tolerances={torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)},
+              cases=_xielu_cases())
+declare_cases(SwigluOAIAndMul, tolerances=ACT_TOLERANCES,
+              cases=(_cases(_GATED_SHAPES)
+                     + _cases(_GATED_SHAPES[1:4], {"alpha": 1.0, "limit": 2.0},
+                              ",alpha=1.0,limit=2.0")))
+declare_cases(FatreluAndMul, tolerances=ACT_TOLERANCES,
+              cases=(_cases(_GATED_SHAPES)
+                     + _cases(_GATED_SHAPES[1:4], {"threshold": 0.5}, ",threshold=0.5")))

@@ -13,7 +13,7 @@ import torch.nn as nn
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn
 from reference_impl.layers._composite import CompositeOp, init_composite_params, linear, require_single_rank
-from reference_impl.layers.cases import LayerCase
+from reference_impl.layers.cases import LayerCase, declare_cases
 from reference_impl.layers.layernorm import RMSNorm
 from reference_impl.layers.rotary_embedding import RotaryEmbedding
 
@@ -254,8 +254,7 @@ def _mm_case(name, batch, seq, heads, kv_heads, head_size, *, kv_seq=None, layou
     return LayerCase(name, lambda dtype: dict(kwargs), make_inputs, level=level)
 
 
-MMEncoderAttention.tolerances = ATTN_TOLERANCES
-MMEncoderAttention.conformance_cases = [
+declare_cases(MMEncoderAttention, tolerances=ATTN_TOLERANCES, cases=[
     _mm_case("batch=2,seq=9,heads=4,head=32", 2, 9, 4, 4, 32),
     _mm_case("batch=1,seq=7,heads=4/2,head=64,4d", 1, 7, 4, 2, 64, layout="4d"),
     _mm_case("batch=1,seq=12,heads=2/1,head=16,varlen=[0,5,6,12]", 1, 12, 2, 1, 16, cu_seqlens=[0, 5, 6, 12]),
@@ -263,7 +262,7 @@ MMEncoderAttention.conformance_cases = [
     _mm_case("batch=1,seq=1,heads=1,head=8", 1, 1, 1, 1, 8),
     _mm_case("batch=1,seq=256,heads=16,head=80,varlen", 1, 256, 16, 16, 80, cu_seqlens=[0, 64, 100, 256],
              level="standard"),
-]
+])
 
 
 def _mla_case(name, tokens, *, q_lora_rank, neox=False, scale=None, level="quick", **sizes):
@@ -281,11 +280,10 @@ def _mla_case(name, tokens, *, q_lora_rank, neox=False, scale=None, level="quick
     return LayerCase(name, make_kwargs, make_inputs, init_params=init_composite_params, level=level)
 
 
-MultiHeadLatentAttentionWrapper.tolerances = MLA_TOLERANCES
-MultiHeadLatentAttentionWrapper.conformance_cases = [
+declare_cases(MultiHeadLatentAttentionWrapper, tolerances=MLA_TOLERANCES, cases=[
     _mla_case("tokens=7,q_lora=32", 7, q_lora_rank=32),
     _mla_case("tokens=5,no_q_lora,neox,scale=0.2", 5, q_lora_rank=None, neox=True, scale=0.2),
     _mla_case("tokens=1,q_lora=16", 1, q_lora_rank=16),
     _mla_case("tokens=33,deepseek-like", 33, q_lora_rank=96, hidden_size=256, num_heads=8, qk_nope_head_dim=32,
               qk_rope_head_dim=16, v_head_dim=32, kv_lora_rank=64, level="standard"),
-]
+])

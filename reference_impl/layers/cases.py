@@ -1,14 +1,17 @@
 """Declarative cases for CustomOp layers, consumed by the conformance suites.
 
-A layer class lists `conformance_cases`; each builds constructor kwargs, optionally randomizes the
-layer's parameters (seeded), and builds the forward arguments. The harness compares a vendor's
-replacement (`forward_oot`) against the in-tree class's `forward_native` with equal parameters.
+A layer class declares its conformance record once, with `declare_cases(cls, tolerances=...,
+cases=[...])` (the layer counterpart of `IrOp.add_cases`): per-dtype tolerances and the cases in one
+validated `LayerConformance`, read back with `conformance_of(cls)`. Each case builds constructor
+kwargs, optionally randomizes the layer's parameters (seeded), and builds the forward arguments. The
+harness compares a vendor's replacement (`forward_oot`) against the in-tree class's `forward_native`
+with equal parameters.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -41,3 +44,71 @@ def randomize_parameters(layer: torch.nn.Module, gen: torch.Generator, scale: fl
             if p.is_floating_point():
                 values = torch.randn(p.shape, generator=gen, dtype=torch.float32) * scale + offset
                 p.copy_(values.to(p.dtype))
+
+
+class LayerCaseError(ValueError):
+    """A layer's conformance declaration is malformed (the message names the class and the problem)."""
+
+
+@dataclasses.dataclass
+class LayerConformance:
+    """What the suites need of one layer class: per-dtype (atol, rtol) and its input cases."""
+
+    layer: str
+    tolerances: dict[torch.dtype, tuple[float, float]]
+    cases: tuple[LayerCase, ...]
+
+    def case(self, name: str) -> LayerCase:
+        for case in self.cases:
+            if case.name == name:
+                return case
+        raise LookupError(f"{self.layer} declares no conformance case {name!r}")
+
+    def get_tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
+        if dtype not in self.tolerances:
+            raise KeyError(f"{self.layer} declares no tolerance for {dtype}")
+        return self.tolerances[dtype]
+
+    def override_tolerance(self, dtype: torch.dtype, atol: float, rtol: float) -> None:
+        self.tolerances[dtype] = (float(atol), float(rtol))
+
+
+_ATTR = "_conformance"
+
+
+def declare_cases(cls: type, *, tolerances: Mapping[torch.dtype, tuple[float, float]],
+                  cases: Iterable[LayerCase]) -> LayerConformance:
+    """Attach `cls`'s conformance record; a second declaration, a repeated case name, no quick case, or a
+    case dtype without a tolerance raises `LayerCaseError`."""
+    where = cls.__name__
+    if _ATTR in vars(cls):
+        raise LayerCaseError(f"{where}: conformance cases declared twice")
+    cases = tuple(cases)
+    tolerances = {d: (float(a), float(r)) for d, (a, r) in dict(tolerances).items()}
+    if not cases:
+        raise LayerCaseError(f"{where}: no conformance cases")
+    if not tolerances:
+        raise LayerCaseError(f"{where}: no tolerances")
+    for dtype, (atol, rtol) in tolerances.items():
+        if not isinstance(dtype, torch.dtype) or atol < 0 or rtol < 0:
+            raise LayerCaseError(f"{where}: tolerance {dtype}: ({atol}, {rtol}) is not a dtype with atol, rtol >= 0")
+    seen: set[str] = set()
+    for case in cases:
+        if not isinstance(case, LayerCase):
+            raise LayerCaseError(f"{where}: {type(case).__name__} is not a LayerCase")
+        if case.name in seen:
+            raise LayerCaseError(f"{where}: case {case.name!r} declared twice")
+        seen.add(case.name)
+        missing = [d for d in case.dtypes or () if d not in tolerances]
+        if missing:
+            raise LayerCaseError(f"{where}: case {case.name!r} runs in {missing} but no tolerance is declared for it")
+    if not any(c.runs_at("quick") for c in cases):
+        raise LayerCaseError(f"{where}: no case runs at the quick level")
+    record = LayerConformance(where, tolerances, cases)
+    setattr(cls, _ATTR, record)
+    return record
+
+
+def conformance_of(cls: type) -> LayerConformance | None:
+    """The record `cls` itself declared (not one inherited from a base class), or None."""
+    return vars(cls).get(_ATTR)

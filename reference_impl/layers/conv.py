@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn
 from reference_impl.layers._composite import init_composite_params
-from reference_impl.layers.cases import LayerCase
+from reference_impl.layers.cases import LayerCase, declare_cases
 
 PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 
@@ -182,35 +182,33 @@ def _conv_case(name, batch, spatial, kwargs, *, level="quick"):
                      level=level)
 
 
-Conv2dLayer.tolerances = CONV_TOLERANCES
-Conv2dLayer.conformance_cases = [
+declare_cases(Conv2dLayer, tolerances=CONV_TOLERANCES, cases=[
     _conv_case("patch=4,c=3->16,8x8", 2, (8, 8), {"in_channels": 3, "out_channels": 16, "kernel_size": 4,
-                                                  "stride": 4}),
+                                      "stride": 4}),
     _conv_case("patch=(2,4),no_bias,c=4->8,9x10", 1, (9, 10),
-               {"in_channels": 4, "out_channels": 8, "kernel_size": (2, 4), "stride": (2, 4), "bias": False}),
+   {"in_channels": 4, "out_channels": 8, "kernel_size": (2, 4), "stride": (2, 4), "bias": False}),
     _conv_case("k=3,pad=1,c=4->6,7x9", 2, (7, 9), {"in_channels": 4, "out_channels": 6, "kernel_size": 3,
-                                                   "padding": 1}),
+                                       "padding": 1}),
     _conv_case("k=3,stride=2,dilation=2,groups=2,c=4->6,11x11", 1, (11, 11),
-               {"in_channels": 4, "out_channels": 6, "kernel_size": 3, "stride": 2, "dilation": 2, "groups": 2}),
+   {"in_channels": 4, "out_channels": 6, "kernel_size": 3, "stride": 2, "dilation": 2, "groups": 2}),
     _conv_case("k=(2,3),same,reflect,c=3->5,6x7", 1, (6, 7),
-               {"in_channels": 3, "out_channels": 5, "kernel_size": (2, 3), "padding": "same",
-                "padding_mode": "reflect"}),
+   {"in_channels": 3, "out_channels": 5, "kernel_size": (2, 3), "padding": "same",
+    "padding_mode": "reflect"}),
     _conv_case("patch=14,c=3->64,28x28", 2, (28, 28), {"in_channels": 3, "out_channels": 64, "kernel_size": 14,
-                                                       "stride": 14}, level="standard"),
-]
+                                           "stride": 14}, level="standard"),
+])
 
-Conv3dLayer.tolerances = CONV_TOLERANCES
-Conv3dLayer.conformance_cases = [
+declare_cases(Conv3dLayer, tolerances=CONV_TOLERANCES, cases=[
     _conv_case("patch=(2,4,4),c=3->8,4x8x8", 2, (4, 8, 8),
-               {"in_channels": 3, "out_channels": 8, "kernel_size": (2, 4, 4), "stride": (2, 4, 4)}),
+   {"in_channels": 3, "out_channels": 8, "kernel_size": (2, 4, 4), "stride": (2, 4, 4)}),
     _conv_case("patch=2,no_bias,c=2->4,3x5x4", 1, (3, 5, 4),
-               {"in_channels": 2, "out_channels": 4, "kernel_size": 2, "stride": 2, "bias": False}),
+   {"in_channels": 2, "out_channels": 4, "kernel_size": 2, "stride": 2, "bias": False}),
     _conv_case("k=3,pad=1,c=2->4,4x5x5", 1, (4, 5, 5), {"in_channels": 2, "out_channels": 4, "kernel_size": 3,
-                                                        "padding": 1}),
+                                            "padding": 1}),
     _conv_case("k=(1,3,3),stride=(1,2,2),replicate,pad=(0,1,1),groups=2,c=4->4,2x6x6", 1, (2, 6, 6),
-               {"in_channels": 4, "out_channels": 4, "kernel_size": (1, 3, 3), "stride": (1, 2, 2),
-                "padding": (0, 1, 1), "padding_mode": "replicate", "groups": 2}),
+   {"in_channels": 4, "out_channels": 4, "kernel_size": (1, 3, 3), "stride": (1, 2, 2),
+    "padding": (0, 1, 1), "padding_mode": "replicate", "groups": 2}),
     _conv_case("patch=(2,14,14),c=3->32,4x28x28", 1, (4, 28, 28),
-               {"in_channels": 3, "out_channels": 32, "kernel_size": (2, 14, 14), "stride": (2, 14, 14)},
-               level="standard"),
-]
+   {"in_channels": 3, "out_channels": 32, "kernel_size": (2, 14, 14), "stride": (2, 14, 14)},
+   level="standard"),
+])

@@ -26,7 +26,7 @@ from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn
 from reference_impl.layers._composite import CompositeOp, init_composite_params, require_single_rank
-from reference_impl.layers.cases import LayerCase
+from reference_impl.layers.cases import LayerCase, declare_cases
 
 SCORING_FUNCS = ("softmax", "sigmoid")
 # activation name -> the IR op applied to the [..., 2 * intermediate] gate/up product
@@ -540,20 +540,19 @@ def _topk_case(name, tokens, experts, *, bias=False, level="quick", **kwargs):
     return LayerCase(name, lambda dtype: dict(kwargs), make_inputs, level=level)
 
 
-GroupedTopk.tolerances = TOPK_TOLERANCES
-GroupedTopk.conformance_cases = [
+declare_cases(GroupedTopk, tolerances=TOPK_TOLERANCES, cases=[
     _topk_case("tokens=5,E=16,groups=4/2,top4,softmax,renorm", 5, 16, topk=4, renormalize=True, num_expert_group=4,
-               topk_group=2),
+   topk_group=2),
     _topk_case("tokens=5,E=16,groups=4/2,top4,sigmoid,bias,scale=2.5", 5, 16, bias=True, topk=4, renormalize=True,
-               num_expert_group=4, topk_group=2, scoring_func="sigmoid", routed_scaling_factor=2.5),
+   num_expert_group=4, topk_group=2, scoring_func="sigmoid", routed_scaling_factor=2.5),
     _topk_case("tokens=3,E=8,groups=8/3,top2,softmax,no_renorm", 3, 8, topk=2, renormalize=False,
-               num_expert_group=8, topk_group=3),
+   num_expert_group=8, topk_group=3),
     _topk_case("tokens=1,E=6,groups=2/1,top3,sigmoid", 1, 6, topk=3, renormalize=True, num_expert_group=2,
-               topk_group=1, scoring_func="sigmoid"),
+   topk_group=1, scoring_func="sigmoid"),
     _topk_case("tokens=64,E=256,groups=8/4,top8,sigmoid,bias", 64, 256, bias=True, topk=8, renormalize=True,
-               num_expert_group=8, topk_group=4, scoring_func="sigmoid", routed_scaling_factor=2.5,
-               level="standard"),
-]
+   num_expert_group=8, topk_group=4, scoring_func="sigmoid", routed_scaling_factor=2.5,
+   level="standard"),
+])
 
 
 def _init_moe(layer, gen):
@@ -576,21 +575,20 @@ def _moe_case(name, tokens, experts, top_k, hidden, inter, *, level="quick", **e
                      init_params=_init_moe, level=level)
 
 
-FusedMoE.tolerances = MOE_TOLERANCES
-FusedMoE.conformance_cases = [
+declare_cases(FusedMoE, tolerances=MOE_TOLERANCES, cases=[
     _moe_case("tokens=7,E=8,top2,h=32,i=16,renorm", 7, 8, 2, 32, 16),
     _moe_case("tokens=5,E=4,top1,h=16,i=24,no_renorm,bias_weights", 5, 4, 1, 16, 24, renormalize=False,
-              has_bias=True),
+     has_bias=True),
     _moe_case("tokens=6,E=8,top3,h=32,i=16,sigmoid,correction_bias,scale=1.5", 6, 8, 3, 32, 16,
-              scoring_func="sigmoid", bias=True, routed_scaling_factor=1.5),
+     scoring_func="sigmoid", bias=True, routed_scaling_factor=1.5),
     _moe_case("tokens=6,E=16,top4,grouped=4/2,sigmoid,correction_bias", 6, 16, 4, 16, 16, use_grouped_topk=True,
-              num_expert_group=4, topk_group=2, scoring_func="sigmoid", bias=True, routed_scaling_factor=2.5),
+     num_expert_group=4, topk_group=2, scoring_func="sigmoid", bias=True, routed_scaling_factor=2.5),
     _moe_case("tokens=4,E=4,top1,h=16,i=16,router_weight_on_input,gelu", 4, 4, 1, 16, 16,
-              apply_router_weight_on_input=True, activation="gelu"),
+     apply_router_weight_on_input=True, activation="gelu"),
     _moe_case("tokens=3,E=4,top2,h=16,i=8,swigluoai", 3, 4, 2, 16, 8, activation="swigluoai"),
     _moe_case("tokens=1,E=2,top2,h=8,i=8", 1, 2, 2, 8, 8),
     _moe_case("tokens=64,E=32,top4,h=256,i=128", 64, 32, 4, 256, 128, level="standard"),
-]
+])
 
 
 def _routing(tokens, experts, top_k, gen, device):
@@ -610,12 +608,11 @@ def _transformers_case(name, tokens, experts, top_k, hidden, inter, *, level="qu
                      init_params=_init_moe, level=level)
 
 
-TransformersFusedMoE.tolerances = MOE_TOLERANCES
-TransformersFusedMoE.conformance_cases = [
+declare_cases(TransformersFusedMoE, tolerances=MOE_TOLERANCES, cases=[
     _transformers_case("tokens=7,E=8,top2,h=32,i=16", 7, 8, 2, 32, 16),
     _transformers_case("tokens=4,E=4,top3,h=16,i=8,bias_weights", 4, 4, 3, 16, 8, has_bias=True),
     _transformers_case("tokens=1,E=3,top1,h=8,i=8", 1, 3, 1, 8, 8),
-]
+])
 
 
 def _method_case(cls, name, tokens, experts, top_k, hidden, inter, *, has_bias=False, level="quick", **config):
@@ -649,7 +646,7 @@ def _method_cases(cls):
     ]
 
 
-UnquantizedFusedMoEMethod.tolerances = MOE_TOLERANCES
-UnquantizedFusedMoEMethod.conformance_cases = _method_cases(UnquantizedFusedMoEMethod)
-FusedMoEModularMethod.tolerances = MOE_TOLERANCES
-FusedMoEModularMethod.conformance_cases = _method_cases(FusedMoEModularMethod)
+declare_cases(UnquantizedFusedMoEMethod, tolerances=MOE_TOLERANCES,
+              cases=_method_cases(UnquantizedFusedMoEMethod))
+declare_cases(FusedMoEModularMethod, tolerances=MOE_TOLERANCES,
+              cases=_method_cases(FusedMoEModularMethod))

@@ -9,7 +9,7 @@ from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn, strided
 from reference_impl.ir.ops.layernorm import NORM_TOLERANCES
-from reference_impl.layers.cases import LayerCase, randomize_parameters
+from reference_impl.layers.cases import LayerCase, declare_cases, randomize_parameters
 
 
 @CustomOp.register("rms_norm")
@@ -57,8 +57,7 @@ def _rms_case(name, tokens, hidden, *, residual=False, level="quick", layout=Non
                      init_params=randomize_parameters, level=level)
 
 
-RMSNorm.tolerances = NORM_TOLERANCES
-RMSNorm.conformance_cases = [
+declare_cases(RMSNorm, tolerances=NORM_TOLERANCES, cases=[
     _rms_case("tokens=7,hidden=769", 7, 769),
     _rms_case("tokens=7,hidden=769,residual", 7, 769, residual=True),
     _rms_case("tokens=4,hidden=256,strided", 4, 256, layout="strided"),
@@ -66,7 +65,7 @@ RMSNorm.conformance_cases = [
     _rms_case("tokens=4,hidden=256,var_hidden_size=64", 4, 256, var_hidden_size=64),
     _rms_case("tokens=4,hidden=256,var_hidden_size=64,residual", 4, 256, var_hidden_size=64, residual=True),
     _rms_case("tokens=16,hidden=4096,residual", 16, 4096, residual=True, level="standard"),
-]
+])
 
 
 # ----- gated and Gemma variants -------------------------------------------------------------------
@@ -174,18 +173,17 @@ def _gated_case(name, tokens, hidden, *, gate=True, level="quick", layout=None, 
                      init_params=randomize_parameters, level=level)
 
 
-RMSNormGated.tolerances = NORM_TOLERANCES
-RMSNormGated.conformance_cases = [
+declare_cases(RMSNormGated, tolerances=NORM_TOLERANCES, cases=[
     _gated_case("tokens=7,hidden=769,gate_after_norm", 7, 769),
     _gated_case("tokens=7,hidden=768,gate_before_norm", 7, 768, norm_before_gate=True),
     _gated_case("tokens=5,hidden=256,no_gate", 5, 256, gate=False),
     _gated_case("tokens=4,hidden=256,group=64", 4, 256, group_size=64),
     _gated_case("tokens=4,hidden=256,group=64,before,strided", 4, 256, group_size=64, norm_before_gate=True,
-                layout="strided"),
+   layout="strided"),
     _gated_case("tokens=3,hidden=128,sigmoid", 3, 128, activation="sigmoid"),
     _gated_case("tokens=1,hidden=1", 1, 1),
     _gated_case("tokens=16,hidden=4096,group=128", 16, 4096, group_size=128, level="standard"),
-]
+])
 
 
 def _gemma_case(name, tokens, hidden, *, residual=False, level="quick", layout=None):
@@ -201,12 +199,11 @@ def _gemma_case(name, tokens, hidden, *, residual=False, level="quick", layout=N
     return LayerCase(name, lambda dtype: {"hidden_size": hidden}, make_inputs, init_params=init, level=level)
 
 
-GemmaRMSNorm.tolerances = NORM_TOLERANCES
-GemmaRMSNorm.conformance_cases = [
+declare_cases(GemmaRMSNorm, tolerances=NORM_TOLERANCES, cases=[
     _gemma_case("tokens=7,hidden=769", 7, 769),
     _gemma_case("tokens=7,hidden=769,residual", 7, 769, residual=True),
     _gemma_case("tokens=4,hidden=256,strided", 4, 256, layout="strided"),
     _gemma_case("tokens=4,hidden=256,strided,residual", 4, 256, layout="strided", residual=True),
     _gemma_case("tokens=1,hidden=1,residual", 1, 1, residual=True),
     _gemma_case("tokens=16,hidden=4096,residual", 16, 4096, residual=True, level="standard"),
-]
+])

@@ -20,7 +20,7 @@ from reference_impl.custom_op import CustomOp
 from reference_impl.distributed import GroupCoordinator, divide, get_tp_group
 from reference_impl.distributed.parallel_state import _DEFAULT_TP
 from reference_impl.ir.cases import randn, strided
-from reference_impl.layers.cases import LayerCase
+from reference_impl.layers.cases import LayerCase, declare_cases
 
 # Matmuls accumulate over the input size: looser than elementwise ops (vendor GEMMs block differently).
 LINEAR_TOLERANCES = {
@@ -346,13 +346,14 @@ def _cases(extra=()):
     ]
 
 
-for _cls in (ReplicatedLinear, ColumnParallelLinear, RowParallelLinear):
-    _cls.tolerances = LINEAR_TOLERANCES
-ReplicatedLinear.conformance_cases = _cases()
-ColumnParallelLinear.conformance_cases = _cases([_linear_case("tokens=6,in=40,out=56,gather_output", 6, 40, 56,
-                                                              gather_output=True)])
-RowParallelLinear.conformance_cases = _cases([_linear_case("tokens=6,in=40,out=56,input_not_parallel", 6, 40, 56,
-                                                           input_is_parallel=False)])
+declare_cases(ReplicatedLinear, tolerances=LINEAR_TOLERANCES,
+              cases=_cases())
+declare_cases(ColumnParallelLinear, tolerances=LINEAR_TOLERANCES,
+              cases=_cases([_linear_case("tokens=6,in=40,out=56,gather_output", 6, 40, 56,
+                                         gather_output=True)]))
+declare_cases(RowParallelLinear, tolerances=LINEAR_TOLERANCES,
+              cases=_cases([_linear_case("tokens=6,in=40,out=56,input_not_parallel", 6, 40, 56,
+                                         input_is_parallel=False)]))
 
 
 def _merged_case(name, tokens, in_size, sizes, **kwargs):
@@ -373,11 +374,11 @@ def _qkv_case(name, tokens, hidden, head_size, heads, kv_heads, **kwargs):
 
 
 # Unregistered subclasses (they share the registered name of ColumnParallelLinear) with their own arguments.
-MergedColumnParallelLinear.conformance_cases = [
+declare_cases(MergedColumnParallelLinear, tolerances=LINEAR_TOLERANCES, cases=[
     _merged_case("tokens=5,in=65,sizes=64+64", 5, 65, [64, 64]),
     _merged_case("tokens=3,in=32,sizes=16+48,no_bias", 3, 32, [16, 48], bias=False),
-]
-QKVParallelLinear.conformance_cases = [
+])
+declare_cases(QKVParallelLinear, tolerances=LINEAR_TOLERANCES, cases=[
     _qkv_case("tokens=5,hidden=65,heads=4,kv=2,head=16", 5, 65, 16, 4, 2),
     _qkv_case("tokens=3,hidden=32,heads=2,kv=2,head=8,no_bias", 3, 32, 8, 2, 2, bias=False),
-]
+])

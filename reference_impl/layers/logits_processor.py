@@ -6,7 +6,7 @@ import torch
 
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn
-from reference_impl.layers.cases import LayerCase
+from reference_impl.layers.cases import LayerCase, declare_cases
 from reference_impl.layers.linear import LINEAR_TOLERANCES
 from reference_impl.layers.vocab_parallel_embedding import ParallelLMHead, _init_rows
 
@@ -88,11 +88,10 @@ def _case(name, tokens, vocab, dim, *, org=None, logits_as_input=False, level="q
                                           "logits_as_input": logits_as_input, **kwargs}, make_inputs, level=level)
 
 
-LogitsProcessor.tolerances = LINEAR_TOLERANCES
-LogitsProcessor.conformance_cases = [
+declare_cases(LogitsProcessor, tolerances=LINEAR_TOLERANCES, cases=[
     _case("tokens=5,vocab=300,dim=65", 5, 300, 65),
     _case("tokens=4,vocab=300,dim=32,scale=0.5,soft_cap=3", 4, 300, 32, scale=0.5, soft_cap=3.0),
     _case("tokens=3,vocab=1026,org=1010,dim=16", 3, 1026, 16, org=1010),
     _case("tokens=6,vocab=257,logits_as_input,soft_cap=30", 6, 257, 0, logits_as_input=True, soft_cap=30.0),
     _case("tokens=64,vocab=32000,dim=256", 64, 32000, 256, level="standard"),
-]
+])

@@ -17,7 +17,7 @@ from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn, row_strided
 from reference_impl.ir.ops.layernorm import NORM_TOLERANCES
 from reference_impl.layers._composite import CompositeOp, init_composite_params, linear, require_single_rank
-from reference_impl.layers.cases import LayerCase, randomize_parameters
+from reference_impl.layers.cases import LayerCase, declare_cases, randomize_parameters
 from reference_impl.layers.layernorm import RMSNorm
 
 
@@ -81,15 +81,14 @@ def _mixer2_case(name, tokens, hidden, groups, *, level="quick", layout=None, **
                      make_inputs, init_params=randomize_parameters, level=level)
 
 
-Mixer2RMSNormGated.tolerances = NORM_TOLERANCES
-Mixer2RMSNormGated.conformance_cases = [
+declare_cases(Mixer2RMSNormGated, tolerances=NORM_TOLERANCES, cases=[
     _mixer2_case("tokens=7,hidden=768,groups=1", 7, 768, 1),
     _mixer2_case("tokens=7,hidden=768,groups=8", 7, 768, 8),
     _mixer2_case("tokens=5,hidden=300,groups=3,row_strided", 5, 300, 3, layout="row_strided"),
     _mixer2_case("tokens=4,hidden=256,groups=4,no_norm", 4, 256, 4, use_rms_norm=False),
     _mixer2_case("tokens=1,hidden=2,groups=2", 1, 2, 2),
     _mixer2_case("tokens=16,hidden=4096,groups=8", 16, 4096, 8, level="standard"),
-]
+])
 
 
 # ===== Mamba mixers ===============================================================================
@@ -494,8 +493,7 @@ def _mixer_case(name, tokens, hidden, kwargs, *, level="quick"):
                      init_params=_init_mixer, level=level)
 
 
-MambaMixer.tolerances = MIXER_TOLERANCES
-MambaMixer.conformance_cases = [
+declare_cases(MambaMixer, tolerances=MIXER_TOLERANCES, cases=[
     _mixer_case("tokens=9,h=32,i=64,N=8,k=4,rank=4", 9, 32, {
         "ssm_state_size": 8, "conv_kernel_size": 4, "intermediate_size": 64, "time_step_rank": 4,
         "use_conv_bias": True, "use_bias": False, "use_rms_norm": False}),
@@ -508,10 +506,9 @@ MambaMixer.conformance_cases = [
     _mixer_case("tokens=64,h=128,i=256,N=16,k=4,rank=8", 64, 128, {
         "ssm_state_size": 16, "conv_kernel_size": 4, "intermediate_size": 256, "time_step_rank": 8,
         "use_conv_bias": True, "use_bias": False, "use_rms_norm": False}, level="standard"),
-]
+])
 
-MambaMixer2.tolerances = MIXER_TOLERANCES
-MambaMixer2.conformance_cases = [
+declare_cases(MambaMixer2, tolerances=MIXER_TOLERANCES, cases=[
     _mixer_case("tokens=9,h=32,heads=4x16,groups=2,N=8,k=4", 9, 32, {
         "ssm_state_size": 8, "conv_kernel_size": 4, "intermediate_size": 64, "use_conv_bias": True,
         "use_bias": False, "n_groups": 2, "num_heads": 4, "head_dim": 16}),
@@ -524,10 +521,9 @@ MambaMixer2.conformance_cases = [
     _mixer_case("tokens=64,h=128,heads=8x32,groups=2,N=32,k=4", 64, 128, {
         "ssm_state_size": 32, "conv_kernel_size": 4, "intermediate_size": 256, "use_conv_bias": True,
         "use_bias": False, "n_groups": 2, "num_heads": 8, "head_dim": 32}, level="standard"),
-]
+])
 
-Plamo2MambaMixer.tolerances = MIXER_TOLERANCES
-Plamo2MambaMixer.conformance_cases = [
+declare_cases(Plamo2MambaMixer, tolerances=MIXER_TOLERANCES, cases=[
     _mixer_case("tokens=9,h=32,heads=4x8,N=8,k=4,rank=8", 9, 32, {
         "mamba_d_state": 8, "mamba_d_conv": 4, "mamba_num_heads": 4, "hidden_size_per_head": 8,
         "time_step_rank": 8}),
@@ -537,12 +533,11 @@ Plamo2MambaMixer.conformance_cases = [
     _mixer_case("tokens=64,h=128,heads=8x16,N=16,k=4,rank=default", 64, 128, {
         "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_num_heads": 8, "hidden_size_per_head": 16},
         level="standard"),
-]
+])
 
-ShortConv.tolerances = MIXER_TOLERANCES
-ShortConv.conformance_cases = [
+declare_cases(ShortConv, tolerances=MIXER_TOLERANCES, cases=[
     _mixer_case("tokens=9,dim=32,L=3", 9, 32, {"conv_L_cache": 3}),
     _mixer_case("tokens=6,dim=16,L=4,bias", 6, 16, {"conv_L_cache": 4, "conv_bias": True}),
     _mixer_case("tokens=1,dim=8,L=3", 1, 8, {"conv_L_cache": 3}),
     _mixer_case("tokens=64,dim=256,L=3", 64, 256, {"conv_L_cache": 3}, level="standard"),
-]
+])

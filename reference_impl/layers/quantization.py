@@ -16,7 +16,7 @@ from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn, row_strided
 from reference_impl.ir.ops.quant import FP8_MAX, FP8_MIN_SCALE, QUANT_TOLERANCES
-from reference_impl.layers.cases import LayerCase
+from reference_impl.layers.cases import LayerCase, declare_cases
 
 
 class GroupShape(NamedTuple):
@@ -130,18 +130,17 @@ def _quant_case(name, shape, group_shape, *, static, scale_ub=False, layout=None
 
 
 _T, _K, _G = GroupShape.PER_TENSOR, GroupShape.PER_TOKEN, GroupShape(1, 128)
-QuantFP8.tolerances = QUANT_TOLERANCES
-QuantFP8.conformance_cases = [
+declare_cases(QuantFP8, tolerances=QUANT_TOLERANCES, cases=[
     _quant_case("static,per_tensor,tokens=7,hidden=768", (7, 768), _T, static=True),
     _quant_case("static,per_token,tokens=5,hidden=512,row_strided", (5, 512), _K, static=True,
-                layout="row_strided"),
+       layout="row_strided"),
     _quant_case("static,per_group,tokens=4,hidden=384", (4, 384), _G, static=True),
     _quant_case("dynamic,per_tensor,tokens=7,hidden=768", (7, 768), _T, static=False),
     _quant_case("dynamic,per_token,batch=2,seq=3,hidden=256", (2, 3, 256), _K, static=False),
     _quant_case("dynamic,per_token,scale_ub,tokens=4,hidden=256", (4, 256), _K, static=False, scale_ub=True),
     _quant_case("dynamic,per_group=128,tokens=5,hidden=512,tiny", (5, 512), _G, static=False, magnitude=1e-6),
     _quant_case("dynamic,per_group=64,column_major,tokens=3,hidden=256", (3, 256), GroupShape(1, 64),
-                static=False, column_major_scales=True),
+       static=False, column_major_scales=True),
     _quant_case("dynamic,per_token,padding=8,tokens=3,hidden=128", (3, 128), _K, static=False, num_token_padding=8),
     _quant_case("dynamic,per_group=128,tokens=64,hidden=7168", (64, 7168), _G, static=False, level="standard"),
-]
+])

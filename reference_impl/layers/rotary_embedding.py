@@ -17,7 +17,7 @@ from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn, row_strided
 from reference_impl.ir.ops.rotary import ROPE_TOLERANCES, compute_cos_sin_cache
-from reference_impl.layers.cases import LayerCase
+from reference_impl.layers.cases import LayerCase, declare_cases
 
 
 def _check_rotary_dims(cls_name: str, head_size: int, rotary_dim: int, max_position: int, base: float) -> None:
@@ -204,8 +204,7 @@ def _rope_case(name, tokens, q_heads, kv_heads, head_size, rotary_dim, neox, *, 
     return LayerCase(name, make_kwargs, make_inputs, level=level)
 
 
-RotaryEmbedding.tolerances = ROPE_TOLERANCES
-RotaryEmbedding.conformance_cases = [
+declare_cases(RotaryEmbedding, tolerances=ROPE_TOLERANCES, cases=[
     _rope_case("tokens=1,heads=1/1,head=64,neox", 1, 1, 1, 64, 64, True),
     _rope_case("tokens=7,heads=4/2,head=128,neox", 7, 4, 2, 128, 128, True),
     _rope_case("tokens=7,heads=4/2,head=128,gptj", 7, 4, 2, 128, 128, False),
@@ -214,7 +213,7 @@ RotaryEmbedding.conformance_cases = [
     _rope_case("tokens=6,heads=2/2,head=64,3d,neox", 6, 2, 2, 64, 64, True, layout="3d"),
     _rope_case("tokens=6,heads=2/2,head=64,row_strided,gptj", 6, 2, 2, 64, 64, False, layout="row_strided"),
     _rope_case("tokens=33,heads=8/8,head=256,neox", 33, 8, 8, 256, 256, True, level="standard"),
-]
+])
 
 
 def _dual_chunk_case(name, tokens, q_heads, kv_heads, head_size, rotary_dim, neox, *, offsets=False,
@@ -238,13 +237,12 @@ def _dual_chunk_case(name, tokens, q_heads, kv_heads, head_size, rotary_dim, neo
     return LayerCase(name, make_kwargs, make_inputs, level=level)
 
 
-DualChunkRotaryEmbedding.tolerances = ROPE_TOLERANCES
-DualChunkRotaryEmbedding.conformance_cases = [
+declare_cases(DualChunkRotaryEmbedding, tolerances=ROPE_TOLERANCES, cases=[
     _dual_chunk_case("tokens=9,heads=4/2,head=64,neox", 9, 4, 2, 64, 64, True),
     _dual_chunk_case("tokens=9,heads=4/2,head=64,gptj", 9, 4, 2, 64, 64, False),
     _dual_chunk_case("tokens=5,heads=2/1,head=80,rot=32,neox,offsets", 5, 2, 1, 80, 32, True, offsets=True),
     _dual_chunk_case("tokens=1,heads=1/1,head=32,neox", 1, 1, 1, 32, 32, True),
-]
+])
 
 
 def _apply_case(name, seq, heads, head_size, *, batch=None, neox=True, fp32=False, level="quick"):
@@ -258,11 +256,10 @@ def _apply_case(name, seq, heads, head_size, *, batch=None, neox=True, fp32=Fals
                      level=level)
 
 
-ApplyRotaryEmb.tolerances = ROPE_TOLERANCES
-ApplyRotaryEmb.conformance_cases = [
+declare_cases(ApplyRotaryEmb, tolerances=ROPE_TOLERANCES, cases=[
     _apply_case("seq=7,heads=4,head=64,neox", 7, 4, 64),
     _apply_case("seq=7,heads=4,head=64,gptj", 7, 4, 64, neox=False),
     _apply_case("batch=2,seq=5,heads=3,head=80,neox", 5, 3, 80, batch=2),
     _apply_case("seq=6,heads=2,head=32,gptj,fp32_compute", 6, 2, 32, neox=False, fp32=True),
     _apply_case("seq=1,heads=1,head=2,neox", 1, 1, 2),
-]
+])

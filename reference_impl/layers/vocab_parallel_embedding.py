@@ -20,7 +20,7 @@ from reference_impl.custom_op import CustomOp
 from reference_impl.distributed import GroupCoordinator, get_tp_group
 from reference_impl.ir.cases import randn
 from reference_impl.ir.op import DEFAULT_TOLERANCES
-from reference_impl.layers.cases import LayerCase
+from reference_impl.layers.cases import LayerCase, declare_cases
 from reference_impl.layers.linear import LINEAR_TOLERANCES
 
 DEFAULT_VOCAB_PADDING_SIZE = 64
@@ -297,16 +297,15 @@ def _lm_head_case(name, tokens, vocab, dim, *, org=None, bias=False, padding=DEF
                      make_inputs, init_params=_init_rows)
 
 
-VocabParallelEmbedding.tolerances = dict(DEFAULT_TOLERANCES)   # a lookup: exact up to the last bit
-VocabParallelEmbedding.conformance_cases = [
+# a lookup: exact up to the last bit
+declare_cases(VocabParallelEmbedding, tolerances=dict(DEFAULT_TOLERANCES), cases=[
     _embedding_case("tokens=9,vocab=300,dim=65", 9, 300, 65),
     _embedding_case("tokens=16,vocab=1026,org=1010,dim=32", 16, 1026, 32, org=1010),
     _embedding_case("tokens=7,vocab=100,dim=16,out_of_range_ids", 7, 100, 16, out_of_range=True),
     _embedding_case("tokens=1,vocab=5,dim=1,padding=8", 1, 5, 1, padding=8),
-]
-ParallelLMHead.tolerances = LINEAR_TOLERANCES
-ParallelLMHead.conformance_cases = [
+])
+declare_cases(ParallelLMHead, tolerances=LINEAR_TOLERANCES, cases=[
     _lm_head_case("tokens=5,vocab=300,dim=65", 5, 300, 65),
     _lm_head_case("tokens=4,vocab=1026,org=1010,dim=32,bias", 4, 1026, 32, org=1010, bias=True),
     _lm_head_case("tokens=1,vocab=5,dim=1,padding=8", 1, 5, 1, padding=8),
-]
+])

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from reference_impl.ir import strategies
 from reference_impl.ir.cases import OpCase, make_input
 from reference_impl.ir.op import register_op
 
@@ -130,15 +131,9 @@ def _cases(table, extra_args=()):
 
 def _property_args(gated: bool, extra_args=()):
     def draw_args(draw, dtype, device, gen):
-        from hypothesis import strategies as st
-
-        tokens = draw(st.integers(1, 9), label="tokens")
-        width = draw(st.integers(1, 1500), label="width")
-        opts = {
-            "scale": draw(st.sampled_from([1e-3, 1.0, 8.0]), label="scale"),
-            "layout": draw(st.sampled_from([None, "strided", "row_strided"]), label="layout"),
-        }
-        shape = (tokens, 2 * width if gated else width)
+        r = draw(strategies.rows(1500, (1e-3, 1.0, 8.0)), label="rows")
+        opts = {"scale": r.scale, "layout": r.layout}
+        shape = (r.tokens, 2 * r.width if gated else r.width)
         return (make_activation(shape, dtype, device, gen, opts), *extra_args)
 
     return draw_args

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from reference_impl.ir import strategies
 from reference_impl.ir.cases import OpCase, randn, row_strided
 from reference_impl.ir.op import register_op
 from reference_impl.ir.ops.layernorm import fused_add_rms_norm, rms_norm
@@ -78,12 +79,10 @@ fused_add_rms_norm_static_fp8_quant.add_cases(*(_fused_case(*row, with_residual=
 
 def _fused_property_args(with_residual: bool):
     def draw_args(draw, dtype, device, gen):
-        from hypothesis import strategies as st
-
-        tokens = draw(st.integers(1, 9), label="tokens")
-        hidden = draw(st.integers(1, 2100), label="hidden")
-        opts = {"weight": draw(st.booleans(), label="weight"),
-                "per_token": draw(st.booleans(), label="per_token")}
+        r = draw(strategies.rows(2100, (1.0,), layouts=(None,)), label="rows")
+        tokens, hidden = r.tokens, r.width
+        opts = {"weight": draw(strategies.flags(), label="weight"),
+                "per_token": draw(strategies.flags(), label="per_token")}
         x = randn((tokens, hidden), dtype, device, gen)
         res = randn((tokens, hidden), dtype, device, gen) if with_residual else None
         w = randn((hidden,), dtype, device, gen, scale=0.1, offset=1.0) if opts["weight"] else None

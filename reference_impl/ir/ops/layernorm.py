@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from reference_impl.ir import strategies
 from reference_impl.ir.cases import OpCase, make_input, randn
 from reference_impl.ir.op import register_op
 
@@ -95,17 +96,10 @@ fused_add_rms_norm.add_cases(*(_norm_case(n, s, lvl, o, True) for n, s, lvl, o i
 
 def _norm_property_args(with_residual):
     def draw_args(draw, dtype, device, gen):
-        from hypothesis import strategies as st
-
-        tokens = draw(st.integers(1, 9), label="tokens")
-        hidden = draw(st.integers(1, 2100), label="hidden")
-        scale = draw(st.sampled_from([1e-3, 1.0, 30.0]), label="scale")
-        opts = {
-            "scale": scale,
-            "layout": draw(st.sampled_from([None, "strided", "row_strided"]), label="layout"),
-            "weight": draw(st.booleans(), label="weight"),
-        }
-        variance_size = draw(st.one_of(st.none(), st.integers(1, hidden)), label="variance_size")
+        r = draw(strategies.rows(2100, (1e-3, 1.0, 30.0)), label="rows")
+        tokens, hidden = r.tokens, r.width
+        opts = {"scale": r.scale, "layout": r.layout, "weight": draw(strategies.flags(), label="weight")}
+        variance_size = draw(strategies.optional_size(hidden), label="variance_size")
         x = _activation((tokens, hidden), dtype, device, gen, opts)
         w = _weight(hidden, dtype, device, gen, opts)
         if with_residual:

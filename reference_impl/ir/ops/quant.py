@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from reference_impl.ir import strategies
 from reference_impl.ir.cases import OpCase, make_input
 from reference_impl.ir.op import register_op
 
@@ -138,14 +139,10 @@ dynamic_group_quant_fp8.add_cases(_group_case(*_QUANT_SHAPES[1], 64))
 
 def _quant_property_args(kind: str):
     def draw_args(draw, dtype, device, gen):
-        from hypothesis import strategies as st
-
-        tokens = draw(st.integers(1, 9), label="tokens")
-        groups = draw(st.integers(1, 8), label="groups")
-        scale = draw(st.sampled_from([1e-3, 1.0, 100.0]), label="scale")
-        x = _x((tokens, groups * 128), dtype, device, gen, {"scale": scale})
+        r = draw(strategies.rows(8 * 128, (1e-3, 1.0, 100.0), layouts=(None,), width_step=128), label="rows")
+        x = _x((r.tokens, r.width), dtype, device, gen, {"scale": r.scale})
         if kind == "dynamic":
-            return (x, draw(st.booleans(), label="per_token"), None)
+            return (x, draw(strategies.flags(), label="per_token"), None)
         if kind == "group":
             return (x, 128)
         s = (x.float().abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=FP8_MIN_SCALE)

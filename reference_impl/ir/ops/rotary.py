@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from reference_impl.ir import strategies
 from reference_impl.ir.cases import OpCase, randn, row_strided
 from reference_impl.ir.op import register_op
 
@@ -123,19 +124,12 @@ rotary_embedding_query.add_cases(*(_rope_case(*row, with_key=False) for row in _
 
 def _rope_property_args(with_key: bool):
     def draw_args(draw, dtype, device, gen):
-        from hypothesis import strategies as st
-
-        tokens = draw(st.integers(1, 9), label="tokens")
-        kv_heads = draw(st.integers(1, 4), label="kv_heads")
-        q_heads = kv_heads * draw(st.integers(1, 3), label="group")
-        half_rot = draw(st.integers(1, 64), label="rotary_dim/2")
-        head_size = 2 * half_rot + draw(st.integers(0, 40), label="pass_dims")
-        neox = draw(st.booleans(), label="neox")
-        positions, q, k, cache = _rope_inputs(tokens, q_heads, kv_heads, head_size, 2 * half_rot,
+        h = draw(strategies.rope_heads(), label="heads")
+        positions, q, k, cache = _rope_inputs(h.tokens, h.q_heads, h.kv_heads, h.head_size, h.rotary_dim,
                                               dtype, device, gen, {})
         if with_key:
-            return (positions, q, k, head_size, cache, neox)
-        return (positions, q, head_size, cache, neox)
+            return (positions, q, k, h.head_size, cache, h.neox)
+        return (positions, q, h.head_size, cache, h.neox)
 
     return draw_args
 

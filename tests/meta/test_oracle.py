@@ -1,0 +1,119 @@
+"""Unit tests of the oracle every numerics verdict and every kernel test goes through (in-process, fast)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conformance.checks.common import compare_outputs
+from conformance.oracle import assert_matches_native, judge
+from conformance.results import Outcome
+from reference_impl import ir
+
+HINT = "override(atol={atol:.2g}, rtol={rtol:g})"
+
+
+def cmp(out, ref, golden=None, atol=1e-3, rtol=0.0, compare_nan=True, dtype=torch.float32):
+    return compare_outputs(out, ref, golden, atol=atol, rtol=rtol, compare_nan=compare_nan, dtype=dtype,
+                           tolerance_hint=HINT)
+
+
+def test_equal_outputs_pass_with_zero_error():
+    ref = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+    c = cmp(ref.clone(), ref)
+    assert c.outcome is Outcome.PASS and c.max_abs_err == 0.0
+
+
+def test_tolerance_edge_is_inclusive_and_just_past_it_fails():
+    ref = torch.zeros(3, dtype=torch.float64)
+    assert cmp(ref + 1e-3, ref, atol=1e-3).outcome is Outcome.PASS
+    c = cmp(ref + 1.5e-3, ref, atol=1e-3)
+    assert c.outcome is Outcome.FAIL
+    assert "3 of 3 elements outside atol=0.001" in c.message and c.max_abs_err == pytest.approx(1.5e-3)
+
+
+def test_rtol_scales_with_native_magnitude():
+    ref = torch.tensor([1000.0, 1.0])
+    assert cmp(ref + torch.tensor([0.5, 0.0]), ref, atol=0.0, rtol=1e-3).outcome is Outcome.PASS
+    assert cmp(ref + torch.tensor([0.0, 0.5]), ref, atol=0.0, rtol=1e-3).outcome is Outcome.FAIL
+
+
+def test_nan_positions_must_match_when_compared():
+    ref = torch.tensor([1.0, math.nan, 3.0])
+    assert cmp(ref.clone(), ref).outcome is Outcome.PASS
+    moved = torch.tensor([math.nan, 2.0, 3.0])
+    c = cmp(moved, ref)
+    assert c.outcome is Outcome.FAIL and "nan positions differ from native (2 elements); first at index (0,)" in c.message
+    # where the op leaves NaN positions unspecified, only the other elements are compared
+    assert cmp(torch.tensor([1.0, 7.0, 3.0]), ref, compare_nan=False).outcome is Outcome.PASS
+    assert cmp(torch.tensor([1.0, math.nan, 3.0]), torch.tensor([1.0, 2.0, 3.0]), compare_nan=False).outcome is Outcome.FAIL
+
+
+def test_infinities_must_be_reproduced_exactly():
+    ref = torch.tensor([math.inf, -math.inf, 0.0])
+    assert cmp(ref.clone(), ref).outcome is Outcome.PASS
+    c = cmp(torch.tensor([math.inf, 1e30, 0.0]), ref)
+    assert c.outcome is Outcome.FAIL and "native gives -inf at index (1,)" in c.message
+
+
+def test_dtype_and_shape_must_equal_natives():
+    ref = torch.zeros(2, 3)
+    c = cmp(torch.zeros(2, 3, dtype=torch.float64), ref)
+    assert c.outcome is Outcome.FAIL and "dtype is float64, native gives float32" in c.message
+    c = cmp(torch.zeros(3, 2), ref)
+    assert c.outcome is Outcome.FAIL and "shape is (3, 2), native gives (2, 3)" in c.message
+
+
+def test_tuples_are_compared_element_by_element_and_structure_must_match():
+    a, b = torch.zeros(2), torch.ones(2)
+    assert cmp((a.clone(), b.clone()), (a, b)).outcome is Outcome.PASS
+    c = cmp((a.clone(), b + 1), (a, b))
+    assert c.outcome is Outcome.FAIL and c.message.startswith("output 1:")
+    assert "returned a tuple of 1, native returns a tuple of 2" in cmp((a,), (a, b)).message
+    assert "returned Tensor, native returns a tuple of 2" in cmp(a, (a, b)).message
+
+
+def test_none_outputs_match_only_none():
+    a = torch.zeros(2)
+    assert cmp((a.clone(), None), (a, None)).outcome is Outcome.PASS
+    c = cmp((a.clone(), a.clone()), (a, None))
+    assert c.outcome is Outcome.FAIL and "output 1 is Tensor, native returns NoneType" in c.message
+    c = cmp((a.clone(), None), (a, a))
+    assert c.outcome is Outcome.FAIL and "output 1 is NoneType, native returns a Tensor" in c.message
+
+
+def test_empty_outputs_pass():
+    assert cmp(torch.zeros(0, 4), torch.zeros(0, 4)).outcome is Outcome.PASS
+
+
+def test_golden_grading_warns_on_clearly_worse_results_within_tolerance():
+    gold = torch.zeros(8, dtype=torch.float64)
+    ref = torch.full((8,), 1e-5)
+    worse = torch.full((8,), 9e-4)          # within atol of native, 90x native's error against float64
+    c = cmp(worse, ref, gold, atol=1e-3)
+    assert c.outcome is Outcome.QUALITY_WARNING and "clearly worse" in c.message
+
+
+def test_fp8_outputs_are_compared_as_values():
+    ref = torch.tensor([0.5, 1.0, -2.0]).to(torch.float8_e4m3fn)
+    assert cmp(ref.clone(), ref, dtype=torch.bfloat16).outcome is Outcome.PASS
+    c = cmp(torch.tensor([0.5, 1.0, 2.0]).to(torch.float8_e4m3fn), ref, dtype=torch.bfloat16)
+    assert c.outcome is Outcome.FAIL
+
+
+def test_judge_runs_native_on_copies_and_uses_the_ops_tolerance():
+    op = ir.ops.rms_norm
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+    w = torch.ones(8)
+    args = (x, w, 1e-6, None)
+    before = x.clone()
+    good = op.native_fn(x.clone(), w, 1e-6, None)
+    assert judge(op, args, good, torch.float32).outcome is Outcome.PASS
+    assert torch.equal(x, before)
+    atol, _ = op.get_tolerance(torch.float32)
+    c = judge(op, args, good + 10 * atol, torch.float32)
+    assert c.outcome is Outcome.FAIL and "ir.ops.rms_norm.override_tolerance" not in c.message[:20]
+    with pytest.raises(AssertionError, match="^rms case: output: 24 of 24 elements outside"):
+        assert_matches_native(op, args, good + 10 * atol, torch.float32, "rms case")
