@@ -13,9 +13,10 @@ import functools
 
 import torch
 
-from conformance.checks import lookup
+from conformance.checks import lookup, traced_values
 from conformance.checks.common import (
     CheckContext,
+    KernelRaised,
     Verdict,
     as_outputs,
     call_impl,
@@ -76,6 +77,14 @@ def _donation_rejected(exc: BaseException, error_type: type) -> bool:
     return False
 
 
+def _traced_value_failure(exc: KernelRaised, impl, form: str, where: str) -> Verdict:
+    """FAIL when lowering hit a branch on tensor values inside the implementation; else re-raise."""
+    problem = traced_values.diagnosis(exc, impl.impl_fn)
+    if problem is None:
+        raise exc
+    return failed(f"{form}: {problem}{where}")
+
+
 def ir_compile(ctx: CheckContext, unit: Unit) -> Verdict:
     reason = availability()
     if reason is not None:
@@ -106,7 +115,10 @@ def ir_compile(ctx: CheckContext, unit: Unit) -> Verdict:
             inputs = clone_args(args)
             _mark_batch_dynamic(op, inputs)
             graphs0, breaks0 = _graph_counters()
-            out = call_impl(f"compiled {form} {op.name}", compiled, *inputs)
+            try:
+                out = call_impl(f"compiled {form} {op.name}", compiled, *inputs)
+            except KernelRaised as exc:
+                return _traced_value_failure(exc, impl, form, where)
             cmp = compare_outputs(out, eager, None, atol=atol, rtol=rtol, compare_nan=True, dtype=dtype,
                                   tolerance_hint="(compiled and eager must agree)")
             if cmp.outcome is Outcome.FAIL:
@@ -129,7 +141,10 @@ def ir_compile(ctx: CheckContext, unit: Unit) -> Verdict:
                 notes.append("lowered graph not exposed by the backend: IR-op-left check not run")
             n = inputs[op.activation_indices[0]].shape[0]
             bigger = clone_args(with_batch(op, args, 2 * n + 3))
-            call_impl(f"compiled {form} {op.name} at a new batch size", compiled, *bigger)
+            try:
+                call_impl(f"compiled {form} {op.name} at a new batch size", compiled, *bigger)
+            except KernelRaised as exc:
+                return _traced_value_failure(exc, impl, form, where)
             graphs1, breaks1 = _graph_counters()
             if graphs1 - graphs0 > 1:
                 return failed(f"{form}: changing the batch size from {n} to {2 * n + 3} recompiled "
