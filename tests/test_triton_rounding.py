@@ -93,17 +93,34 @@ def child(out_path: str) -> None:
     torch.save({k: v.cpu() for k, v in outs.items()}, out_path)
 
 
+def child_compile(out_path: str) -> None:
+    """Compile the test kernel for an sm_90 target (no GPU needed), as the GPU run would."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {"x_ptr": "*fp32", "bf16_ptr": "*fp32", "bf16_store_ptr": "*bf16", "f16_ptr": "*fp32",
+                 "e4m3_ptr": "*fp32", "fp8_ptr": "*fp32", "fp8_store_ptr": "*fp8e4nv", "n": "i32",
+                 "BLOCK": "constexpr"}
+    compiled = triton.compile(ASTSource(fn=rounding_kernel, signature=signature, constexprs={"BLOCK": 1024}),
+                              target=GPUTarget("cuda", 90, 32))
+    Path(out_path).write_text("cubin" if "cubin" in compiled.asm else "no cubin")
+
+
 # ----- parent side --------------------------------------------------------------------------------
-def _run_child(tmp_path: Path, interpret: bool) -> dict[str, torch.Tensor]:
-    out = tmp_path / "rounding.pt"
+def _spawn(out: Path, mode: str, interpret: bool) -> None:
     env = dict(os.environ)
     if interpret:
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run([sys.executable, str(HERE), str(out)], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(HERE), mode, str(out)], env=env, capture_output=True, text=True,
                           timeout=CHILD_TIMEOUT_S)
     assert proc.returncode == 0 and out.exists(), f"child exited with {proc.returncode}:\n{proc.stderr[-4000:]}"
+
+
+def _run_child(tmp_path: Path, interpret: bool) -> dict[str, torch.Tensor]:
+    out = tmp_path / "rounding.pt"
+    _spawn(out, "run", interpret)
     return torch.load(out)
 
 
@@ -130,6 +147,14 @@ def _check(got, expected, where=None):
     where = torch.ones_like(x_bits, dtype=torch.bool) if where is None else where
     bad = _mismatches(got.float(), expected.float(), x_bits, where)
     assert not bad, "differs from torch on: " + "; ".join(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the 'gpu' parameter compiles and runs the kernel")
+def test_rounding_kernel_compiles_for_sm90(tmp_path):
+    """The helpers as the GPU compiles them (the integer NaN tests included), without a GPU."""
+    out = tmp_path / "compile.txt"
+    _spawn(out, "compile", interpret=False)
+    assert out.read_text() == "cubin"
 
 
 def test_input_set_has_the_gpu_patterns():
@@ -218,4 +243,4 @@ if __name__ == "__main__":
         tl.store(fp8_ptr + offs, q, mask=mask)
         tl.store(fp8_store_ptr + offs, q.to(tl.float8e4nv), mask=mask)
 
-    child(sys.argv[1])
+    {"run": child, "compile": child_compile}[sys.argv[1]](sys.argv[2])
