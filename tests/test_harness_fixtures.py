@@ -39,7 +39,8 @@ def test_demo_plugin_is_conformant_without_false_positives(tmp_path):
     assert "RMSNorm -> conformance_demo.layers.DemoRMSNorm" in run.output
 
 
-# fixture -> (pytest selection, family, outcome, op, message fragment, whether a clean result must also show)
+# fixture -> (pytest selection, family, outcome, message fragment or alternatives, whether a clean result
+# must also show)
 FAULTS = {
     "odd_numerics": (["-k", "numerics and rms_norm and float32"], "numerics", "FAIL", "hidden=769", True),
     "strides": (["-k", "numerics and float32 and ir_case"], "numerics", "FAIL", "strided", True),
@@ -67,8 +68,10 @@ FAULTS = {
                        "CudaOnlyRMSNorm defines forward_cuda but platform 'broken_oot_never_runs' (OOT) calls "
                        "forward_oot, inherited from CustomOp, which falls back to forward_native: the replacement's "
                        "own code never runs", True),
+    # Depending on the torch version, is_compiling() steers the trace (wrong result) or the value read
+    # raises a data-dependent guard while lowering (2.11): a compile FAIL either way.
     "traced_branch": (["-k", "rms_norm and float32 and (compile or numerics) and not fused"], "compile", "FAIL",
-                      "compiled result differs from eager", True),
+                      ("compiled result differs from eager", "branches on tensor values while traced"), True),
 }
 
 
@@ -118,7 +121,9 @@ def test_broken_plugin_is_caught_by_the_right_family(tmp_path, fault):
     assert run.returncode != 0
     assert run.doc["verdict"] == "NOT_CONFORMANT"
     assert "verdict: NOT_CONFORMANT" in run.output
-    hits = [r for r in run.where(check=family, outcome=outcome) if fragment in (r["message"] + (r["case"] or ""))]
+    fragments = fragment if isinstance(fragment, tuple) else (fragment,)
+    hits = [r for r in run.where(check=family, outcome=outcome)
+            if any(f in (r["message"] + (r["case"] or "")) for f in fragments)]
     assert hits, f"no {family} {outcome} mentioning {fragment!r}:\n" + "\n".join(
         f"{r['check']} {r['outcome']} {r['case']}: {(r['message'] or '')[:200]}" for r in run.results)
     if clean_too:   # the fault is specific: something else of the same run passes

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -338,14 +339,43 @@ def test_inplace_kernel_compiles_with_functionalization(built):
 
 @needs_build
 def test_kernel_errors_name_the_problem(built):
-    with pytest.raises(RuntimeError, match="reference_cpu::rms_norm: unsupported dtype"):
-        built.rms_norm(torch.ones(2, 4, dtype=torch.float64), None, 1e-6, None)
-    with pytest.raises(RuntimeError, match="same shape"):
-        built.fused_add_rms_norm(_x(2, 8), _x(3, 8), None, 1e-6, None)
-    with pytest.raises(IndexError, match="position 99 is out of range"):
-        args = list(_rope_args())
-        args[0] = torch.full((4,), 99)
-        built.rotary_embedding(*args)
+    """The argument checks raise named errors. The calls run in a child process: an error path that
+    crashes the library (a worker died here on a GPU machine) fails this test with the child's
+    signal and native stack instead of killing the pytest worker."""
+    result = _child("""
+        import faulthandler, torch
+        from reference_impl.ir.ops.rotary import compute_cos_sin_cache
+        from reference_impl.kernels import _cpp_build
+        faulthandler.enable()
+        _cpp_build.load()
+        ops = torch.ops.reference_cpu
+        bf16 = lambda *shape: torch.randn(*shape).to(torch.bfloat16)
+        cache = compute_cos_sin_cache(64, 64, 64, 10000.0, torch.bfloat16)
+        calls = {
+            "dtype": lambda: ops.rms_norm(torch.ones(2, 4, dtype=torch.float64), None, 1e-6, None),
+            "shape": lambda: ops.fused_add_rms_norm(bf16(2, 8), bf16(3, 8), None, 1e-6, None),
+            "position": lambda: ops.rotary_embedding(torch.full((4,), 99), bf16(4, 128), bf16(4, 64), 64, cache,
+                                                     True),
+        }
+        for name, call in calls.items():
+            print(f"calling {name}", flush=True)
+            try:
+                call()
+                print(f"{name}: no error", flush=True)
+            except Exception as exc:
+                print(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
+    """)
+    if result.returncode < 0:
+        pytest.fail(f"the child died of signal {signal.Signals(-result.returncode).name} after:\n"
+                    f"{result.stdout}\n{result.stderr[-4000:]}")
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [ln for ln in result.stdout.splitlines() if not ln.startswith("calling ")]
+    assert len(lines) == 3, result.stdout
+    assert lines[0].startswith("dtype: RuntimeError: reference_cpu::rms_norm: unsupported dtype Double"), lines[0]
+    assert lines[1].startswith("shape: RuntimeError: reference_cpu::fused_add_rms_norm: x [2, 8] BFloat16 and "
+                               "x_residual [3, 8] BFloat16 must have the same shape and dtype"), lines[1]
+    assert lines[2].startswith("position: IndexError: reference_cpu::rotary_embedding: position 99 is out of "
+                               "range for a cos_sin_cache of 64 rows"), lines[2]
 
 
 # ----- build and toolchain ------------------------------------------------------------------------

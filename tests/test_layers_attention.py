@@ -14,6 +14,7 @@ from reference_impl.config import CompilationConfig, RuntimeConfig, set_current_
 from reference_impl.custom_op import CustomOp
 from reference_impl.layers.attention import MMEncoderAttention, MultiHeadLatentAttentionWrapper
 from reference_impl.layers.layernorm import RMSNorm
+from reference_impl.platforms import activate_platform
 
 # IR rms_norm normalizes in float32 even for float64 inputs, so MLA agrees with float64 formulas
 # to float32 precision only.
@@ -256,7 +257,8 @@ def test_mla_native_uses_sub_layers_native_while_platform_forward_dispatches_the
             return self.forward_native(x, residual)
 
     try:
-        with set_current_config(RuntimeConfig(CompilationConfig(custom_ops=["all"]))):
+        # forward_cpu dispatches the sub-layers through the current platform: make it the CPU one.
+        with activate_platform("cpu"), set_current_config(RuntimeConfig(CompilationConfig(custom_ops=["all"]))):
             layer = MultiHeadLatentAttentionWrapper(**DIMS, scale=None, q_lora_rank=16)
             assert type(layer.kv_a_layernorm) is CountingRMSNorm
             h, positions = torch.randn(3, 32), torch.arange(3)

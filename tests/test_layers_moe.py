@@ -23,6 +23,7 @@ from reference_impl.layers.fused_moe import (
     UnquantizedFusedMoEMethod,
     distinct_logits,
 )
+from reference_impl.platforms import activate_platform
 
 W32 = {"atol": 1e-6, "rtol": 1e-6}   # routing weights are float32
 
@@ -283,7 +284,8 @@ def test_layer_native_path_is_native_and_platform_path_dispatches_the_method():
             return self.forward_native(*args)
 
     try:
-        with set_current_config(RuntimeConfig(CompilationConfig(custom_ops=["all"]))):
+        # forward_cpu dispatches the method through the current platform: make it the CPU one.
+        with activate_platform("cpu"), set_current_config(RuntimeConfig(CompilationConfig(custom_ops=["all"]))):
             layer = _moe()
             assert type(layer.quant_method) is CountingMethod
             x, logits = f64(3, 16, seed=14), _logits(3, 8)

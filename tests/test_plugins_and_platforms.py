@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -81,11 +85,25 @@ def fresh_platform(monkeypatch):
     platforms._generation += 1
 
 
-def test_builtin_detection_is_truthful_here():
-    assert resolve_current_platform_cls_qualname().endswith("CpuPlatform")
-    assert not torch.cuda.is_available()
+def _devices_here() -> dict[str, bool]:
+    """What this machine really has, asked of torch directly (not of the detectors under test)."""
+    gpu = torch.cuda.is_available()
+    xpu = getattr(torch, "xpu", None)
+    return {"cuda": gpu and torch.version.cuda is not None,
+            "rocm": gpu and getattr(torch.version, "hip", None) is not None,
+            "xpu": xpu is not None and xpu.is_available()}
+
+
+def test_builtin_detection_is_truthful_here(monkeypatch, fresh_platform):
+    monkeypatch.setenv("REFERENCE_IMPL_PLUGINS", "")  # built-in detection only
+    present = [name for name, here in _devices_here().items() if here]
+    expected = {"cuda": "CudaPlatform", "rocm": "RocmPlatform", "xpu": "XpuPlatform"}[present[0]] if present \
+        else "CpuPlatform"
+    assert resolve_current_platform_cls_qualname() == f"reference_impl.platforms.builtin.{expected}"
     p = get_current_platform()
-    assert p.is_cpu() and not p.is_cuda_alike() and not p.is_out_of_tree()
+    assert p.is_cpu() is (not present)
+    assert p.is_cuda_alike() is any(_devices_here()[n] for n in ("cuda", "rocm"))
+    assert not p.is_out_of_tree()
 
 
 def test_entry_points_are_discovered_and_loaded(vendor):
@@ -163,15 +181,15 @@ def test_no_active_platform_gives_unspecified(monkeypatch, fresh_platform):
 def test_activate_by_entry_point_name_loads_own_general_plugins_and_restores(vendor):
     ep, mod = vendor(general=True)
     other_ep, other_mod = vendor(general=True)
-    before = get_current_platform()
-    with activate_platform(ep) as p:
-        assert get_current_platform() is p and p.device_name == ep
-        import importlib
+    with activate_platform(CpuPlatform()) as before:  # a known current platform, whatever ran earlier
+        with activate_platform(ep) as p:
+            assert get_current_platform() is p and p.device_name == ep
+            import importlib
 
-        calls = importlib.import_module(mod).CALLS
-        assert calls == ["register", "general"]
-        assert importlib.import_module(other_mod).CALLS == []  # other distributions untouched
-    assert get_current_platform() is before
+            calls = importlib.import_module(mod).CALLS
+            assert calls == ["register", "general"]
+            assert importlib.import_module(other_mod).CALLS == []  # other distributions untouched
+        assert get_current_platform() is before
 
 
 def test_activate_plugin_whose_register_returns_none(vendor):
@@ -187,10 +205,57 @@ def test_activate_unknown_name_lists_known_names():
             pass
 
 
-def test_activate_builtin_without_its_device():
-    with pytest.raises(PlatformActivationError, match="'cuda' is not available"):
-        with activate_platform("cuda"):
+@pytest.mark.parametrize("name", ["cuda", "rocm", "xpu"])
+def test_activate_builtin_needs_its_device(name):
+    """Explicit activation of an accelerator platform works exactly where its device is present."""
+    if _devices_here()[name]:
+        with activate_platform(name) as p:
+            assert get_current_platform() is p and p.device_name == name
+    else:
+        with pytest.raises(PlatformActivationError, match=f"'{name}' is not available in this process"):
+            with activate_platform(name):
+                pass
+
+
+def test_cpu_platform_activates_on_any_machine():
+    """The CPU is always usable: `--platform=cpu` runs on an accelerator machine too, where the
+    CPU platform is not the default."""
+    with activate_platform("cpu") as p:
+        assert p.is_cpu() and get_current_platform() is p
+
+
+def test_simulated_gpu_machine_resolves_cuda_and_still_activates_cpu():
+    """On a machine whose torch reports a CUDA device (simulated in a child process), detection
+    gives the cuda platform, `cpu` still activates explicitly, and an absent device is refused."""
+    code = textwrap.dedent("""
+        import os, torch
+        torch.cuda.is_available = lambda: True
+        torch.cuda.device_count = lambda: 1
+        torch.version.cuda = torch.version.cuda or "13.0"
+        os.environ["REFERENCE_IMPL_PLUGINS"] = ""
+        from reference_impl.platforms import (PlatformActivationError, activate_platform, builtin,
+                                              resolve_current_platform_cls_qualname)
+        from reference_impl.platforms.builtin import builtin_device_available
+        print("resolved", resolve_current_platform_cls_qualname())
+        print("cpu detector", builtin.BUILTIN_PLATFORM_DETECTORS["cpu"]())
+        print("cpu available", builtin_device_available("cpu"))
+        with activate_platform(builtin.CpuPlatform()) as p:   # instance: skips kernel imports of cuda
             pass
+        from reference_impl.platforms import load_platform
+        print("load cpu", type(load_platform("cpu")).__name__)
+        try:
+            load_platform("xpu")
+        except PlatformActivationError as exc:
+            print("xpu refused:", exc)
+    """)
+    env = {**os.environ, "REFERENCE_IMPL_PLUGINS": ""}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "resolved reference_impl.platforms.builtin.CudaPlatform"
+    assert lines[1:4] == ["cpu detector None", "cpu available True", "load cpu CpuPlatform"]
+    assert lines[4] == "xpu refused: built-in platform 'xpu' is not available in this process " \
+        "(its device was not detected)"
 
 
 def test_platform_predicates_and_defaults():

@@ -97,14 +97,20 @@ def check_maybe_inplace(op, impl, args, dtype) -> tuple[list[str], str | None]:
     return [f"maybe_inplace: {p}" for p in problems], note
 
 
+def _is_opcheck_error(exc: BaseException) -> bool:
+    """opcheck's failure type lives in a private module (torch.testing._internal); it is recognised by
+    name so a torch release that moves it still gives a FAIL, not an ImportError."""
+    return any(cls.__name__ == "OpCheckError" for cls in type(exc).__mro__)
+
+
 def check_opcheck(op, impl, args) -> list[str]:
     """torch.library.opcheck's schema (SchemaCheckMode) and fake-tensor tests on the functional op."""
-    from torch.testing._internal.optests.generate_tests import OpCheckError
-
     try:
         with op.set_priority([impl.provider]):
             torch.library.opcheck(op.torch_op, clone_args(args), test_utils=("test_schema", "test_faketensor"))
-    except OpCheckError as exc:
+    except Exception as exc:  # noqa: BLE001 - only opcheck's verdict is ours; anything else propagates
+        if not _is_opcheck_error(exc):
+            raise
         cause = str(exc).replace(" (scroll up for stack trace)", "")
         return [f"torch.library.opcheck: {cause}"]
     return []

@@ -45,12 +45,21 @@ WRAP_IN_CUSTOM_OP = ("wrap the kernel launch in a torch.library custom op (torch
                      "implementation (register_fake) that returns empty outputs of the right shape, dtype and "
                      "device, and call that op from the implementation")
 
-# (exception type names or None, message pattern or None, problem, fix): the first row that matches wins.
-RULES: list[tuple[tuple[str, ...] | None, str | None, str, str]] = [
-    (None, r"Cannot access data pointer of Tensor", READS_FAKE_DATA, WRAP_IN_CUSTOM_OP),
-    (None, r"Cannot call \w+\(\) on tensor with symbolic sizes", READS_FAKE_DATA, WRAP_IN_CUSTOM_OP),
-    (None, r"\.numpy\(\) is not supported for tensor subclasses", READS_FAKE_DATA, WRAP_IN_CUSTOM_OP),
-    (("DataDependentOutputException",), None, READS_FAKE_DATA, WRAP_IN_CUSTOM_OP),
+BRANCHES_ON_VALUES = ("not traceable by make_fx: it branches on tensor values while traced (a Python branch on "
+                      "`bool(t)` / `t.item()`; some torch versions raise a data-dependent guard there, others "
+                      "trace one side of the branch)")
+NO_VALUE_BRANCHES = ("decide from static properties (shapes, dtypes, argument values) in Python, and move any "
+                     "value-dependent choice into the kernel or into a torch.library custom op")
+
+# (exception type names or None, message pattern or None, problem, fix, raised inside the implementation only):
+# the first row that matches wins. A data-dependent guard is the implementation's fault only when raised through
+# its own frame; the harness or the pipeline can raise the same type.
+RULES: list[tuple[tuple[str, ...] | None, str | None, str, str, bool]] = [
+    (None, r"Cannot access data pointer of Tensor", READS_FAKE_DATA, WRAP_IN_CUSTOM_OP, False),
+    (None, r"Cannot call \w+\(\) on tensor with symbolic sizes", READS_FAKE_DATA, WRAP_IN_CUSTOM_OP, False),
+    (None, r"\.numpy\(\) is not supported for tensor subclasses", READS_FAKE_DATA, WRAP_IN_CUSTOM_OP, False),
+    (("DataDependentOutputException",), None, READS_FAKE_DATA, WRAP_IN_CUSTOM_OP, False),
+    (("GuardOnDataDependentSymNode",), None, BRANCHES_ON_VALUES, NO_VALUE_BRANCHES, True),
 ]
 
 
@@ -90,16 +99,24 @@ def _vendor_frame(exc: BaseException, impl_fn=None) -> str | None:
     return f"{os.sep.join(found.filename.split(os.sep)[-2:])}:{found.lineno} in {found.name}"
 
 
+def _raised_inside(exc: BaseException, impl_fn) -> bool:
+    """Whether `exc`'s traceback passes through `impl_fn`'s own frame."""
+    code = getattr(impl_fn, "__code__", None)
+    return code is not None and any(frame.f_code is code for frame, _ in traceback.walk_tb(exc.__traceback__))
+
+
 def classify_lowering_failure(exc: BaseException, impl_fn=None) -> LoweringFailure | None:
     """The diagnosis of a failed trace or compile, from its exception chain; None when unrecognised.
     `impl_fn`, when given, locates the failing line in the implementation's own package."""
     for current in _chain(exc):
         names = {cls.__name__ for cls in type(current).__mro__}
         text = str(current)
-        for types_, pattern, problem, fix in RULES:
+        for types_, pattern, problem, fix, inside_only in RULES:
             if types_ is not None and not names & set(types_):
                 continue
             if pattern is not None and not re.search(pattern, text):
+                continue
+            if inside_only and not _raised_inside(current, impl_fn):
                 continue
             return LoweringFailure(problem, fix, exception_line(current), _vendor_frame(current, impl_fn))
     return None

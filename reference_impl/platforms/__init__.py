@@ -20,6 +20,7 @@ from reference_impl.platforms.builtin import (
     TpuPlatform,
     UnspecifiedPlatform,
     XpuPlatform,
+    builtin_device_available,
 )
 from reference_impl.platforms.interface import Platform, PlatformEnum
 from reference_impl.plugins import (
@@ -127,8 +128,7 @@ def load_platform(name: str) -> Platform:
     Only that plugin and the general plugins of its own distribution are loaded.
     """
     if name in BUILTIN_PLATFORM_CLASSES:
-        detector = BUILTIN_PLATFORM_DETECTORS.get(name)
-        if detector is not None and detector() is None:
+        if not builtin_device_available(name):
             raise PlatformActivationError(f"built-in platform '{name}' is not available in this process "
                                           "(its device was not detected)")
         return BUILTIN_PLATFORM_CLASSES[name]()

@@ -126,6 +126,20 @@ BUILTIN_PLATFORM_DETECTORS = {
     "tpu": _tpu_active,
 }
 
+
+
+def builtin_device_available(name: str) -> bool:
+    """Whether built-in platform `name` can be activated explicitly here: its device is usable.
+
+    Differs from its detector for the CPU, which is always usable but is only the *default*
+    platform where no accelerator is (so `--platform=cpu` also runs on a GPU machine).
+    """
+    if name == "cpu":
+        return True
+    detector = BUILTIN_PLATFORM_DETECTORS.get(name)
+    return detector is None or detector() is not None
+
+
 BUILTIN_PLATFORM_CLASSES: dict[str, type[Platform]] = {
     "cpu": CpuPlatform,
     "cuda": CudaPlatform,

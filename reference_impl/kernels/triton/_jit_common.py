@@ -5,6 +5,8 @@ code rounds (every eager op on a half-precision tensor rounds its result), so re
 native bit for bit wherever float32 arithmetic agrees. Roundings are done with integer
 arithmetic on the float32 bits because the Triton interpreter truncates float32 -> bfloat16 and
 mis-rounds float8; a value that is already representable converts exactly on every backend.
+The integer tricks must leave NaN a NaN whatever its payload: NVIDIA GPUs produce 0x7FFFFFFF,
+where adding a rounding bias carries into the exponent and sign (NaN would become -0 or Inf).
 """
 
 import triton
@@ -12,11 +14,22 @@ import triton.language as tl
 
 
 @triton.jit
+def _is_nan_bits(bits):
+    """Whether float32 bit patterns `bits` (uint32) are NaN: exponent all ones, mantissa non-zero.
+
+    Decided on the integers so no float compare (or fast-math assumption) is involved."""
+    return (bits & 0x7FFFFFFF) > 0x7F800000
+
+
+@triton.jit
 def round_to(x, DTYPE: tl.constexpr):
     """Round float32 `x` to the precision of DTYPE (nearest, ties to even), staying float32."""
     if DTYPE == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        # A NaN keeps its sign and stays NaN after truncation (quiet bit set); Inf rounds to itself.
+        quiet_nan = (bits | 0x00400000) & 0xFFFF0000
+        bits = tl.where(_is_nan_bits(bits), quiet_nan, rounded)
         return bits.to(tl.float32, bitcast=True)
     elif DTYPE == tl.float16:
         return x.to(tl.float16).to(tl.float32)
@@ -26,16 +39,19 @@ def round_to(x, DTYPE: tl.constexpr):
 
 @triton.jit
 def round_to_e4m3(v):
-    """Round float32 `v` (already clamped to [-448, 448]) to the nearest float8_e4m3fn value."""
-    a = tl.abs(v)
-    bits = a.to(tl.uint32, bitcast=True)
+    """Round float32 `v` (already clamped to [-448, 448]) to the nearest float8_e4m3fn value.
+
+    NaN (any payload) is returned as is; the clamp before it must propagate NaN."""
+    v_bits = v.to(tl.uint32, bitcast=True)
+    bits = v_bits & 0x7FFFFFFF
+    a = bits.to(tl.float32, bitcast=True)
     # Normal range (>= 2^-6): keep 3 mantissa bits, ties to even.
-    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
+    normal = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
     # Subnormal range: multiples of 2^-9; adding 2^14 puts the float32 ulp exactly at 2^-9.
-    subnormal = (a + 16384.0) - 16384.0
-    r = tl.where(a >= 0.015625, normal, subnormal)
-    sign = v.to(tl.uint32, bitcast=True) & 0x80000000
-    return (r.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    subnormal = ((a + 16384.0) - 16384.0).to(tl.uint32, bitcast=True)
+    r = tl.where(bits >= 0x3C800000, normal, subnormal)  # 0x3C800000 is 2^-6
+    r = tl.where(_is_nan_bits(bits), v_bits, r | (v_bits & 0x80000000))
+    return r.to(tl.float32, bitcast=True)
 
 
 @triton.jit
