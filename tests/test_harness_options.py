@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from conformance.results import CheckResult, Outcome, ResultsFile, validate_document, verdict
+from conformance.exit_codes import ExitCode
+from conformance.results import CheckResult, Outcome, ResultsFile, RunInfo, validate_document, verdict
 from conformance.waivers import WaiverFileError, apply_waivers, load_waivers, regression
 from harness_runner import PLUGINS, run_harness
 
@@ -23,7 +24,7 @@ from harness_runner import PLUGINS, run_harness
 ])
 def test_platform_that_cannot_load_stops_the_run_with_one_clear_line(tmp_path, platform, fragments):
     run = run_harness(tmp_path, platform, dist="broken")
-    assert run.returncode not in (0, 1)
+    assert run.returncode == ExitCode.USAGE_ERROR
     lines = [ln for ln in run.output.splitlines() if "cannot activate --platform" in ln]
     assert len(lines) == 1, run.output[-2000:]
     for fragment in fragments:
@@ -86,6 +87,9 @@ def test_repro_command_reruns_the_failing_case(tmp_path):
 def test_report_renders_markdown(tmp_path):
     doc = {"schema_version": 1, "platform": {"name": "p", "class": "m.P", "device_type": "cpu"},
            "environment": {"python": "3.11", "torch": "2.13.0", "reference_impl": "0.1.0", "seed": 1},
+           "run": {"level": "quick", "seed": 1, "selection": {"partial": False, "keyword": None, "markexpr": None,
+                                                              "paths": [], "shard": None},
+                   "expected_results": 1, "written_results": 1, "complete": True},
            "results": [CheckResult("suites/test_numerics.py::test_ir_case[x]", "numerics", "rms_norm", "p",
                                    "float32", "c", Outcome.FAIL, "bad", repro="python -m conformance repro").to_json()],
            "summary": {"FAIL": 1}, "verdict": "NOT_CONFORMANT"}
@@ -107,12 +111,16 @@ def test_schema_validation_names_problems():
 
 def test_results_file_is_valid_while_running_and_gates_until_finished(tmp_path):
     rf = ResultsFile(str(tmp_path / "r.json"), {"name": "p", "class": "m.P", "device_type": "cpu"},
-                     {"python": "3", "torch": "2", "reference_impl": "0", "seed": 1}, min_interval_s=0)
+                     {"python": "3", "torch": "2", "reference_impl": "0", "seed": 1}, min_interval_s=0,
+                     run=RunInfo("quick", 1, expected_results=1))
     rf.add(CheckResult("n", "numerics", "op", "p", "float32", "c", Outcome.PASS))
     partial = json.loads((tmp_path / "r.json").read_text())
     assert validate_document(partial) == [] and partial["verdict"] == "NOT_CONFORMANT"
+    assert partial["run"]["complete"] is False and partial["run"]["written_results"] == 1
     rf.write(final=True)
-    assert json.loads((tmp_path / "r.json").read_text())["verdict"] == "CONFORMANT"
+    final = json.loads((tmp_path / "r.json").read_text())
+    assert final["verdict"] == "CONFORMANT" and final["run"]["complete"] is True
+    assert validate_document(final) == []
 
 
 def test_verdict_rules():

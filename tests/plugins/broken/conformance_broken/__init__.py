@@ -7,7 +7,7 @@ its qualified name. tests/plugins/README.md lists the faults and how to add one.
 
 FAULTS = ("odd_numerics", "strides", "wrong_dtype", "mutates_input", "writes_weight", "returns_input",
           "batch_guard", "nonbool_supports", "oot_name", "missing_default", "raises", "hangs", "segfault",
-          "traced_branch")
+          "traced_branch", "no_epsilon")
 
 
 def _register(fault: str):
