@@ -18,6 +18,7 @@ class ExitCode(enum.IntEnum):
     INTERNAL_ERROR = 3
     USAGE_ERROR = 4
     NO_TESTS_COLLECTED = 5
+    MAX_WARNINGS_ERROR = 6
 
 
 MEANINGS = {
@@ -32,6 +33,8 @@ MEANINGS = {
                           "unreadable or wrong-shape waivers/baseline/results file, unknown check/op/case/dtype, "
                           "bad command-line arguments",
     ExitCode.NO_TESTS_COLLECTED: "the selection (-k, -m, paths) matched no check",
+    ExitCode.MAX_WARNINGS_ERROR: "pytest only: more warnings than --max-warnings allows (each QUALITY_WARNING "
+                                 "result is a warning)",
 }
 
 
