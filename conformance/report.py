@@ -145,7 +145,8 @@ def render_scorecard(results: Sequence[CheckResult], *, platform: str, ir_ops: S
                      layer_note: str | None = None, strict_xpass: bool = True,
                      regressions: Iterable[str] = (), run: dict | None = None, notes: Iterable[str] = (),
                      not_replaced: Sequence[str] | None = None) -> str:
-    complete, partial, banner = run_banner(run)
+    # run=None: the caller has no run block (results assembled in-process), so nothing to mark
+    complete, partial, banner = run_banner(run) if run is not None else (True, False, None)
     headers, rows = scorecard_rows(results)
     lines = [f"conformance scorecard: platform {platform}"]
     if banner:

@@ -44,6 +44,7 @@ def test_waivers_turn_failures_into_xfail_and_stale_ones_into_xpass(tmp_path):
     assert run.outcomes(case="tokens=7,hidden=769") == {"XFAIL"}
     assert run.outcomes(case="tokens=1,hidden=128") == {"XPASS"}
     assert run.doc["verdict"] == "NOT_CONFORMANT" and run.returncode == 1   # strict gate on XPASS
+    assert f"conformance: waivers {waivers} (2 waivers); baseline none" in run.output
 
 
 def test_baseline_pass_that_regresses_fails_the_run(tmp_path):
@@ -56,6 +57,7 @@ def test_baseline_pass_that_regresses_fails_the_run(tmp_path):
     assert run.returncode == 1
     assert "regressions against the baseline: 1" in run.output
     assert "PASS before, FAIL now" in run.output
+    assert f"conformance: waivers none; baseline {path} (1 results, 1 PASS guarded)" in run.output
 
 
 def test_xdist_results_cover_all_workers(tmp_path):
@@ -154,3 +156,52 @@ def test_plugin_is_inert_without_platform(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "1 passed" in proc.stdout
     assert "conformance:" not in proc.stdout and "scorecard" not in proc.stdout
+
+
+@pytest.mark.parametrize("name, content, fragment", [
+    ("w.json", {"a": 1}, "expected a list of waivers or {\"waivers\": [...]}, found top-level keys ['a']"),
+    ("w.json", {"waivers": {"op": "x"}}, "found a dict"),
+    ("w.json", "not json", "cannot read waivers file"),
+    ("w.toml", "[waivers]\nop = 'x'\n", "expected [[waiver]] tables, found top-level keys ['waivers']"),
+])
+def test_waivers_file_of_the_wrong_shape_is_an_error_naming_it(tmp_path, name, content, fragment):
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(WaiverFileError) as info:
+        load_waivers(str(path))
+    assert str(path) in str(info.value) and fragment in str(info.value)
+    empty = tmp_path / "empty.toml"
+    empty.write_text("# no waivers yet\n")
+    assert load_waivers(str(empty)) == []
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ({"a": 1}, "is not a results file: expected an object with a 'results' list, found top-level keys ['a']"),
+    ([1], "found a list"),
+    ({"results": [{"check": "numerics", "outcome": "GOOD"}]}, "results[0] is not a result"),
+])
+def test_baseline_of_the_wrong_shape_is_an_error_naming_it(tmp_path, content, fragment):
+    from conformance.waivers import load_baseline
+
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(WaiverFileError) as info:
+        load_baseline(str(path))
+    assert str(path) in str(info.value) and fragment in str(info.value)
+
+
+def test_allowlist_names_nothing_installed_or_is_bypassed(monkeypatch, caplog):
+    from reference_impl import plugins
+
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "nosuch, other")
+    assert plugins.unknown_allowlist_names() == ["nosuch", "other"]
+    with caplog.at_level("WARNING", logger=plugins.__name__):
+        assert plugins.load_plugins_by_group(plugins.PLATFORM_PLUGINS_GROUP) == {}
+    assert "REFERENCE_IMPL_PLUGINS=nosuch, other names 'nosuch', 'other', which no installed plugin declares" in \
+        caplog.text
+    assert plugins.allowlist_bypass_message("cpu", {"cpu"}) is None        # built-ins are not plugins
+    assert "bypasses the allowlist" in plugins.allowlist_bypass_message("vendor", {"cpu"})
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "vendor")
+    assert plugins.allowlist_bypass_message("vendor", {"cpu"}) is None
+    monkeypatch.delenv(plugins.PLUGINS_ENV)
+    assert plugins.unknown_allowlist_message() is None and plugins.allowlist_bypass_message("vendor", set()) is None
