@@ -1,8 +1,8 @@
 """Cause hints: what the pattern of failing and passing cases of one provider and op points to.
 
 Drawn only from the results (case names and dtypes): the op modules name their cases after what
-makes them special (`tiny`, `large`, `zeros`, `nan_row`, `strided`, `row_strided`, `no_weight`,
-`variance_size=N`, sizes as `hidden=769`, `d=100`, `head=80`, `tokens=1`), so a trait shared by
+makes them special (`tiny`, `near_eps`, `large`, `zeros`, `nan_row`, `strided`, `row_strided`,
+`no_weight`, `variance_size=N`, sizes as `hidden=769`, `d=100`, `head=80`, `tokens=1`), so a trait shared by
 every failing case and by few passing ones is a fact a vendor can act on.
 """
 
@@ -15,7 +15,8 @@ from conformance.results import CheckResult, Outcome
 
 FAILED = frozenset({Outcome.FAIL, Outcome.ERROR})
 PASSED = frozenset({Outcome.PASS, Outcome.QUALITY_WARNING})
-SIZE_KEYS = ("hidden", "d", "head", "rot", "group")
+SIZE_KEYS = ("hidden", "d", "head", "rot", "group", "dim")
+EPSILON_FLAGS = ("tiny", "near_eps")   # magnitudes where an epsilon term dominates
 VECTOR_WIDTH = 8   # a size that is no multiple of this leaves a tail for a vectorized loop
 
 
@@ -27,7 +28,7 @@ def case_traits(case: str | None) -> frozenset[str]:
         if not value:
             traits.add(key)
             continue
-        if key == "variance_size":
+        if key in ("variance_size", "var_hidden_size"):
             traits.add("variance_size")
         if key == "tokens" and value == "1":
             traits.add("one_row")
@@ -50,9 +51,9 @@ class Trait:
 # Most specific first: on equal evidence the earlier trait is named.
 TRAITS = (
     Trait("tiny magnitudes", "epsilon dominates there, so check the epsilon term (left out, or added after "
-          "the square root)", lambda t: "tiny" in t),
+          "the square root)", lambda t: any(f in t for f in EPSILON_FLAGS)),
     Trait("tiny magnitudes and all-zero inputs", "epsilon dominates there, so check the epsilon term",
-          lambda t: "tiny" in t or "zeros" in t),
+          lambda t: "zeros" in t or any(f in t for f in EPSILON_FLAGS)),
     Trait("large magnitudes", "overflow or lost precision: accumulate in float32 and scale before squaring",
           lambda t: "large" in t),
     Trait("NaN/Inf positions (nan_row cases)", "special values are not propagated as native does",
@@ -86,6 +87,10 @@ def _cases(items) -> str:
     return shown
 
 
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
 def _dtype_note(failing, passing) -> str | None:
     dtypes = {dtype for _, dtype, _ in failing}
     if len(dtypes) == 1 and any(dtype not in dtypes for _, dtype, _ in passing):
@@ -101,7 +106,7 @@ def numerics_hint(results: Sequence[CheckResult]) -> str | None:
     if not passing:
         if len({case for case, _, _ in failing}) < 2:
             return None
-        return (f"every case fails ({len(failing)} results, {len({c for c, _, _ in failing})} cases): a wrong "
+        return (f"every case fails ({_n(len(failing), 'result')}, {len({c for c, _, _ in failing})} cases): a wrong "
                 "formula, wrong argument order or swapped outputs, not an edge case")
     best = None
     for rank, trait in enumerate(TRAITS):
@@ -118,10 +123,12 @@ def numerics_hint(results: Sequence[CheckResult]) -> str | None:
     if best is not None:
         trait = best[2]
         where = f"only {trait.label} fail" + (f", {dtype}" if dtype else "")
-        return f"{where} ({_cases(failing)}: {len(failing)} results; {ok} other results pass): {trait.cause}"
+        return (f"{where} ({_cases(failing)}: {_n(len(failing), 'result')}; {_n(ok, 'other result')} pass): "
+                f"{trait.cause}")
     if dtype:
-        return (f"only {dtype.removeprefix('only in ')} fails ({_cases(failing)}: {len(failing)} results; "
-                f"{ok} results of other dtypes pass): look at that dtype's own path (conversion, accumulation type)")
+        return (f"only {dtype.removeprefix('only in ')} fails ({_cases(failing)}: {_n(len(failing), 'result')}; "
+                f"{_n(ok, 'result')} of other dtypes pass): look at that dtype's own path (conversion, accumulation "
+                "type)")
     return None
 
 
@@ -133,7 +140,7 @@ def cause_hint(results: Sequence[CheckResult]) -> str | None:
         return hint
     compiled = [r for r in results if r.check == "compile" and r.outcome in FAILED]
     if compiled and numerics and all(r.outcome in PASSED for r in numerics if r.outcome is not Outcome.NOT_SUPPORTED):
-        return (f"only the compiled program fails ({len(compiled)} results) while every eager numerics result "
+        return (f"only the compiled program fails ({_n(len(compiled), 'result')}) while every eager numerics result "
                 "passes: the implementation behaves differently when traced (data-dependent Python branches, "
                 "a fake/meta implementation that disagrees, or reads of tensor data)")
     return None

@@ -108,7 +108,9 @@ def worst_groups(results: Sequence[CheckResult], n: int = 8) -> list[tuple[str, 
         groups[(row_label(r), r.provider or "-")].append(r)
     out = []
     for (op, provider), members in groups.items():
-        bad = worst(members, n=len(members))
+        # worst first; among equals, a result that really ran before one that was "not run" (poisoned)
+        bad = sorted(worst(members, n=len(members)),
+                     key=lambda r: (-r.outcome.severity, (r.message or "").startswith("not run:")))
         if bad:
             label = f"{op}, provider {provider}" if provider != "-" else op
             out.append((label, bad, cause_hint(members)))
@@ -153,7 +155,8 @@ def render_scorecard(results: Sequence[CheckResult], *, platform: str, ir_ops: S
         lines.append(f"!!! {banner} !!!")
     lines += [f"WARNING: {note}" for note in notes]
     lines += [tabulate(rows, headers=headers, tablefmt="simple") if rows else "(no implementation of the platform "
-              "was checked)", LEGEND, coverage(results, ir_ops)]
+              "was checked)", LEGEND,
+              coverage(results, ir_ops) + ("" if complete and not partial else " (of the results written)")]
     if layer_note:
         lines.append(layer_note)
     layers = layer_coverage(results)
