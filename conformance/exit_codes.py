@@ -38,6 +38,19 @@ MEANINGS = {
 }
 
 
+SHORT = {
+    ExitCode.OK: "conformant (for the selection)", ExitCode.FAILED: "not conformant, regression or bad file",
+    ExitCode.INTERRUPTED: "interrupted", ExitCode.INTERNAL_ERROR: "internal error",
+    ExitCode.USAGE_ERROR: "misconfiguration (nothing judged)", ExitCode.NO_TESTS_COLLECTED: "nothing selected",
+    ExitCode.MAX_WARNINGS_ERROR: "too many warnings",
+}
+
+
+def one_line() -> str:
+    """The table in one line, for option help where a table does not fit."""
+    return "exit codes: " + ", ".join(f"{int(code)} {SHORT[code]}" for code in ExitCode) + " (docs/exit-codes.md)"
+
+
 def table() -> str:
     """The table as plain text, for --help epilogs and error messages."""
     lines = ["exit codes (pytest --platform=NAME and every conformance subcommand):"]

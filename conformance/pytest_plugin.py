@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conformance.exit_codes import ExitCode
-from conformance.exit_codes import table as exit_code_table
+from conformance.exit_codes import one_line as exit_codes_line
 from conformance.results import CheckResult, Outcome, ResultsFile, RunInfo, environment, verdict
 from conformance.run_dir import WORKERINPUT_KEY, RunDir
 from conformance.run_scope import (configuration_notes, gate_description, is_empty_parameter_set, selection_of,
@@ -39,7 +39,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance", "platform conformance harness")
     group.addoption("--platform", default=None, metavar="NAME",
                     help="run the conformance suites against this platform (built-in name or platform-plugin "
-                         "entry-point name). " + " ".join(exit_code_table().split()))
+                         "entry-point name). " + exit_codes_line())
     group.addoption("--conformance-json", default=None, metavar="PATH",
                     help="write the machine-readable results file (CHECKS.md schema), updated while running")
     group.addoption("--conformance-seed", type=int, default=DEFAULT_SEED, metavar="N",
@@ -80,7 +80,8 @@ class ConformanceRun:
             raise pytest.UsageError(str(exc)) from None
         workerinput = getattr(config, "workerinput", None)
         self.is_xdist_worker = workerinput is not None
-        self.run_dir = RunDir(workerinput[WORKERINPUT_KEY]) if workerinput else RunDir.create()
+        shared = (workerinput or {}).get(WORKERINPUT_KEY)
+        self.run_dir = RunDir(shared) if shared else RunDir.create()
         self.poison = PoisonBook(self.run_dir)
         self.run_info = RunInfo(self.level, self.seed, selection_of(config, SUITES_DIR))
         self.complete = False
@@ -312,6 +313,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.write_line(render_scorecard(
         state.results, platform=f"{inv.name} ({inv.platform_class})", ir_ops=[op.name for op in inv.ir_ops()],
         layer_note=layer_note, strict_xpass=state.strict_xpass, regressions=state.regressions, run=run,
-        notes=configuration_notes(state), not_replaced=sorted(set(layers) - set(replaced))))
+        notes=configuration_notes(state)))
     if state.results_file is not None:
         terminalreporter.write_line(f"results file: {os.path.relpath(state.results_file.path)}")

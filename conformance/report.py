@@ -145,8 +145,7 @@ def _first_line(text: str | None, limit: int = 220) -> str:
 
 def render_scorecard(results: Sequence[CheckResult], *, platform: str, ir_ops: Sequence[str] | None = None,
                      layer_note: str | None = None, strict_xpass: bool = True,
-                     regressions: Iterable[str] = (), run: dict | None = None, notes: Iterable[str] = (),
-                     not_replaced: Sequence[str] | None = None) -> str:
+                     regressions: Iterable[str] = (), run: dict | None = None, notes: Iterable[str] = ()) -> str:
     # run=None: the caller has no run block (results assembled in-process), so nothing to mark
     complete, partial, banner = run_banner(run) if run is not None else (True, False, None)
     headers, rows = scorecard_rows(results)

@@ -33,6 +33,16 @@ def test_every_help_prints_the_exit_code_table(capsys, command):
         assert f"{int(code)} {code.name}" in text
 
 
+def test_pytest_help_of_platform_gives_the_same_codes(tmp_path):
+    from conformance.exit_codes import one_line
+
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == ExitCode.OK
+    assert " ".join(one_line().split()) in " ".join(proc.stdout.split())
+    assert "4 misconfiguration (nothing judged)" in one_line()
+
+
 def test_subcommand_help_describes_arguments_and_defaults(capsys):
     repro = _help(capsys, "repro")
     assert "numerics.ir_case" in repro and "dispatch.supports_args" in repro and "model.decoder" in repro
