@@ -231,11 +231,18 @@ def render_markdown(doc: dict) -> str:
     if hinted:
         out += ["## Cause hints", ""] + [f"- **{label}**: {hint}" for label, hint in hinted] + [""]
     problems = [r for r in results if r.outcome.severity >= Outcome.XFAIL.severity]
+    not_run = Counter((row_label(r), r.provider or "-", r.outcome.value) for r in problems
+                      if (r.message or "").startswith("not run:"))
     if problems:
         out += ["## Findings", ""]
         for r in sorted(problems, key=lambda r: -r.outcome.severity):
+            if (r.message or "").startswith("not run:"):
+                continue   # one line per provider and op below, not one per check it never ran
             out.append(f"- **{r.outcome.value}** `{r.nodeid}`: {_first_line(r.message, 400)}")
             if r.repro:
                 out.append(f"  - repro: `{r.repro}`")
+        for (op, provider, outcome), n in sorted(not_run.items()):
+            out.append(f"- **{outcome}** x{n} `{op}` (provider `{provider}`): not run, because a provider they need "
+                       "hung or crashed twice earlier in the run (each message names it)")
         out.append("")
     return "\n".join(out)
