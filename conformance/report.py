@@ -119,7 +119,8 @@ def worst_groups(results: Sequence[CheckResult], n: int = 8) -> list[tuple[str, 
 
 
 def run_banner(run: dict | None) -> tuple[bool, bool, str | None]:
-    """(complete, partial, banner line or None) for a results file's `run` block (None: a live run's unknown)."""
+    """(complete, partial, banner line or None) for a `run` block; None (a file without one) is INCOMPLETE,
+    since nothing says what it covers."""
     from conformance.schema import run_status
 
     if run is None:
