@@ -12,7 +12,6 @@ import dataclasses
 import enum
 import json
 import os
-import platform as _pyplatform
 import tempfile
 import time
 from collections import Counter
