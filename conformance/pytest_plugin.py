@@ -22,7 +22,7 @@ from conformance.exit_codes import one_line as exit_codes_line
 from conformance.results import CheckResult, Outcome, ResultsFile, RunInfo, environment, verdict
 from conformance.run_dir import WORKERINPUT_KEY, RunDir
 from conformance.run_scope import (configuration_notes, gate_description, is_empty_parameter_set, selection_of,
-                                   unit_of)
+                                   unit_of, unused_waiver_notes)
 from conformance.units import DEFAULT_SEED, LEVELS, Unit, repro_command
 
 RESULT_PROPERTY = "conformance_result"
@@ -313,6 +313,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.write_line(render_scorecard(
         state.results, platform=f"{inv.name} ({inv.platform_class})", ir_ops=[op.name for op in inv.ir_ops()],
         layer_note=layer_note, strict_xpass=state.strict_xpass, regressions=state.regressions, run=run,
-        notes=configuration_notes(state)))
+        notes=configuration_notes(state) + unused_waiver_notes(state)))
     if state.results_file is not None:
         terminalreporter.write_line(f"results file: {os.path.relpath(state.results_file.path)}")

@@ -57,3 +57,10 @@ def gate_description(state) -> str:
         passes = sum(1 for outcome in state.baseline.values() if outcome == Outcome.PASS.value)
         baseline = f"{state.baseline_path} ({len(state.baseline)} results, {passes} PASS guarded)"
     return f"conformance: waivers {waivers}; baseline {baseline}"
+
+
+def unused_waiver_notes(state) -> list[str]:
+    """One line per waiver that matched no result of this run (stale, or outside the selection)."""
+    unused = [w for w in state.waivers if not any(w.matches(r) for r in state.results)]
+    return [f"waiver [{w.describe()}] ({w.reason}) in {state.waivers_path} matched no result of this run"
+            for w in unused]

@@ -37,14 +37,16 @@ def test_waivers_turn_failures_into_xfail_and_stale_ones_into_xpass(tmp_path):
     waivers.write_text('[[waiver]]\ncheck = "numerics"\nop = "rms_norm"\ndtype = "float32"\ncase = "*769*"\n'
                        'reason = "odd tail bug, vendor ticket 1"\n\n'
                        '[[waiver]]\ncheck = "numerics"\ncase = "tokens=1,hidden=128"\ndtype = "float32"\n'
-                       'reason = "stale"\n')
+                       'reason = "stale"\n\n'
+                       '[[waiver]]\nop = "no_such_op"\nreason = "typo"\n')
     run = run_harness(tmp_path, "broken_odd_numerics", f"--conformance-waivers={waivers}", "-k",
                       "numerics and ir_case and float32", dist="broken")
     assert validate_document(run.doc) == []
     assert run.outcomes(case="tokens=7,hidden=769") == {"XFAIL"}
     assert run.outcomes(case="tokens=1,hidden=128") == {"XPASS"}
     assert run.doc["verdict"] == "NOT_CONFORMANT" and run.returncode == 1   # strict gate on XPASS
-    assert f"conformance: waivers {waivers} (2 waivers); baseline none" in run.output
+    assert f"conformance: waivers {waivers} (3 waivers); baseline none" in run.output
+    assert f"WARNING: waiver [op=no_such_op] (typo) in {waivers} matched no result of this run" in run.output
 
 
 def test_baseline_pass_that_regresses_fails_the_run(tmp_path):
