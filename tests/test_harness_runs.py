@@ -44,7 +44,9 @@ def test_hanging_provider_costs_two_limits_and_every_check_is_still_reported(tmp
 
 def test_run_killed_with_sigkill_leaves_an_incomplete_file(tmp_path):
     out = tmp_path / "results.json"
-    proc = subprocess.Popen(harness_command("demo", out, "quick"), cwd=tmp_path, env=harness_env("demo"),
+    # TMPDIR: the run directory a killed run cannot remove lands in tmp_path, not in /tmp
+    proc = subprocess.Popen(harness_command("demo", out, "quick"), cwd=tmp_path,
+                            env=harness_env("demo", TMPDIR=str(tmp_path)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
@@ -71,6 +73,7 @@ def test_run_killed_with_sigkill_leaves_an_incomplete_file(tmp_path):
     assert report.returncode == ExitCode.OK, report.stderr
     assert "> **INCOMPLETE:" in report.stdout and "**NOT_CONFORMANT (INCOMPLETE run" in report.stdout
     assert "(of the results written)" in report.stdout
+    assert [p.name for p in tmp_path.glob("conformance-run-*")], "the run directory was not under TMPDIR"
 
 
 def test_keyword_run_is_partial_counts_as_pytest_does_and_says_how_plugins_were_chosen(tmp_path):
