@@ -285,9 +285,11 @@ def pytest_runtest_makereport(item: pytest.Item, call):
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = _state(session.config)
-    if state is None or state.is_xdist_worker:
+    if state is None:
         return
-    state.close()
+    state.close()   # in an xdist worker too: before it reports back and may be torn down
+    if state.is_xdist_worker:
+        return
     finished = session.exitstatus in (ExitCode.OK, ExitCode.FAILED) and not session.shouldstop
     state.complete = finished and len(state.results) == state.run_info.expected_results
     if state.results_file is not None:

@@ -19,7 +19,8 @@ LIMIT = 2.0
 
 
 def test_hanging_provider_costs_two_limits_and_every_check_is_still_reported(tmp_path):
-    run = run_harness(tmp_path, "broken_hangs", f"--conformance-timeout={LIMIT:g}", "-n", "2", dist="broken")
+    run = run_harness(tmp_path, "broken_hangs", f"--conformance-timeout={LIMIT:g}", "-n", "2", dist="broken",
+                      env={"TMPDIR": str(tmp_path)})
     assert run.doc is not None, run.output[-3000:]
     assert validate_document(run.doc) == []
     assert run.returncode == ExitCode.FAILED and run.doc["verdict"] == "NOT_CONFORMANT"
@@ -40,6 +41,8 @@ def test_hanging_provider_costs_two_limits_and_every_check_is_still_reported(tmp
     assert model and all(r["outcome"] == "TIMEOUT" and "the model runs the platform's default providers, and "
                          "provider broken of op rms_norm hung" in r["message"] for r in model)
     assert run.outcomes(check="dispatch", provider=None) == {"NOT_IMPLEMENTED"}
+    # killed and restarted kernel workers leave no logs behind, nor does the run its shared directory
+    assert not list(tmp_path.glob("conformance-worker-*.log")) and not list(tmp_path.glob("conformance-run-*"))
 
 
 def test_run_killed_with_sigkill_leaves_an_incomplete_file(tmp_path):
