@@ -5,63 +5,127 @@
     python -m conformance report results.json [-o report.md]
     python -m conformance validate results.json
     python -m conformance publish --platform cpu      # reruns the harness, writes reports/cpu.{json,md}
+
+Every error that is the caller's (a missing or truncated file, an unknown platform, check, op,
+provider, dtype or case) is one line on stderr naming the file or value, with exit status 4; the
+exit codes are those of conformance.exit_codes, the same as `pytest --platform=NAME`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from conformance.exit_codes import ExitCode
+from conformance.exit_codes import table as exit_code_table
 from conformance.units import DEFAULT_SEED, LEVELS
+
+
+class UsageError(Exception):
+    """A caller's mistake: printed as one line, exit status USAGE_ERROR."""
+
+
+def check_names() -> list[str]:
+    from conformance.checks import registry
+
+    return sorted(registry())
+
+
+def find_unit(inventory, family: str, check: str, fields: dict[str, str | None]):
+    """The catalog unit with these fields (at level full); UsageError naming the first value that matches none."""
+    from conformance.units import Unit
+
+    unit = Unit(family, check, **fields)
+    catalog = inventory.units(family, check, "full")
+    if unit in catalog:
+        return unit
+    candidates = catalog
+    for name in ("op", "provider", "dtype", "case"):
+        valid = sorted({getattr(u, name) or "" for u in candidates})
+        matching = [u for u in candidates if getattr(u, name) == fields[name]]
+        if not matching:
+            given = fields[name]
+            shown = ", ".join(v for v in valid[:12] if v) + (f" ... ({len(valid)} in all)" if len(valid) > 12 else "")
+            if given is None:
+                raise UsageError(f"{family}.{check} on platform '{inventory.name}' needs --{name} (one of: {shown})")
+            raise UsageError(f"unknown --{name} {given!r} for {family}.{check} on platform '{inventory.name}'"
+                             + (f" (valid: {shown})" if shown else f": the platform brings nothing {check} checks"))
+        candidates = matching
+    raise UsageError(f"no {family}.{check} unit matches {fields}")   # unreachable: every field matched
 
 
 def _repro(args) -> int:
     from conformance.checks import CheckContext, run_unit
     from conformance.inventory import PlatformSetupError, activate
     from conformance.results import Outcome
-    from conformance.units import Unit
 
+    if args.check not in check_names():
+        raise UsageError(f"unknown --check {args.check!r}; valid: {', '.join(check_names())}")
     family, _, check = args.check.partition(".")
-    if not check:
-        print(f"--check must be family.check (e.g. numerics.ir_case), got {args.check!r}", file=sys.stderr)
-        return 2
     try:
         inventory = activate(args.platform)
     except PlatformSetupError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
-    unit = Unit(family, check, args.op, args.provider, args.dtype, args.case)
+        raise UsageError(str(exc)) from None
+    fields = {"op": args.op, "provider": args.provider, "dtype": args.dtype, "case": args.case}
+    unit = find_unit(inventory, family, check, fields)
     ctx = CheckContext(args.platform, inventory.platform, seed=args.seed, level=args.level)
     verdict, duration = run_unit(ctx, unit)
     print(f"{verdict.outcome.value}  {family}.{check} {unit.id}  ({duration:.3f} s)")
     if verdict.message:
         print(verdict.message)
-    return 1 if verdict.outcome.blocks_conformance or verdict.outcome is Outcome.XPASS else 0
+    blocks = verdict.outcome.blocks_conformance or verdict.outcome is Outcome.XPASS
+    return ExitCode.FAILED if blocks else ExitCode.OK
+
+
+def _load(path: str) -> dict:
+    from conformance.results import ResultsFileError, load_results
+
+    try:
+        return load_results(path)
+    except ResultsFileError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _report(args) -> int:
     from conformance.report import render_markdown
-    from conformance.results import load_results
+    from conformance.results import validate_document
 
-    text = render_markdown(load_results(args.results))
+    doc = _load(args.results)
+    try:
+        text = render_markdown(doc)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        problems = validate_document(doc) or ["its fields are not those of a results file"]
+        raise UsageError(f"{args.results}: cannot render it: {problems[0]}"
+                         + (f" (and {len(problems) - 1} more problems: run conformance validate)"
+                            if len(problems) > 1 else "")) from None
     if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text)
+        try:
+            with open(args.output, "w") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise UsageError(f"{args.output}: cannot write the report ({exc.strerror})") from None
     else:
         print(text)
-    return 0
+    return ExitCode.OK
 
 
 def _validate(args) -> int:
     from conformance.results import validate_document
+    from conformance.schema import run_status
 
-    with open(args.results) as fh:
-        errors = validate_document(json.load(fh))
+    doc = _load(args.results)
+    errors = validate_document(doc)
     for e in errors:
         print(e)
-    print("valid" if not errors else f"{len(errors)} problems")
-    return 1 if errors else 0
+    if errors:
+        print(f"{len(errors)} problems")
+        return ExitCode.FAILED
+    complete, partial, line = run_status(doc)
+    if not complete:   # schema-valid, yet no CI step may pass on a run that did not finish
+        print(f"valid schema, but {line}")
+        return ExitCode.FAILED
+    print(f"valid; {line}")
+    return ExitCode.OK
 
 
 def _publish(args) -> int:
@@ -70,7 +134,6 @@ def _publish(args) -> int:
     import subprocess
 
     from conformance.report import render_markdown
-    from conformance.results import load_results
 
     os.makedirs(args.dir, exist_ok=True)
     json_path = os.path.join(args.dir, f"{args.platform}.json")
@@ -78,38 +141,71 @@ def _publish(args) -> int:
            f"--conformance-level={args.level}", "-p", "no:cacheprovider", "-q", *args.pytest_args]
     rc = subprocess.call(cmd)
     if not os.path.exists(json_path):
-        print(f"the harness wrote no results file (exit status {rc})", file=sys.stderr)
-        return rc or 1
+        print(f"the harness wrote no results file {json_path} (exit status {rc})", file=sys.stderr)
+        return rc or ExitCode.USAGE_ERROR
     with open(os.path.join(args.dir, f"{args.platform}.md"), "w") as fh:
-        fh.write(render_markdown(load_results(json_path)))
+        fh.write(render_markdown(_load(json_path)))
     return rc
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="conformance", description="platform conformance harness tools")
-    sub = parser.add_subparsers(dest="command", required=True)
-    repro = sub.add_parser("repro", help="rerun one check in this process and print its outcome")
-    repro.add_argument("--platform", required=True)
-    repro.add_argument("--check", required=True, help="family.check, e.g. numerics.ir_case")
-    repro.add_argument("--op")
-    repro.add_argument("--provider")
-    repro.add_argument("--dtype")
-    repro.add_argument("--case")
-    repro.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    repro.add_argument("--level", choices=LEVELS, default="standard")
+class _Parser(argparse.ArgumentParser):
+    """argparse with exit status USAGE_ERROR (not argparse's 2, which means INTERRUPTED in the table)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(ExitCode.USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = {"epilog": exit_code_table(), "formatter_class": argparse.RawDescriptionHelpFormatter}
+    parser = _Parser(prog="conformance", description="platform conformance harness tools", **common)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    repro = sub.add_parser("repro", help="rerun one check in this process and print its outcome",
+                           description="Rerun one check (one result of a run) in this process and print its "
+                                       "outcome. Every result's `repro` field is such a command.", **common)
+    repro.add_argument("--platform", required=True, help="built-in platform or platform-plugin entry-point name")
+    repro.add_argument("--check", required=True, metavar="FAMILY.CHECK",
+                       help="the check to run, one of: " + ", ".join(check_names()))
+    repro.add_argument("--op", help="IR op name, or the CustomOp's registered name, as in the result")
+    repro.add_argument("--provider", help="IR provider name, or the replacement class name, as in the result")
+    repro.add_argument("--dtype", help="dtype name, e.g. float32 or bfloat16")
+    repro.add_argument("--case", help="the case name as in the result, e.g. 'tokens=7,hidden=769'")
+    repro.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the inputs (default %(default)s)")
+    repro.add_argument("--level", choices=LEVELS, default="standard", help="conformance level (default %(default)s)")
     repro.set_defaults(fn=_repro)
-    report = sub.add_parser("report", help="render a results file as a markdown compatibility report")
-    report.add_argument("results")
-    report.add_argument("-o", "--output")
+    report = sub.add_parser("report", help="render a results file as a markdown compatibility report",
+                            description="Render a results file (--conformance-json) as a markdown compatibility "
+                                        "report; an incomplete or narrowed run is marked as such.", **common)
+    report.add_argument("results", help="the results file (JSON) written by pytest --conformance-json")
+    report.add_argument("-o", "--output", metavar="PATH", help="write the report here (default: print to stdout)")
     report.set_defaults(fn=_report)
-    validate = sub.add_parser("validate", help="check a results file against the CHECKS.md schema")
-    validate.add_argument("results")
+    validate = sub.add_parser("validate", help="check a results file against the CHECKS.md schema",
+                              description="Check a results file against the schema (CHECKS.md plus the run block) "
+                                          "and its own arithmetic; prints the problems, or 'valid' and whether the "
+                                          "run is complete or a partial selection. A schema-valid file of an "
+                                          "INCOMPLETE run exits 1 too.", **common)
+    validate.add_argument("results", help="the results file (JSON) to check")
     validate.set_defaults(fn=_validate)
-    publish = sub.add_parser("publish", help="run the harness and write the platform's published report")
-    publish.add_argument("--platform", required=True)
-    publish.add_argument("--level", choices=LEVELS, default="standard")
-    publish.add_argument("--dir", default="reports")
+    publish = sub.add_parser("publish", help="run the harness and write the platform's published report",
+                             description="Run the harness for one platform and write DIR/PLATFORM.json and "
+                                         "DIR/PLATFORM.md; exits with the harness's exit status.", **common)
+    publish.add_argument("--platform", required=True, help="built-in platform or platform-plugin entry-point name")
+    publish.add_argument("--level", choices=LEVELS, default="standard", help="conformance level (default %(default)s)")
+    publish.add_argument("--dir", default="reports", help="output directory (default %(default)s)")
     publish.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     publish.set_defaults(fn=_publish)
-    args = parser.parse_args(argv)
-    return args.fn(args)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except UsageError as exc:
+        print(f"conformance {args.command}: {exc}", file=sys.stderr)
+        return ExitCode.USAGE_ERROR
+    except BrokenPipeError:   # `report ... | head`: the reader left, nothing is wrong
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit's flush
+        return ExitCode.OK

@@ -1,10 +1,12 @@
 """The pytest plugin behind `pytest --platform=NAME`: all harness policy lives in these hooks.
 
-Inert without `--platform`. With it: activates the platform (one clear line and a non-zero exit
-when that fails), collects the shipped `suites/` when no paths are given, parametrises the suite
-bodies over the catalog, runs each check in the kernel worker, records one result per test,
-carries results from xdist workers to the controller, writes the results file incrementally, and
-ends with the scorecard and the verdict (non-zero exit when NOT_CONFORMANT).
+Inert without `--platform`. With it: activates the platform (one clear line and exit 4 when that
+fails), collects the shipped `suites/` when no paths are given, parametrises the suite bodies over
+the catalog, runs each check in the kernel worker (a provider that hung or crashed twice is not run
+again, see conformance.poison), records one result per test, carries results from xdist workers to
+the controller, writes the results file incrementally with a `run` block that says what it covers,
+and ends with the scorecard and the verdict (non-zero exit when NOT_CONFORMANT). Exit codes:
+conformance.exit_codes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from conformance.results import CheckResult, Outcome, ResultsFile, environment, verdict
+from conformance.exit_codes import ExitCode
+from conformance.exit_codes import one_line as exit_codes_line
+from conformance.results import CheckResult, Outcome, ResultsFile, RunInfo, environment, verdict
+from conformance.run_dir import WORKERINPUT_KEY, RunDir
+from conformance.run_scope import (configuration_notes, gate_description, is_empty_parameter_set, selection_of,
+                                   unit_of, unused_waiver_notes)
 from conformance.units import DEFAULT_SEED, LEVELS, Unit, repro_command
 
 RESULT_PROPERTY = "conformance_result"
@@ -32,7 +39,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance", "platform conformance harness")
     group.addoption("--platform", default=None, metavar="NAME",
                     help="run the conformance suites against this platform (built-in name or platform-plugin "
-                         "entry-point name)")
+                         "entry-point name). " + exit_codes_line())
     group.addoption("--conformance-json", default=None, metavar="PATH",
                     help="write the machine-readable results file (CHECKS.md schema), updated while running")
     group.addoption("--conformance-seed", type=int, default=DEFAULT_SEED, metavar="N",
@@ -54,6 +61,7 @@ class ConformanceRun:
 
     def __init__(self, config: pytest.Config):
         from conformance.inventory import PlatformSetupError, activate
+        from conformance.poison import PoisonBook
         from conformance.waivers import WaiverFileError, load_baseline, load_waivers
 
         self.config = config
@@ -62,35 +70,42 @@ class ConformanceRun:
         self.level = config.getoption("conformance_level")
         self.timeout = config.getoption("conformance_timeout")
         self.strict_xpass = not config.getoption("conformance_allow_xpass")
+        self.waivers_path = config.getoption("conformance_waivers")
+        self.baseline_path = config.getoption("conformance_baseline")
         try:
             self.inventory = activate(self.name)
-            waivers_path = config.getoption("conformance_waivers")
-            self.waivers = load_waivers(waivers_path) if waivers_path else []
-            baseline_path = config.getoption("conformance_baseline")
-            self.baseline = load_baseline(baseline_path) if baseline_path else None
+            self.waivers = load_waivers(self.waivers_path) if self.waivers_path else []
+            self.baseline = load_baseline(self.baseline_path) if self.baseline_path else None
         except (PlatformSetupError, WaiverFileError) as exc:
             raise pytest.UsageError(str(exc)) from None
-        self.is_xdist_worker = hasattr(config, "workerinput")
+        workerinput = getattr(config, "workerinput", None)
+        self.is_xdist_worker = workerinput is not None
+        shared = (workerinput or {}).get(WORKERINPUT_KEY)
+        self.run_dir = RunDir(shared) if shared else RunDir.create()
+        self.poison = PoisonBook(self.run_dir)
+        self.run_info = RunInfo(self.level, self.seed, selection_of(config, SUITES_DIR))
+        self.complete = False
+        self.deselected_units = 0
         self.results: list[CheckResult] = []
         self.regressions: list[str] = []
         self.worker = None
         self.results_file = None
         json_path = config.getoption("conformance_json")
         if json_path and not self.is_xdist_worker:
-            self.results_file = ResultsFile(json_path, self.inventory.platform_info(), environment(self.seed))
+            env = environment(self.seed, self.name, self.inventory.platform)
+            self.results_file = ResultsFile(json_path, self.inventory.platform_info(), env, run=self.run_info)
 
     # ----- running one unit ------------------------------------------------------------------
     def execute(self, unit: Unit, nodeid: str) -> CheckResult:
         from conformance.waivers import apply_waivers
 
-        if self.worker is None:
-            from conformance.worker import KernelWorker
-
-            self.worker = KernelWorker(self.name, self.seed, self.level)
-        try:
-            reply = self.worker.run(unit, self.timeout)
-        except Exception as exc:  # noqa: BLE001 - the worker could not start: every check is an ERROR
-            reply = {"outcome": Outcome.ERROR.value, "message": str(exc), "duration_s": 0.0}
+        defaults = [(op, p) for op, providers in self.inventory.defaults.items() for p in providers if p != "native"]
+        poisoned = self.poison.check(unit, defaults)
+        if poisoned is not None:
+            reply = {"outcome": poisoned[0].value, "message": poisoned[1], "duration_s": 0.0}
+        else:
+            reply = self._run_in_worker(unit)
+            self.poison.record(unit, Outcome(reply["outcome"]))
         result = CheckResult(nodeid=nodeid, check=unit.family, op=unit.op, provider=unit.provider, dtype=unit.dtype,
                              case=unit.case, outcome=Outcome(reply["outcome"]), message=reply.get("message"),
                              max_abs_err=reply.get("max_abs_err"), max_rel_err=reply.get("max_rel_err"),
@@ -99,6 +114,16 @@ class ConformanceRun:
         if result.outcome is not Outcome.PASS and not result.message:
             result.message = f"{result.outcome.value} without further detail"
         return apply_waivers(result, self.waivers)
+
+    def _run_in_worker(self, unit: Unit) -> dict:
+        if self.worker is None:
+            from conformance.worker import KernelWorker
+
+            self.worker = KernelWorker(self.name, self.seed, self.level)
+        try:
+            return self.worker.run(unit, self.timeout)
+        except Exception as exc:  # noqa: BLE001 - the worker could not start: every check is an ERROR
+            return {"outcome": Outcome.ERROR.value, "message": str(exc), "duration_s": 0.0}
 
     # ----- collecting results (controller or single process) ------------------------------------
     def add(self, result: CheckResult) -> None:
@@ -120,8 +145,42 @@ class ConformanceRun:
             if name == RESULT_PROPERTY:
                 self.add(CheckResult.from_json(value))
 
+    # ----- what the run covers ----------------------------------------------------------------------
+    def pytest_deselected(self, items) -> None:
+        self.deselected_units += sum(1 for item in items if unit_of(item) is not None)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_collection_modifyitems(self, session, config, items):
+        # a suite body with no units gets pytest's empty-parameter-set skip: not a check, so not counted
+        items[:] = [item for item in items if not is_empty_parameter_set(item)]
+        result = yield
+        expected = sum(1 for item in items if unit_of(item) is not None)
+        if self.is_xdist_worker:
+            self.run_dir.write_json(f"collection-{config.workerinput['workerid']}.json",
+                                    {"expected": expected, "deselected": self.deselected_units})
+        else:
+            self.set_collection(expected, self.deselected_units)
+        return result
+
+    def set_collection(self, expected: int, deselected: int) -> None:
+        self.run_info.expected_results = expected
+        self.run_info.selection.partial = self.run_info.selection.partial or deselected > 0
+        if self.results_file is not None:
+            self.results_file.write(final=False)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        """xdist controller: every worker shares this run's directory."""
+        node.workerinput[WORKERINPUT_KEY] = self.run_dir.path
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids) -> None:
+        record = self.run_dir.read_json(f"collection-{node.workerinput['workerid']}.json")
+        if record is not None:   # every worker collects the same items: the first one sets the count
+            self.set_collection(int(record["expected"]), int(record["deselected"]))
+
     def verdict(self) -> str:
-        return verdict(self.results, strict_xpass=self.strict_xpass)
+        return verdict(self.results, strict_xpass=self.strict_xpass) if self.complete else "NOT_CONFORMANT"
 
     def close(self) -> None:
         if self.worker is not None:
@@ -149,6 +208,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     state = _state(config)
     if state is not None:
         state.close()
+        state.run_dir.remove()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -167,6 +227,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         f"conformance: native fallback ({len(fallback)} ops): {', '.join(fallback) or 'none'}",
         f"conformance: default priorities: {inv.defaults or '{}'}",
         f"conformance: seed {state.seed}, level {state.level}, per-check timeout {state.timeout:g} s",
+        gate_description(state),
+        *(f"conformance: WARNING: {note}" for note in configuration_notes(state)),
     ]
 
 
@@ -223,14 +285,18 @@ def pytest_runtest_makereport(item: pytest.Item, call):
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = _state(session.config)
-    if state is None or state.is_xdist_worker:
+    if state is None:
         return
-    state.close()
+    state.close()   # in an xdist worker too: before it reports back and may be torn down
+    if state.is_xdist_worker:
+        return
+    finished = session.exitstatus in (ExitCode.OK, ExitCode.FAILED) and not session.shouldstop
+    state.complete = finished and len(state.results) == state.run_info.expected_results
     if state.results_file is not None:
-        state.results_file.write(final=True, strict_xpass=state.strict_xpass)
+        state.results_file.write(final=True, strict_xpass=state.strict_xpass, finished=finished)
     failing = state.verdict() != "CONFORMANT" or state.regressions
-    if failing and session.exitstatus == 0:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if failing and session.exitstatus == ExitCode.OK:
+        session.exitstatus = ExitCode.FAILED
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -245,8 +311,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     layer_note = (f"CustomOp layers replaced: {len(replaced)} / {len(layers)}"
                   + (f" ({', '.join(sorted(replaced))})" if replaced else ""))
     terminalreporter.write_sep("=", "conformance scorecard")
+    run = state.run_info.to_json(len(state.results), state.complete)
     terminalreporter.write_line(render_scorecard(
         state.results, platform=f"{inv.name} ({inv.platform_class})", ir_ops=[op.name for op in inv.ir_ops()],
-        layer_note=layer_note, strict_xpass=state.strict_xpass, regressions=state.regressions))
+        layer_note=layer_note, strict_xpass=state.strict_xpass, regressions=state.regressions, run=run,
+        notes=configuration_notes(state) + unused_waiver_notes(state)))
     if state.results_file is not None:
         terminalreporter.write_line(f"results file: {os.path.relpath(state.results_file.path)}")

@@ -1,4 +1,9 @@
-"""The scorecard (terminal) and the markdown compatibility report, both from a list of results."""
+"""The scorecard (terminal) and the markdown compatibility report, both from a list of results.
+
+Both say prominently when the run is INCOMPLETE or a PARTIAL SELECTION (never a plain CONFORMANT
+then), keep one row per thing the platform brings (what it does not implement is one coverage
+line), and give a cause hint per provider and op in the worst-cases list (conformance.hints).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,8 @@ from collections.abc import Iterable, Sequence
 
 from tabulate import tabulate
 
-from conformance.results import CheckResult, Outcome, summarize, verdict
+from conformance.hints import cause_hint
+from conformance.results import CONFORMANT, CheckResult, Outcome, summarize, verdict
 
 FAMILY_COLUMNS = ("numerics", "aliasing", "compile", "dispatch", "model")
 ABBREV = {
@@ -38,7 +44,23 @@ def _cell(counts: Counter) -> str:
     return " ".join(f"{counts[o]}{ABBREV[o]}" for o in sorted(counts, key=lambda o: -o.severity)) or "-"
 
 
+# pytest's summary word for each outcome: the scorecard and pytest's last line count the same things
+PYTEST_WORD = {
+    Outcome.PASS: "passed", Outcome.QUALITY_WARNING: "passed", Outcome.NOT_IMPLEMENTED: "skipped",
+    Outcome.NOT_SUPPORTED: "skipped", Outcome.SKIP: "skipped", Outcome.XFAIL: "xfailed", Outcome.XPASS: "failed",
+    Outcome.FAIL: "failed", Outcome.ERROR: "failed", Outcome.TIMEOUT: "failed", Outcome.CRASH: "failed",
+}
+
+
+def pytest_counts(results: Sequence[CheckResult]) -> dict[str, int]:
+    """What pytest's summary line counts for these results ('passed', 'skipped', 'failed', 'xfailed')."""
+    counts = Counter(PYTEST_WORD[r.outcome] for r in results)
+    return {w: counts[w] for w in ("failed", "passed", "skipped", "xfailed") if counts[w]}
+
+
 def scorecard_rows(results: Sequence[CheckResult]) -> tuple[list[str], list[list[str]]]:
+    """One row per (op, provider) the platform brings; rows that are only NOT_IMPLEMENTED are left out
+    (they are the coverage line)."""
     families = list(FAMILY_COLUMNS) + sorted({r.check for r in results} - set(FAMILY_COLUMNS))
     table: dict[tuple[str, str], dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
     for r in results:
@@ -46,8 +68,20 @@ def scorecard_rows(results: Sequence[CheckResult]) -> tuple[list[str], list[list
     headers = ["op", "provider", *families]
     rows = []
     for (op, provider), cells in sorted(table.items(), key=lambda kv: (kv[0][1] == "-", kv[0])):
+        outcomes = {o for counter in cells.values() for o in counter}
+        if outcomes == {Outcome.NOT_IMPLEMENTED}:
+            continue
         rows.append([op, provider, *[_cell(cells.get(f, Counter())) for f in families]])
     return headers, rows
+
+
+def layer_coverage(results: Sequence[CheckResult]) -> str | None:
+    """'CustomOp layers not replaced: N (forward_native runs): a, b, ...' from layer NOT_IMPLEMENTED results."""
+    names = sorted({r.op for r in results if is_layer_result(r) and r.outcome is Outcome.NOT_IMPLEMENTED and r.op})
+    if not names:
+        return None
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    return f"CustomOp layers not replaced (forward_native runs, nothing to check): {len(names)}: {shown}"
 
 
 def coverage(results: Sequence[CheckResult], ir_ops: Sequence[str] | None = None) -> str:
@@ -67,6 +101,44 @@ def worst(results: Sequence[CheckResult], n: int = 8) -> list[CheckResult]:
     return sorted(bad, key=lambda r: -r.outcome.severity)[:n]
 
 
+def worst_groups(results: Sequence[CheckResult], n: int = 8) -> list[tuple[str, list[CheckResult], str | None]]:
+    """Per (op, provider) with bad results, worst first: (label, its bad results by severity, cause hint)."""
+    groups: dict[tuple[str, str], list[CheckResult]] = defaultdict(list)
+    for r in results:
+        groups[(row_label(r), r.provider or "-")].append(r)
+    out = []
+    for (op, provider), members in groups.items():
+        # worst first; among equals, a result that really ran before one that was "not run" (poisoned)
+        bad = sorted(worst(members, n=len(members)),
+                     key=lambda r: (-r.outcome.severity, (r.message or "").startswith("not run:")))
+        if bad:
+            label = f"{op}, provider {provider}" if provider != "-" else op
+            out.append((label, bad, cause_hint(members)))
+    out.sort(key=lambda g: (-g[1][0].outcome.severity, -len(g[1]), g[0]))
+    return out[:n]
+
+
+def run_banner(run: dict | None) -> tuple[bool, bool, str | None]:
+    """(complete, partial, banner line or None) for a `run` block; None (a file without one) is INCOMPLETE,
+    since nothing says what it covers."""
+    from conformance.schema import run_status
+
+    if run is None:
+        return False, False, "INCOMPLETE: the results carry no run block, so nothing says what they cover"
+    complete, partial, line = run_status({"run": run})
+    return complete, partial, (line if (not complete or partial) else None)
+
+
+def verdict_text(plain: str, complete: bool, partial: bool) -> str:
+    """The verdict as shown to people: never a plain CONFORMANT for an incomplete or narrowed run."""
+    if not complete:
+        return "NOT_CONFORMANT (INCOMPLETE run: no verdict on the platform)"
+    if partial:
+        return (f"{plain} FOR THE SELECTED CHECKS ONLY (PARTIAL SELECTION: not a verdict on the platform)"
+                if plain == CONFORMANT else f"{plain} (PARTIAL SELECTION)")
+    return plain
+
+
 def _first_line(text: str | None, limit: int = 220) -> str:
     line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
     return line if len(line) <= limit else line[: limit - 3] + "..."
@@ -74,46 +146,104 @@ def _first_line(text: str | None, limit: int = 220) -> str:
 
 def render_scorecard(results: Sequence[CheckResult], *, platform: str, ir_ops: Sequence[str] | None = None,
                      layer_note: str | None = None, strict_xpass: bool = True,
-                     regressions: Iterable[str] = ()) -> str:
+                     regressions: Iterable[str] = (), run: dict | None = None, notes: Iterable[str] = ()) -> str:
+    # run=None: the caller has no run block (results assembled in-process), so nothing to mark
+    complete, partial, banner = run_banner(run) if run is not None else (True, False, None)
     headers, rows = scorecard_rows(results)
-    lines = [f"conformance scorecard: platform {platform}", tabulate(rows, headers=headers, tablefmt="simple"),
-             LEGEND, coverage(results, ir_ops)]
+    lines = [f"conformance scorecard: platform {platform}"]
+    if banner:
+        lines.append(f"!!! {banner} !!!")
+    lines += [f"WARNING: {note}" for note in notes]
+    lines += [tabulate(rows, headers=headers, tablefmt="simple") if rows else "(no implementation of the platform "
+              "was checked)", LEGEND,
+              coverage(results, ir_ops) + ("" if complete and not partial else " (of the results written)")]
     if layer_note:
         lines.append(layer_note)
+    layers = layer_coverage(results)
+    if layers:
+        lines.append(layers)
     summary = summarize(results)
-    lines.append("results: " + (", ".join(f"{v} {k}" for k, v in summary.items()) or "none"))
-    top = worst(results)
-    if top:
+    counted = ", ".join(f"{v} {k}" for k, v in pytest_counts(results).items())
+    lines.append("results: " + (", ".join(f"{v} {k}" for k, v in summary.items()) or "none")
+                 + (f" (pytest counts these as: {counted})" if counted else ""))
+    groups = worst_groups(results)
+    if groups:
         lines.append("worst:")
-        for r in top:
-            lines.append(f"  {r.outcome.value:<15} {r.nodeid}\n                  {_first_line(r.message)}")
+        for label, bad, hint in groups:
+            counts = Counter(r.outcome.value for r in bad)
+            lines.append(f"  {bad[0].outcome.value:<15} {label}: "
+                         + ", ".join(f"{v} {k}" for k, v in counts.items()))
+            if hint:
+                lines.append(f"                  cause hint: {hint}")
+            lines.append(f"                  e.g. {bad[0].nodeid}\n                  {_first_line(bad[0].message)}")
     regressions = list(regressions)
     if regressions:
         lines.append(f"regressions against the baseline: {len(regressions)}")
         lines += [f"  {x}" for x in regressions[:20]]
-    lines.append(f"verdict: {verdict(results, strict_xpass=strict_xpass)}")
+    lines.append(f"verdict: {verdict_text(verdict(results, strict_xpass=strict_xpass), complete, partial)}")
     return "\n".join(lines)
+
+
+def _environment_line(env: dict) -> str:
+    extra = [f"triton {env['triton']}" if env.get("triton") else "",
+             f"device {env['device_name']}" if env.get("device_name") else "",
+             f"driver {env['driver']}" if env.get("driver") else "",
+             (f"plugin {env['plugin']['distribution']} {env['plugin']['version']}"
+              if isinstance(env.get("plugin"), dict) else "")]
+    return (f"Python {env['python']}, torch {env['torch']}, reference_impl {env['reference_impl']}, seed {env['seed']}"
+            + "".join(f", {e}" for e in extra if e))
+
+
+def _run_line(run: dict | None) -> str:
+    if not isinstance(run, dict):
+        return "not recorded (the file has no run block)"
+    sel = run.get("selection") or {}
+    narrowed = [f"-k `{sel['keyword']}`" if sel.get("keyword") else "",
+                f"-m `{sel['markexpr']}`" if sel.get("markexpr") else "",
+                ("paths " + ", ".join(f"`{p}`" for p in sel["paths"])) if sel.get("paths") else "",
+                f"shard {sel['shard']}" if sel.get("shard") else ""]
+    narrowed_text = "; ".join(n for n in narrowed if n) or ("deselected checks" if sel.get("partial") else "none")
+    return (f"level {run.get('level')}, seed {run.get('seed')}, {run.get('written_results')} of "
+            f"{run.get('expected_results')} expected results written, "
+            f"{'complete' if run.get('complete') else 'INCOMPLETE'}, selection narrowed by: {narrowed_text}")
 
 
 def render_markdown(doc: dict) -> str:
     """A compatibility report of one results file."""
     results = [CheckResult.from_json(r) for r in doc["results"]]
     plat, env = doc["platform"], doc["environment"]
+    complete, partial, banner = run_banner(doc.get("run"))
     headers, rows = scorecard_rows(results)
-    out = [f"# Compatibility report: `{plat['name']}`", "",
-           f"- platform class: `{plat['class']}` (device type `{plat['device_type']}`)",
-           f"- environment: Python {env['python']}, torch {env['torch']}, reference_impl {env['reference_impl']}, "
-           f"seed {env['seed']}",
-           f"- verdict: **{doc['verdict']}**",
-           f"- {coverage(results)}", "",
-           "## Outcomes", "", tabulate(sorted(doc["summary"].items()), headers=["outcome", "count"], tablefmt="github"),
-           "", "## Scorecard", "", LEGEND, "", tabulate(rows, headers=headers, tablefmt="github"), ""]
+    out = [f"# Compatibility report: `{plat['name']}`", ""]
+    if banner:
+        out += [f"> **{banner}**", ""]
+    out += [f"- platform class: `{plat['class']}` (device type `{plat['device_type']}`)",
+            f"- environment: {_environment_line(env)}",
+            f"- run: {_run_line(doc.get('run'))}",
+            f"- verdict: **{verdict_text(doc['verdict'], complete, partial)}**",
+            f"- {coverage(results)}" + ("" if complete and not partial else " (of the results written)")]
+    layers = layer_coverage(results)
+    if layers:
+        out.append(f"- {layers}")
+    out += ["", "## Outcomes", "",
+            tabulate(sorted(doc["summary"].items()), headers=["outcome", "count"], tablefmt="github"),
+            "", "## Scorecard", "", LEGEND, "", tabulate(rows, headers=headers, tablefmt="github"), ""]
+    hinted = [(label, hint) for label, _, hint in worst_groups(results, n=len(results)) if hint]
+    if hinted:
+        out += ["## Cause hints", ""] + [f"- **{label}**: {hint}" for label, hint in hinted] + [""]
     problems = [r for r in results if r.outcome.severity >= Outcome.XFAIL.severity]
+    not_run = Counter((row_label(r), r.provider or "-", r.outcome.value) for r in problems
+                      if (r.message or "").startswith("not run:"))
     if problems:
         out += ["## Findings", ""]
         for r in sorted(problems, key=lambda r: -r.outcome.severity):
+            if (r.message or "").startswith("not run:"):
+                continue   # one line per provider and op below, not one per check it never ran
             out.append(f"- **{r.outcome.value}** `{r.nodeid}`: {_first_line(r.message, 400)}")
             if r.repro:
                 out.append(f"  - repro: `{r.repro}`")
+        for (op, provider, outcome), n in sorted(not_run.items()):
+            out.append(f"- **{outcome}** x{n} `{op}` (provider `{provider}`): not run, because a provider they need "
+                       "hung or crashed twice earlier in the run (each message names it)")
         out.append("")
     return "\n".join(out)

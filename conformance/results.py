@@ -1,8 +1,9 @@
 """Outcomes, one check's result, the verdict, and the results file of CHECKS.md (schema_version 1).
 
 The results file is rewritten atomically (write to a temporary file, then rename) so a run that
-is killed leaves a valid document with what it had; until the run ends its verdict reads
-`NOT_CONFORMANT`, so a CI gate never passes on a partial file.
+is killed leaves a valid document with what it had; its `run` block says what the run covers
+(level, seed, selection, results expected and written, complete). Until the run has completed
+its verdict reads `NOT_CONFORMANT`, so a CI gate never passes on an incomplete file.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import dataclasses
 import enum
 import json
 import os
-import platform as _pyplatform
 import tempfile
 import time
 from collections import Counter
@@ -102,23 +102,63 @@ def summarize(results: Iterable[CheckResult]) -> dict[str, int]:
     return {o.value: counts[o] for o in Outcome if counts[o]}
 
 
-def environment(seed: int) -> dict[str, Any]:
-    import torch
+def environment(seed: int, platform_name: str | None = None, platform: Any = None) -> dict[str, Any]:
+    """The results file's `environment` object (see conformance.environment)."""
+    from conformance.environment import collect
 
-    import reference_impl
+    return collect(seed, platform_name, platform)
 
-    return {"python": _pyplatform.python_version(), "torch": torch.__version__.split("+")[0],
-            "reference_impl": reference_impl.__version__, "seed": seed}
+
+def validate_document(doc: Any) -> list[str]:
+    """Problems with `doc` against the results-file schema (see conformance.schema); empty when it conforms."""
+    from conformance.schema import validate
+
+    return validate(doc)
+
+
+@dataclasses.dataclass
+class Selection:
+    """What narrowed the run: `partial` is true when -k, -m, explicit paths, deselection or a shard did."""
+
+    partial: bool = False
+    keyword: str | None = None
+    markexpr: str | None = None
+    paths: list[str] = dataclasses.field(default_factory=list)
+    shard: str | None = None
+
+    def describe(self) -> str:
+        """'-k EXPR, -m EXPR, paths a b, shard 1/4' (what narrowed the run), or '' when nothing did."""
+        parts = [f"-k {self.keyword!r}" if self.keyword else "", f"-m {self.markexpr!r}" if self.markexpr else "",
+                 ("paths " + " ".join(self.paths)) if self.paths else "", f"shard {self.shard}" if self.shard else ""]
+        return ", ".join(p for p in parts if p) or ("deselected checks" if self.partial else "")
+
+
+@dataclasses.dataclass
+class RunInfo:
+    """The results file's `run` object: level, seed, selection and how many results the run collected."""
+
+    level: str
+    seed: int
+    selection: Selection = dataclasses.field(default_factory=Selection)
+    expected_results: int = 0
+
+    def to_json(self, written: int, complete: bool) -> dict[str, Any]:
+        return {"level": self.level, "seed": self.seed, "selection": dataclasses.asdict(self.selection),
+                "expected_results": self.expected_results, "written_results": written, "complete": complete}
 
 
 class ResultsFile:
-    """Keeps the document and rewrites it atomically; `flush` throttles, `finish` writes the verdict."""
+    """Keeps the document and rewrites it atomically; `add` throttles, `write(final=True)` ends the run.
+
+    `complete` is true only in the final write of a run that finished with every expected result.
+    """
 
     def __init__(self, path: str, platform_info: dict[str, Any], env: dict[str, Any],
-                 min_interval_s: float = 0.5):
+                 min_interval_s: float = 0.5, run: RunInfo | None = None):
         self.path = os.path.abspath(path)
         self.platform_info = platform_info
         self.env = env
+        self.run = run if run is not None else RunInfo(level="standard", seed=int(env.get("seed", 0)))
         self.results: list[CheckResult] = []
         self.min_interval_s = min_interval_s
         self._last_write = 0.0
@@ -129,18 +169,24 @@ class ResultsFile:
         if time.monotonic() - self._last_write >= self.min_interval_s:
             self.write(final=False)
 
-    def document(self, final: bool, strict_xpass: bool = True) -> dict[str, Any]:
+    def complete(self, final: bool, finished: bool = True) -> bool:
+        return final and finished and len(self.results) == self.run.expected_results
+
+    def document(self, final: bool, strict_xpass: bool = True, finished: bool = True) -> dict[str, Any]:
+        complete = self.complete(final, finished)
         return {
             "schema_version": SCHEMA_VERSION,
             "platform": self.platform_info,
             "environment": self.env,
+            "run": self.run.to_json(len(self.results), complete),
             "results": [r.to_json() for r in self.results],
             "summary": summarize(self.results),
-            "verdict": verdict(self.results, strict_xpass=strict_xpass) if final else NOT_CONFORMANT,
+            "verdict": verdict(self.results, strict_xpass=strict_xpass) if complete else NOT_CONFORMANT,
         }
 
-    def write(self, final: bool, strict_xpass: bool = True) -> None:
-        doc = self.document(final, strict_xpass)
+    def write(self, final: bool, strict_xpass: bool = True, finished: bool = True) -> None:
+        """Rewrite the file; `finished` is false when the session ended early (interrupt, -x, crash)."""
+        doc = self.document(final, strict_xpass, finished)
         directory = os.path.dirname(self.path) or "."
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".conformance-", suffix=".json", dir=directory)
@@ -151,68 +197,28 @@ class ResultsFile:
         self._last_write = time.monotonic()
 
 
+class ResultsFileError(ValueError):
+    """A results file cannot be read; the message is one line naming the file and the problem."""
+
+
 def load_results(path: str) -> dict[str, Any]:
-    with open(path) as fh:
-        return json.load(fh)
-
-
-# ----- schema --------------------------------------------------------------------------------------
-_RESULT_FIELDS = {
-    "nodeid": (str, type(None)), "check": (str,), "op": (str, type(None)),
-    "provider": (str, type(None)), "dtype": (str, type(None)), "case": (str, type(None)),
-    "outcome": (str,), "message": (str, type(None)), "max_abs_err": (int, float, type(None)),
-    "max_rel_err": (int, float, type(None)), "repro": (str, type(None)),
-    "duration_s": (int, float, type(None)),
-}
-
-
-def validate_document(doc: Any) -> list[str]:
-    """Problems with `doc` against CHECKS.md's results-file schema; empty when it conforms."""
-    errors: list[str] = []
+    """The parsed document; ResultsFileError (one line) when the file is missing, unreadable or not JSON."""
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise ResultsFileError(f"{path}: no such results file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsFileError(f"{path}: cannot read it ({type(exc).__name__}: {exc.strerror or exc})") from None
+    if not text.strip():
+        raise ResultsFileError(f"{path}: the file is empty, not a results file") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        at_end = exc.pos >= len(text.rstrip()) - 1 or exc.msg.startswith("Unterminated")
+        cut = "; the file looks truncated" if at_end else ""
+        raise ResultsFileError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+                               f"{cut}") from None
     if not isinstance(doc, dict):
-        return ["document is not a JSON object"]
-    expected_keys = {"schema_version", "platform", "environment", "results", "summary", "verdict"}
-    if set(doc) != expected_keys:
-        errors.append(f"top-level keys {sorted(doc)} != {sorted(expected_keys)}")
-    if doc.get("schema_version") != SCHEMA_VERSION:
-        errors.append(f"schema_version {doc.get('schema_version')!r} != {SCHEMA_VERSION}")
-    plat = doc.get("platform")
-    if not (isinstance(plat, dict) and set(plat) == {"name", "class", "device_type"}
-            and all(isinstance(v, str) for v in plat.values())):
-        errors.append(f"platform must be {{name, class, device_type}} strings, got {plat!r}")
-    env = doc.get("environment")
-    if not (isinstance(env, dict) and set(env) == {"python", "torch", "reference_impl", "seed"}
-            and isinstance(env.get("seed"), int)
-            and all(isinstance(env.get(k), str) for k in ("python", "torch", "reference_impl"))):
-        errors.append(f"environment must be {{python, torch, reference_impl, seed:int}}, got {env!r}")
-    results = doc.get("results")
-    if not isinstance(results, list):
-        errors.append("results is not a list")
-        results = []
-    outcomes = {o.value for o in Outcome}
-    for i, r in enumerate(results):
-        where = f"results[{i}]"
-        if not isinstance(r, dict):
-            errors.append(f"{where} is not an object")
-            continue
-        if set(r) != set(_RESULT_FIELDS):
-            errors.append(f"{where} keys {sorted(r)} != {sorted(_RESULT_FIELDS)}")
-        for key, types in _RESULT_FIELDS.items():
-            if key in r and (not isinstance(r[key], types) or isinstance(r[key], bool)):
-                errors.append(f"{where}.{key} has type {type(r[key]).__name__}")
-        if r.get("check") not in FAMILIES:
-            errors.append(f"{where}.check {r.get('check')!r} is not one of {FAMILIES}")
-        if r.get("outcome") not in outcomes:
-            errors.append(f"{where}.outcome {r.get('outcome')!r} is not an outcome")
-        elif r["outcome"] != "PASS" and not r.get("message"):
-            errors.append(f"{where} ({r['outcome']}) has no message")
-    summary = doc.get("summary")
-    if not (isinstance(summary, dict) and all(k in outcomes and isinstance(v, int) for k, v in summary.items())):
-        errors.append(f"summary must map outcomes to counts, got {summary!r}")
-    elif isinstance(results, list):
-        actual = Counter(r.get("outcome") for r in results if isinstance(r, dict))
-        if {k: v for k, v in summary.items() if v} != {k: v for k, v in actual.items() if v}:
-            errors.append(f"summary {summary} does not count the results {dict(actual)}")
-    if doc.get("verdict") not in (CONFORMANT, NOT_CONFORMANT):
-        errors.append(f"verdict {doc.get('verdict')!r} is not CONFORMANT or NOT_CONFORMANT")
-    return errors
+        raise ResultsFileError(f"{path}: a results file is a JSON object, this is a {type(doc).__name__}")
+    return doc

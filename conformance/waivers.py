@@ -42,19 +42,37 @@ class Waiver:
         return ", ".join(parts) or "(matches everything)"
 
 
+def _entries(path: str, data, key: str, form: str) -> list:
+    """The waiver entries of a parsed manifest; WaiverFileError naming the file when its shape is wrong."""
+    if data == {}:
+        return []   # an empty manifest (comments only): no waivers, and the header says 0
+    if isinstance(data, dict):
+        unknown = sorted(set(data) - {key})
+        if unknown or key not in data:
+            raise WaiverFileError(f"waivers file {path}: expected {form}, found top-level keys {sorted(data)}"
+                                  + (f" ({unknown} unknown)" if unknown else ""))
+        data = data[key]
+    if not isinstance(data, list):
+        raise WaiverFileError(f"waivers file {path}: expected {form}, found a {type(data).__name__}")
+    return data
+
+
 def load_waivers(path: str) -> list[Waiver]:
+    """The manifest's waivers; WaiverFileError (one line naming the file) when it cannot serve as one."""
     try:
         if path.endswith(".toml"):
             import tomllib
 
             with open(path, "rb") as fh:
-                entries = tomllib.load(fh).get("waiver", [])
+                entries = _entries(path, tomllib.load(fh), "waiver", "[[waiver]] tables")
         else:
             with open(path) as fh:
                 data = json.load(fh)
-            entries = data.get("waivers", []) if isinstance(data, dict) else data
+            entries = _entries(path, data, "waivers", 'a list of waivers or {"waivers": [...]}')
+    except WaiverFileError:
+        raise
     except (OSError, ValueError) as exc:
-        raise WaiverFileError(f"cannot read waivers file {path}: {exc}") from exc
+        raise WaiverFileError(f"cannot read waivers file {path}: {' '.join(str(exc).split())}") from None
     waivers = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
@@ -91,12 +109,25 @@ def result_key(r) -> tuple:
 
 
 def load_baseline(path: str) -> dict[tuple, str]:
+    """Result key -> outcome of an earlier results file; WaiverFileError (one line naming the file and the
+    problem) when it is unreadable or not shaped like a results file, so the gate is never off silently."""
     try:
         with open(path) as fh:
             doc = json.load(fh)
     except (OSError, ValueError) as exc:
-        raise WaiverFileError(f"cannot read baseline {path}: {exc}") from exc
-    return {result_key(r): r["outcome"] for r in doc.get("results", [])}
+        raise WaiverFileError(f"cannot read baseline {path}: {' '.join(str(exc).split())}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
+        found = f"top-level keys {sorted(doc)}" if isinstance(doc, dict) else f"a {type(doc).__name__}"
+        raise WaiverFileError(f"baseline {path} is not a results file: expected an object with a 'results' list, "
+                              f"found {found}")
+    outcomes = {o.value for o in Outcome}
+    baseline = {}
+    for i, r in enumerate(doc["results"]):
+        if not isinstance(r, dict) or not isinstance(r.get("check"), str) or r.get("outcome") not in outcomes:
+            raise WaiverFileError(f"baseline {path}: results[{i}] is not a result (needs 'check' and a valid "
+                                  f"'outcome')")
+        baseline[result_key(r)] = r["outcome"]
+    return baseline
 
 
 def regression(result: CheckResult, baseline: dict[tuple, str]) -> str | None:

@@ -96,6 +96,7 @@ class KernelWorker:
         self.starts = 0
 
     def _spawn(self) -> None:
+        self._remove_log()   # the previous worker's log (its tail is already in a CRASH message)
         fd, self.log_path = tempfile.mkstemp(prefix="conformance-worker-", suffix=".log")
         env = dict(os.environ)
         env.setdefault("PYTHONFAULTHANDLER", "1")
@@ -208,8 +209,15 @@ class KernelWorker:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.stop()
-        if self.log_path and os.path.exists(self.log_path):
-            os.unlink(self.log_path)
+        self._remove_log()
+
+    def _remove_log(self) -> None:
+        if self.log_path:
+            try:
+                os.unlink(self.log_path)
+            except FileNotFoundError:
+                pass
+            self.log_path = None
 
 
 def describe_exit(rc: int | None) -> str:

@@ -1,7 +1,9 @@
 """Plugin discovery through entry points (PLUGIN_API.md section 1).
 
 `REFERENCE_IMPL_PLUGINS` is an allowlist of entry-point names: unset loads every plugin, an empty
-string loads none. A plugin that fails to import is reported with its name and the cause.
+string loads none. A plugin that fails to import is reported with its name and the cause; an
+allowlist name that no installed plugin declares is warned about (never a silent fallback), and
+the harness says when an explicit `--platform` bypasses the allowlist.
 """
 
 from __future__ import annotations
@@ -45,9 +47,58 @@ def discover_entry_points(group: str) -> list[EntryPoint]:
     return list(entry_points(group=group))
 
 
+def unknown_allowlist_names() -> list[str]:
+    """Allowlist names that no installed entry point of either plugin group declares (sorted)."""
+    allowed = allowed_plugin_names()
+    if not allowed:
+        return []
+    known = {ep.name for group in (PLATFORM_PLUGINS_GROUP, GENERAL_PLUGINS_GROUP)
+             for ep in discover_entry_points(group)}
+    return sorted(allowed - known)
+
+
+def unknown_allowlist_message() -> str | None:
+    """One line naming the allowlist entries that match no installed plugin, or None when all match."""
+    unknown = unknown_allowlist_names()
+    if not unknown:
+        return None
+    known = sorted({ep.name for group in (PLATFORM_PLUGINS_GROUP, GENERAL_PLUGINS_GROUP)
+                    for ep in discover_entry_points(group)})
+    return (f"{PLUGINS_ENV}={os.environ.get(PLUGINS_ENV)} names {', '.join(repr(n) for n in unknown)}, which no "
+            f"installed plugin declares (installed: {', '.join(known) or 'none'}); platform resolution goes on "
+            "without it and may pick a built-in platform")
+
+
+def allowlist_bypass_message(platform_name: str, builtin_names) -> str | None:
+    """One line when an explicitly named plugin platform is outside a set allowlist, else None."""
+    allowed = allowed_plugin_names()
+    if allowed is None or platform_name in allowed or platform_name in builtin_names:
+        return None
+    return (f"--platform={platform_name} is not in {PLUGINS_ENV}={os.environ.get(PLUGINS_ENV)}: an explicit "
+            f"platform bypasses the allowlist, so plugin '{platform_name}' and its distribution's general plugins "
+            "are loaded anyway")
+
+
+def platform_distribution(platform_name: str) -> dict[str, str] | None:
+    """{"distribution", "version"} of the installed distribution declaring platform plugin `platform_name`;
+    None for built-in platforms (no such entry point) or an entry point without distribution metadata."""
+    for ep in discover_entry_points(PLATFORM_PLUGINS_GROUP):
+        dist = getattr(ep, "dist", None)
+        if ep.name == platform_name and dist is not None:
+            return {"distribution": dist.metadata["Name"] or dist.name, "version": dist.version}
+    return None
+
+
+_warned_unknown: set[str] = set()
+
+
 def load_plugins_by_group(group: str) -> dict[str, Callable]:
     """Load the allowed entry points of `group`: entry-point name -> the loaded callable."""
     allowed = allowed_plugin_names()
+    message = unknown_allowlist_message()
+    if message and message not in _warned_unknown:   # once per process and allowlist
+        _warned_unknown.add(message)
+        logger.warning(message)
     plugins: dict[str, Callable] = {}
     for ep in discover_entry_points(group):
         if allowed is not None and ep.name not in allowed:

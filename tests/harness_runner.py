@@ -34,10 +34,8 @@ class HarnessRun:
         return {r["outcome"] for r in self.where(**fields)}
 
 
-def run_harness(tmp_path: Path, platform: str, *args: str, dist: str | Path | None = None,
-                level: str = "quick", timeout: float = 300) -> HarnessRun:
-    """`python -m pytest --platform=... --conformance-json=...` from `tmp_path` (not the project root)."""
-    out = tmp_path / f"{platform}.json"
+def harness_env(dist: str | Path | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a harness subprocess: no inherited allowlist or xdist state, `dist` on PYTHONPATH."""
     env = dict(os.environ)
     env.pop("REFERENCE_IMPL_PLUGINS", None)
     env.pop("PYTEST_XDIST_WORKER", None)
@@ -45,9 +43,23 @@ def run_harness(tmp_path: Path, platform: str, *args: str, dist: str | Path | No
     if dist:
         root = PLUGINS / dist if isinstance(dist, str) else dist
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "pytest", f"--platform={platform}", f"--conformance-level={level}",
-           f"--conformance-json={out}", "-p", "no:cacheprovider", *args]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    env.update(extra)
+    return env
+
+
+def harness_command(platform: str, out: Path, level: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", f"--platform={platform}", f"--conformance-level={level}",
+            f"--conformance-json={out}", "-p", "no:cacheprovider", *args]
+
+
+def run_harness(tmp_path: Path, platform: str, *args: str, dist: str | Path | None = None,
+                level: str = "quick", timeout: float = 300, env: dict[str, str] | None = None) -> HarnessRun:
+    """`python -m pytest --platform=... --conformance-json=...` from `tmp_path` (not the project root);
+    `env` adds variables (e.g. REFERENCE_IMPL_PLUGINS) to the cleaned environment."""
+    out = tmp_path / f"{platform}.json"
+    cmd = harness_command(platform, out, level, *args)
+    proc = subprocess.run(cmd, cwd=tmp_path, env=harness_env(dist, **(env or {})), capture_output=True, text=True,
+                          timeout=timeout)
     doc = json.loads(out.read_text()) if out.exists() else None
     return HarnessRun(proc.returncode, proc.stdout + proc.stderr, doc)
 

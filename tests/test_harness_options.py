@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from conformance.results import CheckResult, Outcome, ResultsFile, validate_document, verdict
+from conformance.exit_codes import ExitCode
+from conformance.results import CheckResult, Outcome, ResultsFile, RunInfo, validate_document, verdict
 from conformance.waivers import WaiverFileError, apply_waivers, load_waivers, regression
 from harness_runner import PLUGINS, run_harness
 
@@ -23,7 +24,7 @@ from harness_runner import PLUGINS, run_harness
 ])
 def test_platform_that_cannot_load_stops_the_run_with_one_clear_line(tmp_path, platform, fragments):
     run = run_harness(tmp_path, platform, dist="broken")
-    assert run.returncode not in (0, 1)
+    assert run.returncode == ExitCode.USAGE_ERROR
     lines = [ln for ln in run.output.splitlines() if "cannot activate --platform" in ln]
     assert len(lines) == 1, run.output[-2000:]
     for fragment in fragments:
@@ -36,13 +37,16 @@ def test_waivers_turn_failures_into_xfail_and_stale_ones_into_xpass(tmp_path):
     waivers.write_text('[[waiver]]\ncheck = "numerics"\nop = "rms_norm"\ndtype = "float32"\ncase = "*769*"\n'
                        'reason = "odd tail bug, vendor ticket 1"\n\n'
                        '[[waiver]]\ncheck = "numerics"\ncase = "tokens=1,hidden=128"\ndtype = "float32"\n'
-                       'reason = "stale"\n')
+                       'reason = "stale"\n\n'
+                       '[[waiver]]\nop = "no_such_op"\nreason = "typo"\n')
     run = run_harness(tmp_path, "broken_odd_numerics", f"--conformance-waivers={waivers}", "-k",
                       "numerics and ir_case and float32", dist="broken")
     assert validate_document(run.doc) == []
     assert run.outcomes(case="tokens=7,hidden=769") == {"XFAIL"}
     assert run.outcomes(case="tokens=1,hidden=128") == {"XPASS"}
     assert run.doc["verdict"] == "NOT_CONFORMANT" and run.returncode == 1   # strict gate on XPASS
+    assert f"conformance: waivers {waivers} (3 waivers); baseline none" in run.output
+    assert f"WARNING: waiver [op=no_such_op] (typo) in {waivers} matched no result of this run" in run.output
 
 
 def test_baseline_pass_that_regresses_fails_the_run(tmp_path):
@@ -55,6 +59,7 @@ def test_baseline_pass_that_regresses_fails_the_run(tmp_path):
     assert run.returncode == 1
     assert "regressions against the baseline: 1" in run.output
     assert "PASS before, FAIL now" in run.output
+    assert f"conformance: waivers none; baseline {path} (1 results, 1 PASS guarded)" in run.output
 
 
 def test_xdist_results_cover_all_workers(tmp_path):
@@ -86,6 +91,9 @@ def test_repro_command_reruns_the_failing_case(tmp_path):
 def test_report_renders_markdown(tmp_path):
     doc = {"schema_version": 1, "platform": {"name": "p", "class": "m.P", "device_type": "cpu"},
            "environment": {"python": "3.11", "torch": "2.13.0", "reference_impl": "0.1.0", "seed": 1},
+           "run": {"level": "quick", "seed": 1, "selection": {"partial": False, "keyword": None, "markexpr": None,
+                                                              "paths": [], "shard": None},
+                   "expected_results": 1, "written_results": 1, "complete": True},
            "results": [CheckResult("suites/test_numerics.py::test_ir_case[x]", "numerics", "rms_norm", "p",
                                    "float32", "c", Outcome.FAIL, "bad", repro="python -m conformance repro").to_json()],
            "summary": {"FAIL": 1}, "verdict": "NOT_CONFORMANT"}
@@ -107,12 +115,16 @@ def test_schema_validation_names_problems():
 
 def test_results_file_is_valid_while_running_and_gates_until_finished(tmp_path):
     rf = ResultsFile(str(tmp_path / "r.json"), {"name": "p", "class": "m.P", "device_type": "cpu"},
-                     {"python": "3", "torch": "2", "reference_impl": "0", "seed": 1}, min_interval_s=0)
+                     {"python": "3", "torch": "2", "reference_impl": "0", "seed": 1}, min_interval_s=0,
+                     run=RunInfo("quick", 1, expected_results=1))
     rf.add(CheckResult("n", "numerics", "op", "p", "float32", "c", Outcome.PASS))
     partial = json.loads((tmp_path / "r.json").read_text())
     assert validate_document(partial) == [] and partial["verdict"] == "NOT_CONFORMANT"
+    assert partial["run"]["complete"] is False and partial["run"]["written_results"] == 1
     rf.write(final=True)
-    assert json.loads((tmp_path / "r.json").read_text())["verdict"] == "CONFORMANT"
+    final = json.loads((tmp_path / "r.json").read_text())
+    assert final["verdict"] == "CONFORMANT" and final["run"]["complete"] is True
+    assert validate_document(final) == []
 
 
 def test_verdict_rules():
@@ -146,3 +158,52 @@ def test_plugin_is_inert_without_platform(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "1 passed" in proc.stdout
     assert "conformance:" not in proc.stdout and "scorecard" not in proc.stdout
+
+
+@pytest.mark.parametrize("name, content, fragment", [
+    ("w.json", {"a": 1}, "expected a list of waivers or {\"waivers\": [...]}, found top-level keys ['a']"),
+    ("w.json", {"waivers": {"op": "x"}}, "found a dict"),
+    ("w.json", "not json", "cannot read waivers file"),
+    ("w.toml", "[waivers]\nop = 'x'\n", "expected [[waiver]] tables, found top-level keys ['waivers']"),
+])
+def test_waivers_file_of_the_wrong_shape_is_an_error_naming_it(tmp_path, name, content, fragment):
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(WaiverFileError) as info:
+        load_waivers(str(path))
+    assert str(path) in str(info.value) and fragment in str(info.value)
+    empty = tmp_path / "empty.toml"
+    empty.write_text("# no waivers yet\n")
+    assert load_waivers(str(empty)) == []
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ({"a": 1}, "is not a results file: expected an object with a 'results' list, found top-level keys ['a']"),
+    ([1], "found a list"),
+    ({"results": [{"check": "numerics", "outcome": "GOOD"}]}, "results[0] is not a result"),
+])
+def test_baseline_of_the_wrong_shape_is_an_error_naming_it(tmp_path, content, fragment):
+    from conformance.waivers import load_baseline
+
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(WaiverFileError) as info:
+        load_baseline(str(path))
+    assert str(path) in str(info.value) and fragment in str(info.value)
+
+
+def test_allowlist_names_nothing_installed_or_is_bypassed(monkeypatch, caplog):
+    from reference_impl import plugins
+
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "nosuch, other")
+    assert plugins.unknown_allowlist_names() == ["nosuch", "other"]
+    with caplog.at_level("WARNING", logger=plugins.__name__):
+        assert plugins.load_plugins_by_group(plugins.PLATFORM_PLUGINS_GROUP) == {}
+    assert "REFERENCE_IMPL_PLUGINS=nosuch, other names 'nosuch', 'other', which no installed plugin declares" in \
+        caplog.text
+    assert plugins.allowlist_bypass_message("cpu", {"cpu"}) is None        # built-ins are not plugins
+    assert "bypasses the allowlist" in plugins.allowlist_bypass_message("vendor", {"cpu"})
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "vendor")
+    assert plugins.allowlist_bypass_message("vendor", {"cpu"}) is None
+    monkeypatch.delenv(plugins.PLUGINS_ENV)
+    assert plugins.unknown_allowlist_message() is None and plugins.allowlist_bypass_message("vendor", set()) is None

@@ -1,0 +1,66 @@
+"""Poisoned providers in-process: two real TIMEOUTs (or CRASHes) of one provider and op stop its other checks,
+for every process that shares the run directory."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.poison import PoisonBook
+from conformance.results import Outcome
+from conformance.run_dir import RunDir
+from conformance.units import Unit
+
+
+@pytest.fixture
+def run_dir():
+    rd = RunDir.create()
+    yield rd
+    rd.remove()
+
+
+def _unit(case: str, provider: str = "p", op: str = "rms_norm", family: str = "numerics") -> Unit:
+    return Unit(family, "ir_case", op, provider, "float32", case)
+
+
+@pytest.mark.parametrize("outcome, verb", [(Outcome.TIMEOUT, "hung"), (Outcome.CRASH, "crashed")])
+def test_two_timeouts_or_crashes_poison_the_provider_of_that_op_only(run_dir, outcome, verb):
+    book = PoisonBook(run_dir)
+    book.record(_unit("a"), outcome)
+    assert book.check(_unit("b")) is None                  # one is not enough: it may be that input
+    book.record(_unit("b"), outcome)
+    found = book.check(_unit("c"))
+    assert found is not None and found[0] is outcome
+    assert found[1] == (f"not run: provider p of op rms_norm {verb} in numerics.ir_case [rms_norm-p-float32-a] "
+                        f"earlier (2 {outcome.value} results); {outcome.value} without running it again")
+    assert book.check(_unit("c", provider="q")) is None      # another provider of the op runs
+    assert book.check(_unit("c", op="fused_add_rms_norm")) is None
+
+
+def test_other_outcomes_and_mixed_failures_do_not_poison(run_dir):
+    book = PoisonBook(run_dir)
+    for outcome in (Outcome.FAIL, Outcome.ERROR, Outcome.PASS):
+        book.record(_unit("a"), outcome)
+    assert book.check(_unit("b")) is None
+    book.record(_unit("a"), Outcome.TIMEOUT)
+    book.record(_unit("b"), Outcome.CRASH)
+    assert book.check(_unit("c")) is None                  # one of each kind: neither has happened twice
+
+
+def test_knowledge_is_shared_through_the_directory_and_reaches_the_model(run_dir):
+    PoisonBook(run_dir).record(_unit("a"), Outcome.TIMEOUT)
+    other_worker = PoisonBook(RunDir(run_dir.path))        # an xdist worker opens the same path
+    other_worker.record(_unit("b"), Outcome.TIMEOUT)
+    assert PoisonBook(run_dir).check(_unit("c"))[0] is Outcome.TIMEOUT
+    model = Unit("model", "decoder", "decoder", None, "float32", "eager")
+    assert other_worker.check(model) is None                # the model's providers were not named
+    found = other_worker.check(model, [("silu_and_mul", "x"), ("rms_norm", "p")])
+    assert found is not None and "the model runs the platform's default providers, and provider p" in found[1]
+
+
+def test_run_dir_skips_a_partly_written_line_and_only_its_creator_removes_it(run_dir):
+    run_dir.append("x.jsonl", {"a": 1})
+    with open(f"{run_dir.path}/x.jsonl", "a") as fh:
+        fh.write('{"a": ')                                   # a line another process is still writing
+    assert run_dir.records("x.jsonl") == [{"a": 1}]
+    RunDir(run_dir.path).remove()
+    assert run_dir.records("x.jsonl") == [{"a": 1}]
