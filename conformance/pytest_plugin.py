@@ -97,6 +97,7 @@ class ConformanceRun:
 
     # ----- running one unit ------------------------------------------------------------------
     def execute(self, unit: Unit, nodeid: str) -> CheckResult:
+        from conformance.checks.common import sanitize
         from conformance.waivers import apply_waivers
 
         defaults = [(op, p) for op, providers in self.inventory.defaults.items() for p in providers if p != "native"]
@@ -107,7 +108,7 @@ class ConformanceRun:
             reply = self._run_in_worker(unit)
             self.poison.record(unit, Outcome(reply["outcome"]))
         result = CheckResult(nodeid=nodeid, check=unit.family, op=unit.op, provider=unit.provider, dtype=unit.dtype,
-                             case=unit.case, outcome=Outcome(reply["outcome"]), message=reply.get("message"),
+                             case=unit.case, outcome=Outcome(reply["outcome"]), message=sanitize(reply.get("message")),
                              max_abs_err=reply.get("max_abs_err"), max_rel_err=reply.get("max_rel_err"),
                              repro=repro_command(self.name, unit, self.seed, self.level),
                              duration_s=round(float(reply.get("duration_s") or 0.0), 6))
