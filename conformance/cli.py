@@ -85,6 +85,18 @@ def _publish(args) -> int:
     return rc
 
 
+def _merge(args) -> int:
+    from conformance.merge_cli import run_merge
+
+    return run_merge(args.results, args.output)
+
+
+def _compare(args) -> int:
+    from conformance.merge_cli import run_compare
+
+    return run_compare(args.old, args.new, args.markdown)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="conformance", description="platform conformance harness tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -111,5 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     publish.add_argument("--dir", default="reports")
     publish.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     publish.set_defaults(fn=_publish)
+    merge = sub.add_parser("merge", help="join the results files of the shards of one run (--conformance-shard)")
+    merge.add_argument("results", nargs="+", help="the shards' results files, one per shard I/N")
+    merge.add_argument("-o", "--output", required=True, help="the merged results file to write")
+    merge.set_defaults(fn=_merge)
+    compare = sub.add_parser("compare", help="regressions, improvements, added and removed cases between two "
+                                             "results files; exits 1 on regressions")
+    compare.add_argument("old", help="the earlier (baseline) results file")
+    compare.add_argument("new", help="the later results file")
+    compare.add_argument("--markdown", metavar="PATH", help="also write a markdown summary (a pull-request comment)")
+    compare.set_defaults(fn=_compare)
     args = parser.parse_args(argv)
     return args.fn(args)

@@ -47,6 +47,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="earlier results file: a PASS that became anything else fails the run as a regression")
     group.addoption("--conformance-allow-xpass", action="store_true", default=False,
                     help="do not fail the run on XPASS (stale waivers); by default the gate is strict")
+    group.addoption("--conformance-shard", default=None, metavar="I/N",
+                    help="run only shard I of N (deterministic, balanced by expected cost; combines with -n); "
+                         "join the shards' results files with `python -m conformance merge`")
 
 
 class ConformanceRun:
@@ -71,6 +74,11 @@ class ConformanceRun:
         except (PlatformSetupError, WaiverFileError) as exc:
             raise pytest.UsageError(str(exc)) from None
         self.is_xdist_worker = hasattr(config, "workerinput")
+        from conformance.shard import install
+
+        self.shard = install(config, config.getoption("conformance_shard"))
+        # What narrowed the run, for the results file's run.selection (the shard is set here).
+        self.selection = {"shard": str(self.shard) if self.shard else None}
         self.results: list[CheckResult] = []
         self.regressions: list[str] = []
         self.worker = None
@@ -120,6 +128,26 @@ class ConformanceRun:
             if name == RESULT_PROPERTY:
                 self.add(CheckResult.from_json(value))
 
+    def run_block(self, expected_results: int) -> dict:
+        """The results file's `run` object before any result: level, seed, selection, expected_results."""
+        opt = self.config.option
+        paths = [str(p) for p in (opt.file_or_dir or [])]
+        keyword, markexpr = getattr(opt, "keyword", "") or None, getattr(opt, "markexpr", "") or None
+        selection = {"partial": bool(keyword or markexpr or paths or self.selection["shard"]),
+                     "keyword": keyword, "markexpr": markexpr, "paths": paths, **self.selection}
+        return {"level": self.level, "seed": self.seed, "selection": selection, "expected_results": expected_results}
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Single process: the items left after every deselection (-k, -m, shard) are the expected results."""
+        if self.results_file is not None:
+            self.results_file.run = self.run_block(sum(1 for i in session.items if _is_unit(i)))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
+        """xdist controller: every worker collected the same items; their count is the expected results."""
+        if self.results_file is not None and self.results_file.run is None:
+            self.results_file.run = self.run_block(len(ids))
+
     def verdict(self) -> str:
         return verdict(self.results, strict_xpass=self.strict_xpass)
 
@@ -127,6 +155,11 @@ class ConformanceRun:
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+
+
+def _is_unit(item: pytest.Item) -> bool:
+    """Whether the item produces a result (an empty parameter set yields an item without a unit)."""
+    return isinstance(getattr(getattr(item, "callspec", None), "params", {}).get("conformance_unit"), Unit)
 
 
 def _state(config: pytest.Config) -> ConformanceRun | None:

@@ -120,6 +120,7 @@ class ResultsFile:
         self.platform_info = platform_info
         self.env = env
         self.results: list[CheckResult] = []
+        self.run: dict[str, Any] | None = None   # level, seed, selection, expected_results (set after collection)
         self.min_interval_s = min_interval_s
         self._last_write = 0.0
         self.write(final=False)
@@ -130,7 +131,7 @@ class ResultsFile:
             self.write(final=False)
 
     def document(self, final: bool, strict_xpass: bool = True) -> dict[str, Any]:
-        return {
+        doc = {
             "schema_version": SCHEMA_VERSION,
             "platform": self.platform_info,
             "environment": self.env,
@@ -138,6 +139,11 @@ class ResultsFile:
             "summary": summarize(self.results),
             "verdict": verdict(self.results, strict_xpass=strict_xpass) if final else NOT_CONFORMANT,
         }
+        if self.run is not None:
+            written = len(self.results)
+            doc["run"] = {**self.run, "written_results": written,
+                          "complete": final and written == self.run["expected_results"]}
+        return doc
 
     def write(self, final: bool, strict_xpass: bool = True) -> None:
         doc = self.document(final, strict_xpass)
@@ -172,7 +178,7 @@ def validate_document(doc: Any) -> list[str]:
     if not isinstance(doc, dict):
         return ["document is not a JSON object"]
     expected_keys = {"schema_version", "platform", "environment", "results", "summary", "verdict"}
-    if set(doc) != expected_keys:
+    if set(doc) - {"run"} != expected_keys:
         errors.append(f"top-level keys {sorted(doc)} != {sorted(expected_keys)}")
     if doc.get("schema_version") != SCHEMA_VERSION:
         errors.append(f"schema_version {doc.get('schema_version')!r} != {SCHEMA_VERSION}")
