@@ -41,16 +41,9 @@ def _repro(args) -> int:
 
 
 def _report(args) -> int:
-    from conformance.report import render_markdown
-    from conformance.results import load_results
+    from conformance.html_report import write_report
 
-    text = render_markdown(load_results(args.results))
-    if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text)
-    else:
-        print(text)
-    return 0
+    return write_report(args.results, args.output)
 
 
 def _validate(args) -> int:
@@ -110,9 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     repro.add_argument("--seed", type=int, default=DEFAULT_SEED)
     repro.add_argument("--level", choices=LEVELS, default="standard")
     repro.set_defaults(fn=_repro)
-    report = sub.add_parser("report", help="render a results file as a markdown compatibility report")
-    report.add_argument("results")
-    report.add_argument("-o", "--output")
+    report = sub.add_parser("report", help="render results files as a compatibility report (HTML or markdown; "
+                                           "several files add a matrix across platforms)")
+    report.add_argument("results", nargs="+", help="one or more results files (--conformance-json)")
+    report.add_argument("-o", "--output", help="the report to write; its suffix picks the format (.html or .md); "
+                                               "default: markdown on stdout")
     report.set_defaults(fn=_report)
     validate = sub.add_parser("validate", help="check a results file against the CHECKS.md schema")
     validate.add_argument("results")
