@@ -2,9 +2,11 @@
 
     python -m conformance repro --platform NAME --check numerics.ir_case --op rms_norm --provider p \
         --dtype bfloat16 --case 'tokens=7,hidden=769' --seed 1234 --level standard
-    python -m conformance report results.json [-o report.md]
+    python -m conformance report results.json [more.json ...] [-o report.html|report.md]
     python -m conformance validate results.json
-    python -m conformance publish --platform cpu      # reruns the harness, writes reports/cpu.{json,md}
+    python -m conformance publish --platform cpu      # reruns the harness, writes reports/cpu.{json,md,html}
+    python -m conformance merge s1.json s2.json -o all.json      # join the files of --conformance-shard runs
+    python -m conformance compare old.json new.json [--markdown pr.md]   # exit 1 on regressions
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def _validate(args) -> int:
 
 
 def _publish(args) -> int:
-    """Run the harness for one platform and write `<dir>/<platform>.json` and `<dir>/<platform>.md`."""
+    """Run the harness for one platform and write `<dir>/<platform>.json`, `.md` and `.html`."""
     import os
     import subprocess
 
@@ -75,6 +77,10 @@ def _publish(args) -> int:
         return rc or 1
     with open(os.path.join(args.dir, f"{args.platform}.md"), "w") as fh:
         fh.write(render_markdown(load_results(json_path)))
+    from conformance.html_report import render_html
+
+    with open(os.path.join(args.dir, f"{args.platform}.html"), "w") as fh:
+        fh.write(render_html([(json_path, load_results(json_path))]))
     return rc
 
 

@@ -71,6 +71,11 @@ def _notes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         a, b = get(old), get(new)
         if a is not None and b is not None and a != b:
             notes.append(f"the files differ in {label}: {a} before, {b} now")
+    for label, doc in (("the earlier", old), ("the later", new)):
+        run = doc.get("run") or {}
+        if run and not run.get("complete", True):
+            notes.append(f"{label} file is incomplete ({run.get('written_results')} of "
+                         f"{run.get('expected_results')} results): missing cases show as removed or added")
     return notes
 
 

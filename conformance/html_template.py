@@ -7,7 +7,7 @@ is text; the Content-Security-Policy also forbids any script and any network loa
 CSS = """
 :root { --pass:#2e9d4f; --ni:#b9bec5; --ns:#d9dce0; --skip:#e6e8eb; --xfail:#c9b458; --qw:#e8a33d;
         --xpass:#8e5bd6; --fail:#d6453d; --error:#a8261f; --timeout:#6d1712; --crash:#3d0906; }
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", Helvetica, Arial, sans-serif;
+body { font: 14px/1.45 -apple-system, "Segoe UI", Roboto, "DejaVu Sans", "Liberation Sans", Helvetica, Arial, sans-serif;
        margin: 0; color: #1d2228; background: #f6f7f9; }
 header { background: #1d2a3a; color: #fff; padding: 14px 24px; }
 header h1 { margin: 0; font-size: 20px; }
@@ -24,7 +24,8 @@ td.num, th.num { text-align: right; }
 .verdict { display: inline-block; padding: 3px 10px; border-radius: 4px; font-weight: 700; color: #fff; }
 .v-good { background: var(--pass); } .v-bad { background: var(--fail); } .v-partial { background: var(--qw); }
 .chips span { display: inline-block; margin: 2px 6px 2px 0; padding: 1px 8px; border-radius: 10px; }
-table.heat td { text-align: center; min-width: 44px; font-variant-numeric: tabular-nums; }
+div.wide { overflow-x: auto; }
+table.heat td { text-align: center; min-width: 38px; font-variant-numeric: tabular-nums; }
 table.heat td.op, table.matrix td.op { text-align: left; white-space: nowrap; }
 .o-pass { background: var(--pass); color: #fff; } .o-not-implemented { background: var(--ni); }
 .o-not-supported { background: var(--ns); } .o-skip { background: var(--skip); }
@@ -66,11 +67,11 @@ TEMPLATE = """<!DOCTYPE html>
 <p class="note">One row per op, one column per results file. A cell counts the PASS results among those
 that judged an implementation; its colour is the worst outcome. <em>native</em>: the platform leaves the op
 to the native implementation; <em>-</em>: not in that run.</p>
-<table class="matrix">
+<div class="wide"><table class="matrix">
 <tr><th>op</th>{% for c in matrix_columns %}<th>{{ c }}</th>{% endfor %}</tr>
 {% for op, cells in matrix_rows %}<tr><td class="op">{{ op }}</td>{% for c in cells %}<td class="{{ c.css }}" title="{{ c.title }}">{{ c.text }}</td>{% endfor %}</tr>
 {% endfor %}<tr><th>ops fully passing</th>{% for t in matrix_totals %}<th class="num">{{ t }}</th>{% endfor %}</tr>
-</table>
+</table></div>
 </section>
 {% endif %}
 {% for v in views %}
@@ -80,10 +81,10 @@ to the native implementation; <em>-</em>: not in that run.</p>
 
 <h3>Scorecard</h3>
 <p class="note">{{ scorecard_legend }}</p>
-<table class="scorecard">
+<div class="wide"><table class="scorecard">
 <tr>{% for h in v.scorecard[0] %}<th>{{ h }}</th>{% endfor %}</tr>
 {% for row in v.scorecard[1] %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
-{% endfor %}</table>
+{% endfor %}</table></div>
 
 <h3>Heatmap: op &times; dtype &times; family</h3>
 <p class="note">Colour: the worst outcome in the cell among results that judged an implementation. Number: the
@@ -92,11 +93,11 @@ worst error-to-tolerance ratio, min(max abs err / atol, max rel err / rtol) agai
 number of results where no error is measured. A grey left edge: some results of the cell were not supported or not
 implemented (not judged). Hover for the counts.</p>
 {{ legend() }}
-{% if v.heatmap %}<table class="heat">
+{% if v.heatmap %}<div class="wide"><table class="heat">
 <tr><th rowspan="2">op</th><th rowspan="2">provider</th>{% for fam, n in v.families %}<th colspan="{{ n }}">{{ fam }}</th>{% endfor %}</tr>
 <tr>{% for fam, dt in v.columns %}<th>{{ dt }}</th>{% endfor %}</tr>
 {% for label, provider, cells in v.heatmap %}<tr><td class="op">{{ label }}</td><td class="op">{{ provider }}</td>{% for c in cells %}{% if c %}<td class="{{ c.css }}" title="{{ c.title }}">{{ c.text }}</td>{% else %}<td class="empty"></td>{% endif %}{% endfor %}</tr>
-{% endfor %}</table>{% else %}<p>No implementation of the platform was judged.</p>{% endif %}
+{% endfor %}</table></div>{% else %}<p>No implementation of the platform was judged.</p>{% endif %}
 
 <h3>Worst cases</h3>
 {% if v.worst %}<table class="cases">
@@ -105,7 +106,7 @@ implemented (not judged). Hover for the counts.</p>
 <td class="num">{{ "%.3g"|format(c.ratio) if c.ratio is not none else "" }}</td><td><pre class="msg">{{ c.result.message }}</pre></td>
 <td class="repro"><code>{{ c.result.repro }}</code></td></tr>
 {% endfor %}</table>{% else %}<p>No failing, waived or warned case.</p>{% endif %}
-{% if v.closest %}<p class="note">Passing cases nearest their tolerance:</p>
+{% if v.closest %}<p class="note">Passing cases nearest their tolerance (a passing result shows at most 1):</p>
 <table class="cases"><tr><th>case</th><th class="num">err / tol</th><th>repro</th></tr>
 {% for c in v.closest %}<tr><td><code>{{ c.result.nodeid }}</code></td><td class="num">{{ "%.3g"|format(c.ratio) }}</td><td class="repro"><code>{{ c.result.repro }}</code></td></tr>
 {% endfor %}</table>{% endif %}

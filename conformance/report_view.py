@@ -94,9 +94,13 @@ class PlatformView:
 WITHIN_TOLERANCE = frozenset({Outcome.PASS, Outcome.QUALITY_WARNING})
 
 
+def _raw_ratio(r: CheckResult) -> float | None:
+    return error_ratio(r.check, r.op, r.dtype, is_layer_result(r), r.max_abs_err, r.max_rel_err)
+
+
 def _ratio(r: CheckResult) -> float | None:
     """The result's error-to-tolerance estimate; at most 1 where the check found every element within tolerance."""
-    ratio = error_ratio(r.check, r.op, r.dtype, is_layer_result(r), r.max_abs_err, r.max_rel_err)
+    ratio = _raw_ratio(r)
     return min(ratio, 1.0) if ratio is not None and r.outcome in WITHIN_TOLERANCE else ratio
 
 
@@ -194,8 +198,9 @@ def platform_view(label: str, doc: dict[str, Any]) -> PlatformView:
     bad = [c for c in ranked if c.result.outcome.blocks_conformance
            or c.result.outcome in (Outcome.XPASS, Outcome.QUALITY_WARNING, Outcome.XFAIL)]
     bad.sort(key=lambda c: (-c.result.outcome.severity, -(c.ratio or 0.0), c.result.nodeid or ""))
+    # ranked by the uncapped estimate, so cases that all show 1 still come in a meaningful order
     passing = sorted((c for c in ranked if c.result.outcome is Outcome.PASS and c.ratio is not None),
-                     key=lambda c: (-c.ratio, c.result.nodeid or ""))
+                     key=lambda c: (-(_raw_ratio(c.result) or 0.0), c.result.nodeid or ""))
     return PlatformView(label, doc, results, text, css, summarize(results), scorecard_rows(results), columns,
                         heatmap, bad[:WORST_LISTED], passing[:5], _coverage(results), _environment(doc))
 

@@ -85,6 +85,9 @@ def test_markdown_keeps_plugin_messages_inside_their_cell():
 def test_compare_notes_files_of_different_runs_and_rejects_unreadable_ones(tmp_path, capsys):
     other = _doc([_r("a", "PASS")], name="other")
     assert compare(OLD, other).notes == ["the files differ in platform: plat before, other now"]
+    killed = dict(NEW, run={"complete": False, "written_results": 3, "expected_results": 10})
+    assert compare(OLD, killed).notes == ["the later file is incomplete (3 of 10 results): missing cases show as "
+                                          "removed or added"]
     (tmp_path / "old.json").write_text(json.dumps(OLD))
     (tmp_path / "bad.json").write_text("{truncated")
     assert main(["compare", str(tmp_path / "old.json"), str(tmp_path / "bad.json")]) == 4

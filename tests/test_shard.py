@@ -45,3 +45,14 @@ def test_malformed_shard_specs_are_refused(text):
 
 def test_shard_spec_round_trips():
     assert str(Shard.parse(" 2 / 4 ")) == "2/4" and Shard.parse("1/1") == Shard(1, 1)
+
+
+def test_malformed_shard_option_stops_the_run_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--platform=cpu", "--conformance-shard=5/3",
+                           "--collect-only", "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 4
+    assert "--conformance-shard '5/3': need 1 <= I <= N" in proc.stderr
