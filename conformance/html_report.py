@@ -57,6 +57,11 @@ def render_markdown(files: Sequence[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(["# Compatibility reports", "", matrix_markdown(platforms), *parts])
 
 
+def render(files: Sequence[tuple[str, dict[str, Any]]], fmt: str) -> str:
+    """The report of (path, document) pairs in `fmt` ('html' or 'markdown')."""
+    return render_html(files) if fmt == "html" else render_markdown(files)
+
+
 def format_for(output: str | None) -> str | None:
     """'html' or 'markdown' from the output's suffix (stdout: markdown); None for an unknown suffix."""
     if output is None or output.lower().endswith((".md", ".markdown")):
@@ -87,7 +92,7 @@ def write_report(paths: Sequence[str], output: str | None) -> int:
             print(f"conformance report: {path}: not a results file (no results list)", file=sys.stderr)
             return 4
         files.append((path, doc))
-    text = render_html(files) if fmt == "html" else render_markdown(files)
+    text = render(files, fmt)
     if output:
         with open(output, "w") as fh:
             fh.write(text)

@@ -146,3 +146,16 @@ def test_published_cpu_reports_are_rendered_from_the_published_results():
     doc = json.loads((ROOT / "reports" / "cpu.json").read_text())
     assert (ROOT / "reports" / "cpu.md").read_text() == file_markdown(doc)
     assert (ROOT / "reports" / "cpu.html").read_text() == render_html([("reports/cpu.json", doc)])
+
+
+def test_tolerances_come_from_the_op_the_layer_or_the_model():
+    from conformance.checks.model import MODEL_TOLERANCES
+    from conformance.tolerances import tolerance
+    from reference_impl.layers.layernorm import RMSNorm
+
+    assert tolerance("numerics", "rms_norm", "bfloat16", False) == IrOp.registry["rms_norm"].get_tolerance(
+        torch.bfloat16)
+    assert tolerance("numerics", "rms_norm", "float16", True) == tuple(RMSNorm.tolerances[torch.float16])
+    assert tolerance("model", "decoder", "float32", False) == MODEL_TOLERANCES[torch.float32]
+    assert tolerance("numerics", "no_such_op", "float32", False) is None
+    assert tolerance("numerics", "rms_norm", "no_such_dtype", False) is None
