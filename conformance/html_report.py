@@ -17,7 +17,7 @@ import jinja2
 from conformance.html_template import CSS, TEMPLATE
 from conformance.matrix import matrix, render_markdown as matrix_markdown, totals
 from conformance.report import LEGEND, render_markdown as file_markdown
-from conformance.report_view import labels, platform_view
+from conformance.report_view import labels, outcome_css, platform_view
 from conformance.results import Outcome
 
 COVERAGE_PARTS = [("implemented (providers)", "implemented"), ("native fallback", "fallback"),
@@ -26,7 +26,7 @@ COVERAGE_PARTS = [("implemented (providers)", "implemented"), ("native fallback"
 
 class _Legend:
     def __init__(self, outcome: Outcome):
-        self.name, self.css = outcome.value, "o-" + outcome.value.lower().replace("_", "-")
+        self.name, self.css = outcome.value, outcome_css(outcome)
 
 
 def _environment() -> jinja2.Environment:

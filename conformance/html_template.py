@@ -77,7 +77,7 @@ to the native implementation; <em>-</em>: not in that run.</p>
 {% for v in views %}
 <section class="platform" id="p{{ loop.index }}">
 <h2>Platform {{ v.label }} <span class="verdict {{ v.verdict_css }}">{{ v.verdict_text }}</span></h2>
-<div class="chips">{% for name, count in v.summary.items() %}<span class="o-{{ name|lower|replace('_', '-') }}">{{ count }} {{ name }}</span>{% endfor %}</div>
+<div class="chips">{% for text, css in v.chips %}<span class="{{ css }}">{{ text }}</span>{% endfor %}</div>
 
 <h3>Scorecard</h3>
 <p class="note">{{ scorecard_legend }}</p>

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from conformance.report import row_label
 from conformance.results import CheckResult, Outcome
 
-from conformance.report_view import NOT_JUDGED
+from conformance.report_view import NOT_JUDGED, outcome_css
 
 
 @dataclasses.dataclass
@@ -27,7 +27,7 @@ class MatrixCell:
     def css(self) -> str:
         if self.outcome is None:
             return "o-not-implemented" if self.text == "native" else "o-absent"
-        return "o-" + self.outcome.value.lower().replace("_", "-")
+        return outcome_css(self.outcome)
 
 
 def _cell(results: list[CheckResult]) -> MatrixCell:

@@ -18,9 +18,12 @@ from conformance.tolerances import error_ratio
 DTYPE_ORDER = ("float32", "float16", "bfloat16")
 NO_DTYPE = "-"
 WORST_LISTED = 15
-
-
 NOT_JUDGED = frozenset({Outcome.NOT_IMPLEMENTED, Outcome.NOT_SUPPORTED, Outcome.SKIP})
+
+
+def outcome_css(outcome: Outcome) -> str:
+    """The stylesheet class of an outcome's colour: 'o-quality-warning'."""
+    return "o-" + outcome.value.lower().replace("_", "-")
 
 
 @dataclasses.dataclass
@@ -32,7 +35,7 @@ class Cell:
 
     @property
     def css(self) -> str:
-        css = "o-" + self.outcome.value.lower().replace("_", "-")
+        css = outcome_css(self.outcome)
         not_judged = any(Outcome(o) in NOT_JUDGED for o in self.counts)
         return css + (" some-not-judged" if not_judged and self.outcome not in NOT_JUDGED else "")
 
@@ -59,7 +62,7 @@ class Case:
 
     @property
     def css(self) -> str:
-        return "o-" + self.result.outcome.value.lower().replace("_", "-")
+        return outcome_css(self.result.outcome)
 
 
 @dataclasses.dataclass
@@ -78,6 +81,11 @@ class PlatformView:
     coverage: dict[str, list[str]]
     environment: list[tuple[str, str]]
 
+
+    @property
+    def chips(self) -> list[tuple[str, str]]:
+        """('1442 PASS', 'o-pass') per outcome that occurred."""
+        return [(f"{n} {name}", outcome_css(Outcome(name))) for name, n in self.summary.items()]
 
     @property
     def families(self) -> list[tuple[str, int]]:
