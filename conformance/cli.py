@@ -2,9 +2,11 @@
 
     python -m conformance repro --platform NAME --check numerics.ir_case --op rms_norm --provider p \
         --dtype bfloat16 --case 'tokens=7,hidden=769' --seed 1234 --level standard
-    python -m conformance report results.json [-o report.md]
+    python -m conformance report results.json [more.json ...] [-o report.html|report.md]
     python -m conformance validate results.json
-    python -m conformance publish --platform cpu      # reruns the harness, writes reports/cpu.{json,md}
+    python -m conformance publish --platform cpu      # reruns the harness, writes reports/cpu.{json,md,html}
+    python -m conformance merge s1.json s2.json -o all.json      # join the files of --conformance-shard runs
+    python -m conformance compare old.json new.json [--markdown pr.md]   # exit 1 on regressions
 
 Every error that is the caller's (a missing or truncated file, an unknown platform, check, op,
 provider, dtype or case) is one line on stderr naming the file or value, with exit status 4; the
@@ -87,15 +89,19 @@ def _load(path: str) -> dict:
 
 
 def _report(args) -> int:
-    from conformance.report import render_markdown
+    from conformance.html_report import format_for, render
     from conformance.results import validate_document
 
-    doc = _load(args.results)
+    fmt = format_for(args.output)
+    if fmt is None:
+        raise UsageError(f"{args.output}: cannot tell the report format from the name: use .html or .md")
+    files = [(path, _load(path)) for path in args.results]
     try:
-        text = render_markdown(doc)
+        text = render(files, fmt)
     except (KeyError, TypeError, ValueError, AttributeError):
-        problems = validate_document(doc) or ["its fields are not those of a results file"]
-        raise UsageError(f"{args.results}: cannot render it: {problems[0]}"
+        bad = next(((path, validate_document(doc)) for path, doc in files if validate_document(doc)), None)
+        path, problems = bad if bad else (", ".join(args.results), ["its fields are not those of a results file"])
+        raise UsageError(f"{path}: cannot render it: {problems[0]}"
                          + (f" (and {len(problems) - 1} more problems: run conformance validate)"
                             if len(problems) > 1 else "")) from None
     if args.output:
@@ -129,7 +135,7 @@ def _validate(args) -> int:
 
 
 def _publish(args) -> int:
-    """Run the harness for one platform and write `<dir>/<platform>.json` and `<dir>/<platform>.md`."""
+    """Run the harness for one platform and write `<dir>/<platform>.json`, `.md` and `.html`."""
     import os
     import subprocess
 
@@ -145,7 +151,23 @@ def _publish(args) -> int:
         return rc or ExitCode.USAGE_ERROR
     with open(os.path.join(args.dir, f"{args.platform}.md"), "w") as fh:
         fh.write(render_markdown(_load(json_path)))
+    from conformance.html_report import render_html
+
+    with open(os.path.join(args.dir, f"{args.platform}.html"), "w") as fh:
+        fh.write(render_html([(json_path, _load(json_path))]))
     return rc
+
+
+def _merge(args) -> int:
+    from conformance.merge_cli import run_merge
+
+    return run_merge(args.results, args.output)
+
+
+def _compare(args) -> int:
+    from conformance.merge_cli import run_compare
+
+    return run_compare(args.old, args.new, args.markdown)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -173,11 +195,16 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the inputs (default %(default)s)")
     repro.add_argument("--level", choices=LEVELS, default="standard", help="conformance level (default %(default)s)")
     repro.set_defaults(fn=_repro)
-    report = sub.add_parser("report", help="render a results file as a markdown compatibility report",
-                            description="Render a results file (--conformance-json) as a markdown compatibility "
-                                        "report; an incomplete or narrowed run is marked as such.", **common)
-    report.add_argument("results", help="the results file (JSON) written by pytest --conformance-json")
-    report.add_argument("-o", "--output", metavar="PATH", help="write the report here (default: print to stdout)")
+    report = sub.add_parser("report", help="render results files as a compatibility report (HTML or markdown)",
+                            description="Render one or more results files (--conformance-json) as a compatibility "
+                                        "report: per platform the verdict, scorecard, heatmap, worst cases, "
+                                        "coverage and environment; several files add a matrix across platforms. An "
+                                        "incomplete or narrowed run is marked as such.", **common)
+    report.add_argument("results", nargs="+", help="one or more results files (JSON) written by pytest "
+                                                  "--conformance-json")
+    report.add_argument("-o", "--output", metavar="PATH",
+                        help="write the report here; the suffix picks the format, .html (one self-contained page) "
+                             "or .md (default: markdown printed to stdout)")
     report.set_defaults(fn=_report)
     validate = sub.add_parser("validate", help="check a results file against the CHECKS.md schema",
                               description="Check a results file against the schema (CHECKS.md plus the run block) "
@@ -194,6 +221,25 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--dir", default="reports", help="output directory (default %(default)s)")
     publish.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     publish.set_defaults(fn=_publish)
+    merge = sub.add_parser("merge", help="join the results files of the shards of one run (--conformance-shard)",
+                           description="Join the results files of the N shards of one run into one file with the "
+                                       "results, summary and verdict of the unsharded run. Missing, repeated or "
+                                       "overlapping shards, or shards of different runs, are refused (exit 4) and "
+                                       "nothing is written.", **common)
+    merge.add_argument("results", nargs="+", help="the shards' results files, one per shard I/N")
+    merge.add_argument("-o", "--output", required=True, metavar="PATH", help="the merged results file to write")
+    merge.set_defaults(fn=_merge)
+    compare = sub.add_parser("compare", help="regressions, improvements, added and removed cases between two "
+                                             "results files; exits 1 on regressions",
+                             description="Compare a later results file with an earlier one: regressions (a PASS "
+                                         "that became anything else, new failing cases), improvements, other "
+                                         "changes, cases added or removed. Exit 1 when there are regressions.",
+                             **common)
+    compare.add_argument("old", help="the earlier (baseline) results file")
+    compare.add_argument("new", help="the later results file")
+    compare.add_argument("--markdown", metavar="PATH",
+                         help="also write a markdown summary for a pull-request comment (default: none)")
+    compare.set_defaults(fn=_compare)
     return parser
 
 

@@ -54,6 +54,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="earlier results file: a PASS that became anything else fails the run as a regression")
     group.addoption("--conformance-allow-xpass", action="store_true", default=False,
                     help="do not fail the run on XPASS (stale waivers); by default the gate is strict")
+    group.addoption("--conformance-shard", default=None, metavar="I/N",
+                    help="run only shard I of N (deterministic, balanced by expected cost; combines with -n); "
+                         "join the shards' results files with `python -m conformance merge`")
 
 
 class ConformanceRun:
@@ -86,6 +89,12 @@ class ConformanceRun:
         self.run_info = RunInfo(self.level, self.seed, selection_of(config, SUITES_DIR))
         self.complete = False
         self.deselected_units = 0
+        from conformance.shard import install
+
+        self.shard = install(config, config.getoption("conformance_shard"))
+        if self.shard:
+            self.run_info.selection.shard = str(self.shard)
+            self.run_info.selection.partial = True
         self.results: list[CheckResult] = []
         self.regressions: list[str] = []
         self.worker = None

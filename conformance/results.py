@@ -186,15 +186,19 @@ class ResultsFile:
 
     def write(self, final: bool, strict_xpass: bool = True, finished: bool = True) -> None:
         """Rewrite the file; `finished` is false when the session ended early (interrupt, -x, crash)."""
-        doc = self.document(final, strict_xpass, finished)
-        directory = os.path.dirname(self.path) or "."
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".conformance-", suffix=".json", dir=directory)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh, indent=1, allow_nan=False)
-        os.chmod(tmp, 0o644)   # mkstemp makes it private; a results file is for CI to read
-        os.replace(tmp, self.path)
+        write_json_atomically(self.path, self.document(final, strict_xpass, finished))
         self._last_write = time.monotonic()
+
+
+def write_json_atomically(path: str, doc: dict[str, Any]) -> None:
+    """Write to a temporary file beside `path`, then rename: a reader never sees half a document."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".conformance-", suffix=".json", dir=directory)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(doc, fh, indent=1, allow_nan=False)
+    os.chmod(tmp, 0o644)   # mkstemp makes it private; a results file is for CI to read
+    os.replace(tmp, path)
 
 
 class ResultsFileError(ValueError):

@@ -1,0 +1,71 @@
+"""`conformance report A.json [B.json ...] -o report.html|.md`: the report of one or several results files.
+
+HTML: one self-contained page (conformance.html_template) with, per platform, the verdict, the
+scorecard, the heatmap, the worst cases with their repro commands, coverage and the environment,
+and for several files the compatibility matrix. Markdown: each file's report
+(conformance.report.render_markdown) and, for several files, the matrix. Deterministic output.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import jinja2
+
+from conformance.html_template import CSS, TEMPLATE
+from conformance.matrix import matrix, render_markdown as matrix_markdown, totals
+from conformance.report import LEGEND, render_markdown as file_markdown
+from conformance.report_view import labels, outcome_css, platform_view
+from conformance.results import Outcome
+
+COVERAGE_PARTS = [("implemented (providers)", "implemented"), ("native fallback", "fallback"),
+                  ("replaced layers", "replaced"), ("layers left to the in-tree class", "not_replaced")]
+
+
+class _Legend:
+    def __init__(self, outcome: Outcome):
+        self.name, self.css = outcome.value, outcome_css(outcome)
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                              lstrip_blocks=True)
+
+
+def render_html(files: Sequence[tuple[str, dict[str, Any]]]) -> str:
+    """The page for (path, document) pairs."""
+    views = [platform_view(label, doc) for label, (_, doc) in zip(labels(list(files)), files)]
+    columns, rows = matrix([(v.label, v.results) for v in views])
+    title = ("Conformance report: " if len(views) == 1 else "Conformance reports: ") + ", ".join(v.label for v in views)
+    return _environment().from_string(TEMPLATE).render(
+        title=title, css=CSS, views=views, outcomes=[_Legend(o) for o in Outcome], scorecard_legend=LEGEND,
+        matrix_columns=columns, matrix_rows=rows, matrix_totals=totals(rows, len(columns)),
+        coverage_parts=COVERAGE_PARTS)
+
+
+def render_markdown(files: Sequence[tuple[str, dict[str, Any]]]) -> str:
+    """One file: its markdown report as before; several: the matrix, then each file's report."""
+    parts = [file_markdown(doc) for _, doc in files]
+    if len(files) == 1:
+        return parts[0]
+    from conformance.results import CheckResult
+
+    platforms = [(label, [CheckResult.from_json(r) for r in doc["results"]])
+                 for label, (_, doc) in zip(labels(list(files)), files)]
+    return "\n".join(["# Compatibility reports", "", matrix_markdown(platforms), *parts])
+
+
+def render(files: Sequence[tuple[str, dict[str, Any]]], fmt: str) -> str:
+    """The report of (path, document) pairs in `fmt` ('html' or 'markdown')."""
+    return render_html(files) if fmt == "html" else render_markdown(files)
+
+
+def format_for(output: str | None) -> str | None:
+    """'html' or 'markdown' from the output's suffix (stdout: markdown); None for an unknown suffix."""
+    if output is None or output.lower().endswith((".md", ".markdown")):
+        return "markdown"
+    if output.lower().endswith((".html", ".htm")):
+        return "html"
+    return None

@@ -1,0 +1,127 @@
+"""The HTML report's Jinja2 template and inline stylesheet (one self-contained page: no scripts, fonts or fetches).
+
+Rendered with autoescape on, so every string from a results file (messages, names, repro commands)
+is text; the Content-Security-Policy also forbids any script and any network load.
+"""
+
+CSS = """
+:root { --pass:#2e9d4f; --ni:#b9bec5; --ns:#d9dce0; --skip:#e6e8eb; --xfail:#c9b458; --qw:#e8a33d;
+        --xpass:#8e5bd6; --fail:#d6453d; --error:#a8261f; --timeout:#6d1712; --crash:#3d0906; }
+body { font: 14px/1.45 -apple-system, "Segoe UI", Roboto, "DejaVu Sans", "Liberation Sans", Helvetica, Arial, sans-serif;
+       margin: 0; color: #1d2228; background: #f6f7f9; }
+header { background: #1d2a3a; color: #fff; padding: 14px 24px; }
+header h1 { margin: 0; font-size: 20px; }
+header nav a { color: #cfe1ff; margin-right: 14px; }
+main { padding: 8px 24px 40px; }
+section.platform, section.matrix { background: #fff; border: 1px solid #dde1e6; border-radius: 6px;
+       padding: 6px 18px 18px; margin: 16px 0; }
+h2 { font-size: 18px; margin: 12px 0 6px; }
+h3 { font-size: 15px; margin: 18px 0 6px; border-bottom: 1px solid #e4e7eb; padding-bottom: 3px; }
+table { border-collapse: collapse; margin: 4px 0; }
+th, td { border: 1px solid #dde1e6; padding: 3px 7px; text-align: left; vertical-align: top; }
+th { background: #eef1f4; font-weight: 600; }
+td.num, th.num { text-align: right; }
+.verdict { display: inline-block; padding: 3px 10px; border-radius: 4px; font-weight: 700; color: #fff; }
+.v-good { background: var(--pass); } .v-bad { background: var(--fail); } .v-partial { background: var(--qw); }
+.chips span { display: inline-block; margin: 2px 6px 2px 0; padding: 1px 8px; border-radius: 10px; }
+div.wide { overflow-x: auto; }
+table.heat td { text-align: center; min-width: 38px; font-variant-numeric: tabular-nums; }
+table.heat td.op, table.matrix td.op { text-align: left; white-space: nowrap; }
+.o-pass { background: var(--pass); color: #fff; } .o-not-implemented { background: var(--ni); }
+.o-not-supported { background: var(--ns); } .o-skip { background: var(--skip); }
+.o-xfail { background: var(--xfail); } .o-quality-warning { background: var(--qw); }
+.o-xpass { background: var(--xpass); color: #fff; } .o-fail { background: var(--fail); color: #fff; }
+.o-error { background: var(--error); color: #fff; } .o-timeout { background: var(--timeout); color: #fff; }
+.o-crash { background: var(--crash); color: #fff; } .o-absent { background: #fff; color: #8a929b; }
+td.empty { background: #fafbfc; }
+td.some-not-judged { box-shadow: inset 4px 0 0 var(--ni); }
+td.n, .n { opacity: .85; }
+.legend span { display: inline-block; padding: 1px 8px; margin: 2px 4px 2px 0; border-radius: 3px; font-size: 12px; }
+code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12px; }
+pre.msg { white-space: pre-wrap; word-break: break-word; margin: 0; max-width: 900px; }
+td.repro code { white-space: pre-wrap; word-break: break-all; }
+.note { color: #59626c; font-size: 12px; }
+ul.names { columns: 3; margin: 4px 0; }
+"""
+
+TEMPLATE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{ title }}</title>
+<style>{{ css }}</style>
+</head>
+<body>
+<header>
+<h1>{{ title }}</h1>
+<nav>{% if views|length > 1 %}<a href="#matrix">compatibility matrix</a>{% endif %}
+{% for v in views %}<a href="#p{{ loop.index }}">{{ v.label }}</a>{% endfor %}</nav>
+</header>
+<main>
+{% macro legend() %}<div class="legend">{% for o in outcomes %}<span class="{{ o.css }}">{{ o.name }}</span>{% endfor %}</div>{% endmacro %}
+{% if views|length > 1 %}
+<section class="matrix" id="matrix">
+<h2>Compatibility matrix</h2>
+<p class="note">One row per op, one column per results file. A cell counts the PASS results among those
+that judged an implementation; its colour is the worst outcome. <em>native</em>: the platform leaves the op
+to the native implementation; <em>-</em>: not in that run.</p>
+<div class="wide"><table class="matrix">
+<tr><th>op</th>{% for c in matrix_columns %}<th>{{ c }}</th>{% endfor %}</tr>
+{% for op, cells in matrix_rows %}<tr><td class="op">{{ op }}</td>{% for c in cells %}<td class="{{ c.css }}" title="{{ c.title }}">{{ c.text }}</td>{% endfor %}</tr>
+{% endfor %}<tr><th>ops fully passing</th>{% for t in matrix_totals %}<th class="num">{{ t }}</th>{% endfor %}</tr>
+</table></div>
+</section>
+{% endif %}
+{% for v in views %}
+<section class="platform" id="p{{ loop.index }}">
+<h2>Platform {{ v.label }} <span class="verdict {{ v.verdict_css }}">{{ v.verdict_text }}</span></h2>
+<div class="chips">{% for text, css in v.chips %}<span class="{{ css }}">{{ text }}</span>{% endfor %}</div>
+
+<h3>Scorecard</h3>
+<p class="note">{{ scorecard_legend }}</p>
+<div class="wide"><table class="scorecard">
+<tr>{% for h in v.scorecard[0] %}<th>{{ h }}</th>{% endfor %}</tr>
+{% for row in v.scorecard[1] %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
+{% endfor %}</table></div>
+
+<h3>Heatmap: op &times; dtype &times; family</h3>
+<p class="note">Colour: the worst outcome in the cell among results that judged an implementation. Number: the
+worst error-to-tolerance ratio, min(max abs err / atol, max rel err / rtol) against the op's tolerance for that dtype
+(1 is the edge of the tolerance; a passing result is within it everywhere, so it shows at most 1); <em>abs</em>: the plain max abs error where no tolerance is known; <em>n=</em>: the
+number of results where no error is measured. A grey left edge: some results of the cell were not supported or not
+implemented (not judged). Hover for the counts.</p>
+{{ legend() }}
+{% if v.heatmap %}<div class="wide"><table class="heat">
+<tr><th rowspan="2">op</th><th rowspan="2">provider</th>{% for fam, n in v.families %}<th colspan="{{ n }}">{{ fam }}</th>{% endfor %}</tr>
+<tr>{% for fam, dt in v.columns %}<th>{{ dt }}</th>{% endfor %}</tr>
+{% for label, provider, cells in v.heatmap %}<tr><td class="op">{{ label }}</td><td class="op">{{ provider }}</td>{% for c in cells %}{% if c %}<td class="{{ c.css }}" title="{{ c.title }}">{{ c.text }}</td>{% else %}<td class="empty"></td>{% endif %}{% endfor %}</tr>
+{% endfor %}</table></div>{% else %}<p>No implementation of the platform was judged.</p>{% endif %}
+
+<h3>Worst cases</h3>
+{% if v.worst %}<table class="cases">
+<tr><th>outcome</th><th>case</th><th class="num">err / tol</th><th>message</th><th>repro</th></tr>
+{% for c in v.worst %}<tr><td class="{{ c.css }}">{{ c.result.outcome.value }}</td><td><code>{{ c.result.nodeid }}</code></td>
+<td class="num">{{ "%.3g"|format(c.ratio) if c.ratio is not none else "" }}</td><td><pre class="msg">{{ c.result.message }}</pre></td>
+<td class="repro"><code>{{ c.result.repro }}</code></td></tr>
+{% endfor %}</table>{% else %}<p>No failing, waived or warned case.</p>{% endif %}
+{% if v.closest %}<p class="note">Passing cases nearest their tolerance (a passing result shows at most 1):</p>
+<table class="cases"><tr><th>case</th><th class="num">err / tol</th><th>repro</th></tr>
+{% for c in v.closest %}<tr><td><code>{{ c.result.nodeid }}</code></td><td class="num">{{ "%.3g"|format(c.ratio) }}</td><td class="repro"><code>{{ c.result.repro }}</code></td></tr>
+{% endfor %}</table>{% endif %}
+
+<h3>Coverage</h3>
+<p>IR ops implemented: <strong>{{ v.coverage.implemented|length }}</strong> of {{ v.coverage.implemented|length + v.coverage.fallback|length }};
+native fallback: <strong>{{ v.coverage.fallback|length }}</strong>.
+CustomOp layers replaced: <strong>{{ v.coverage.replaced|length }}</strong> of {{ v.coverage.replaced|length + v.coverage.not_replaced|length }}.</p>
+{% for title, key in coverage_parts %}{% if v.coverage[key] %}<p class="note">{{ title }}:</p><ul class="names">{% for n in v.coverage[key] %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}{% endfor %}
+
+<h3>Environment</h3>
+<table class="env">{% for k, val in v.environment %}<tr><th>{{ k }}</th><td>{{ val }}</td></tr>{% endfor %}</table>
+</section>
+{% endfor %}
+</main>
+</body>
+</html>
+"""

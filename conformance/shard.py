@@ -1,0 +1,126 @@
+"""`--conformance-shard=I/N`: a deterministic split of the result-producing items, balanced by expected cost.
+
+Every process that collects (a plain run, each xdist worker) computes the same plan from the same
+collected items, so a shard combines with `-n`: xdist sees identical collections on all workers.
+The plan is greedy longest-first: items sorted by (expected cost, nodeid) descending go one by one
+to the shard with the least cost so far (ties to the lower index), which keeps shards within about
+one heavy item of each other. Costs are relative, measured per check on the cpu platform.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import re
+from collections.abc import Sequence
+
+import pytest
+
+# Seconds per item, rounded from runs of the cpu platform and the demo plugin on 2 cores: the
+# check's own time plus about 0.03 s of pytest and worker round trip that every item pays. Compile
+# and model checks dominate; property draws and opcheck-based aliasing cases come next; numerics
+# cases are cheap. Unknown checks count as a plain case.
+ITEM_OVERHEAD_S = 0.03
+CHECK_COST_S = {
+    "model.decoder": 2.0,
+    "compile.ir_compile": 1.5,
+    "numerics.ir_property": 0.5,
+    "aliasing.ir_case": 0.1,
+    "dispatch.supports_args": 0.1,
+    "numerics.layer_case": 0.03,
+    "numerics.ir_case": 0.02,
+}
+DEFAULT_CHECK_COST_S = 0.005
+
+_SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+
+
+class ShardSpecError(ValueError):
+    """`--conformance-shard` is not I/N with 1 <= I <= N."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    index: int   # 1-based
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        match = _SPEC.match(text or "")
+        if not match:
+            raise ShardSpecError(f"--conformance-shard must be I/N (e.g. 2/4), got {text!r}")
+        index, count = int(match.group(1)), int(match.group(2))
+        if count < 1 or not 1 <= index <= count:
+            raise ShardSpecError(f"--conformance-shard {text!r}: need 1 <= I <= N")
+        return cls(index, count)
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def item_cost(family: str | None, check: str | None) -> float:
+    """Expected seconds of one item of `family.check` (relative weights are what matter)."""
+    return ITEM_OVERHEAD_S + CHECK_COST_S.get(f"{family}.{check}", DEFAULT_CHECK_COST_S)
+
+
+def plan(items: Sequence[tuple[str, float]], count: int) -> list[int]:
+    """For (nodeid, cost) pairs, the 0-based shard of each; depends only on the pairs, not their order."""
+    order = sorted(range(len(items)), key=lambda i: (-items[i][1], items[i][0]))
+    loads = [(0.0, s) for s in range(count)]   # (cost so far, shard) as a heap
+    heapq.heapify(loads)
+    assignment = [0] * len(items)
+    for i in order:
+        load, shard = heapq.heappop(loads)
+        assignment[i] = shard
+        heapq.heappush(loads, (load + items[i][1], shard))
+    return assignment
+
+
+def _cost_of(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("conformance")
+    family, check = (marker.args[:2] if marker is not None and len(marker.args) >= 2 else (None, None))
+    return item_cost(family, check)
+
+
+class ShardSelector:
+    """Plugin object: keeps this shard's items at the end of collection, deselects the others."""
+
+    def __init__(self, shard: Shard):
+        self.shard = shard
+        self.total_items = 0
+        self.kept_cost = 0.0
+        self.total_cost = 0.0
+
+    @pytest.hookimpl(trylast=True)   # after -k/-m deselection, so a shard splits what the selection left
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        costs = [(item.nodeid, _cost_of(item)) for item in items]
+        assignment = plan(costs, self.shard.count)
+        keep, drop = [], []
+        for item, (_, cost), shard in zip(items, costs, assignment):
+            (keep if shard == self.shard.index - 1 else drop).append(item)
+            if shard == self.shard.index - 1:
+                self.kept_cost += cost
+        self.total_items = len(items)
+        self.total_cost = sum(c for _, c in costs)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+    def pytest_report_header(self, config: pytest.Config) -> str:
+        return f"conformance: shard {self.shard} (items split by expected cost; merge the shards' files with " \
+               f"`python -m conformance merge`)"
+
+
+SHARD_PLUGIN_NAME = "conformance-shard"
+
+
+def install(config: pytest.Config, text: str | None) -> Shard | None:
+    """Register the selector for `--conformance-shard=text` (None: no sharding); UsageError when malformed."""
+    if not text:
+        return None
+    try:
+        shard = Shard.parse(text)
+    except ShardSpecError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.pluginmanager.register(ShardSelector(shard), SHARD_PLUGIN_NAME)
+    return shard
