@@ -1,6 +1,7 @@
 """The tolerance a result was judged against, looked up from reference_impl, for error-to-tolerance ratios.
 
-IR ops: `IrOp.get_tolerance(dtype)`; CustomOp layers: the in-tree class's `tolerances`; the model
+IR ops: `IrOp.get_tolerance(dtype)`; CustomOp layers: the in-tree class's declared record
+(`conformance_of(cls).get_tolerance`); the model
 family: the model check's tolerances. None where the name or dtype is unknown here (a results file
 from another version), and the report then shows the plain absolute error.
 """
@@ -38,7 +39,9 @@ def tolerance(check: str, op: str | None, dtype: str | None, layer: bool) -> tup
         if check == "model":
             return tuple(model[torch_dtype])
         if layer:
-            return tuple(layers[op].tolerances[torch_dtype])
+            from reference_impl.layers.cases import conformance_of
+
+            return tuple(conformance_of(layers[op]).get_tolerance(torch_dtype))
         return tuple(ir_ops[op].get_tolerance(torch_dtype))
     except (KeyError, AttributeError, TypeError):
         return None

@@ -48,7 +48,7 @@ def test_subcommand_help_describes_arguments_and_defaults(capsys):
     assert "numerics.ir_case" in repro and "dispatch.supports_args" in repro and "model.decoder" in repro
     assert "(default 1234)" in repro and "(default standard)" in repro
     report = _help(capsys, "report")
-    assert "the results file (JSON)" in report and "default: print to stdout" in report
+    assert "results files (JSON)" in report and "markdown printed to stdout" in report and ".html" in report
     assert "the results file (JSON) to check" in _help(capsys, "validate")
     assert "(default reports)" in _help(capsys, "publish")
 

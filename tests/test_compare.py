@@ -93,5 +93,5 @@ def test_compare_notes_files_of_different_runs_and_rejects_unreadable_ones(tmp_p
     assert main(["compare", str(tmp_path / "old.json"), str(tmp_path / "bad.json")]) == 4
     assert main(["compare", str(tmp_path / "old.json"), str(tmp_path / "missing.json")]) == 4
     err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith(f"conformance compare: {tmp_path / 'bad.json'}: cannot read it as JSON")
+    assert err[0].startswith(f"conformance compare: {tmp_path / 'bad.json'}: not valid JSON")
     assert err[1] == f"conformance compare: {tmp_path / 'missing.json'}: no such results file"
