@@ -18,6 +18,7 @@ from conformance.units import DEFAULT_SEED, LEVELS
 
 def _repro(args) -> int:
     from conformance.checks import CheckContext, run_unit
+    from conformance.tool_state import redirect_tool_state
     from conformance.inventory import PlatformSetupError, activate
     from conformance.results import Outcome
     from conformance.units import Unit
@@ -31,6 +32,7 @@ def _repro(args) -> int:
     except PlatformSetupError as exc:
         print(str(exc), file=sys.stderr)
         return 2
+    redirect_tool_state(args)  # hypothesis draws leave no .hypothesis/ in the current directory
     unit = Unit(family, check, args.op, args.provider, args.dtype, args.case)
     ctx = CheckContext(args.platform, inventory.platform, seed=args.seed, level=args.level)
     verdict, duration = run_unit(ctx, unit)

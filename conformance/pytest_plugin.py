@@ -138,6 +138,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance(family, check): a conformance suite body (set by suites/)")
     if not config.getoption("platform", None):
         return
+    from conformance.tool_state import redirect_tool_state
+
+    redirect_tool_state(config.option)  # no .hypothesis/ or .benchmarks/ in the vendor's directory
     state = ConformanceRun(config)
     config.stash[_STATE] = state
     config.pluginmanager.register(state, "conformance-run")
