@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("results")
     report.add_argument("-o", "--output")
     report.set_defaults(fn=_report)
-    validate = sub.add_parser("validate", help="check a results file against the CHECKS.md schema")
+    validate = sub.add_parser("validate", help="check a results file against the schema of docs/results-file.md")
     validate.add_argument("results")
     validate.set_defaults(fn=_validate)
     publish = sub.add_parser("publish", help="run the harness and write the platform's published report")

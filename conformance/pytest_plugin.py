@@ -34,7 +34,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run the conformance suites against this platform (built-in name or platform-plugin "
                          "entry-point name)")
     group.addoption("--conformance-json", default=None, metavar="PATH",
-                    help="write the machine-readable results file (CHECKS.md schema), updated while running")
+                    help="write the machine-readable results file (docs/results-file.md), updated while running")
     group.addoption("--conformance-seed", type=int, default=DEFAULT_SEED, metavar="N",
                     help=f"seed of every generated input and hypothesis draw (default {DEFAULT_SEED})")
     group.addoption("--conformance-level", choices=LEVELS, default="standard",
