@@ -74,12 +74,14 @@ cmd_gate() {
     return 4
   fi
   local all="$OUT_DIR/all.json"
+  rm -f "$all" "$OUT_DIR/compare.md" "$OUT_DIR/report.html" "$OUT_DIR/report.md"  # nothing stale is uploaded
   "$PYTHON" -m conformance merge "${shards[@]}" -o "$all" || { say "gate: the shards could not be merged"; return 4; }
   "$PYTHON" -m conformance report "$all" -o "$OUT_DIR/report.html" || { say "gate: no HTML report"; return 4; }
   "$PYTHON" -m conformance report "$all" -o "$OUT_DIR/report.md" || { say "gate: no Markdown report"; return 4; }
 
   local verdict
-  verdict=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["verdict"])' "$all")
+  verdict=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["verdict"])' "$all") ||
+    { say "gate: $all has no verdict"; return 4; }
   local gate=0
   [ "$verdict" = CONFORMANT ] || gate=1
 
