@@ -5,7 +5,7 @@ Compares, on tiny tensors (so call overhead dominates):
                (for the functional form of an in-place implementation, after cloning the activations)
   plain op  -- a plain torch library op (Library.define + CompositeExplicitAutograd impl) with that body
   IR        -- `ir.ops.<op>(...)` (functional) and `ir.ops.<op>.maybe_inplace(...)`
-The DESIGN.md target: IR dispatch adds no more than torch's own dispatcher does for a plain op,
+The project's target: IR dispatch adds no more than torch's own dispatcher does for a plain op,
 i.e. (IR - direct) <= (plain op - direct). Each op is measured with the platform's default
 selection and with `native` forced: a provider's `supports_args` predicate runs on every eager
 call, so the difference between the two rows is that predicate's own cost.

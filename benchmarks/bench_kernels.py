@@ -6,7 +6,7 @@ the native function compiled by torch.compile (inductor), and a plain copy of th
 bytes; then the ratios kernel/copy, kernel/inductor and kernel/eager (ratios of times), all
 measured interleaved in one run on this machine. The copy allocates its destination (`clone`)
 when the kernel allocates its output and is `copy_` into an existing tensor for in-place kernels.
-Targets (DESIGN.md): >= 0.8 of copy, >= inductor, >= 3x eager.
+Targets: >= 0.8 of copy, >= inductor, >= 3x eager.
 
 By default the script runs with glibc malloc set to reuse freed memory (`--allocator reuse`), so
 the numbers measure the kernels rather than the kernel's page faults: with glibc defaults every

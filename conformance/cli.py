@@ -58,6 +58,7 @@ def find_unit(inventory, family: str, check: str, fields: dict[str, str | None])
 
 def _repro(args) -> int:
     from conformance.checks import CheckContext, run_unit
+    from conformance.tool_state import redirect_tool_state
     from conformance.inventory import PlatformSetupError, activate
     from conformance.results import Outcome
 
@@ -69,6 +70,7 @@ def _repro(args) -> int:
     except PlatformSetupError as exc:
         raise UsageError(str(exc)) from None
     fields = {"op": args.op, "provider": args.provider, "dtype": args.dtype, "case": args.case}
+    redirect_tool_state(args)  # hypothesis draws leave no .hypothesis/ in the current directory
     unit = find_unit(inventory, family, check, fields)
     ctx = CheckContext(args.platform, inventory.platform, seed=args.seed, level=args.level)
     verdict, duration = run_unit(ctx, unit)
@@ -206,8 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write the report here; the suffix picks the format, .html (one self-contained page) "
                              "or .md (default: markdown printed to stdout)")
     report.set_defaults(fn=_report)
-    validate = sub.add_parser("validate", help="check a results file against the CHECKS.md schema",
-                              description="Check a results file against the schema (CHECKS.md plus the run block) "
+    validate = sub.add_parser("validate", help="check a results file against the schema of docs/results-file.md",
+                              description="Check a results file against the schema (docs/results-file.md) "
                                           "and its own arithmetic; prints the problems, or 'valid' and whether the "
                                           "run is complete or a partial selection. A schema-valid file of an "
                                           "INCOMPLETE run exits 1 too.", **common)

@@ -41,7 +41,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run the conformance suites against this platform (built-in name or platform-plugin "
                          "entry-point name). " + exit_codes_line())
     group.addoption("--conformance-json", default=None, metavar="PATH",
-                    help="write the machine-readable results file (CHECKS.md schema), updated while running")
+                    help="write the machine-readable results file (docs/results-file.md), updated while running")
     group.addoption("--conformance-seed", type=int, default=DEFAULT_SEED, metavar="N",
                     help=f"seed of every generated input and hypothesis draw (default {DEFAULT_SEED})")
     group.addoption("--conformance-level", choices=LEVELS, default="standard",
@@ -207,6 +207,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance(family, check): a conformance suite body (set by suites/)")
     if not config.getoption("platform", None):
         return
+    from conformance.tool_state import redirect_tool_state
+
+    redirect_tool_state(config.option)  # no .hypothesis/ or .benchmarks/ in the vendor's directory
     state = ConformanceRun(config)
     config.stash[_STATE] = state
     config.pluginmanager.register(state, "conformance-run")

@@ -1,4 +1,4 @@
-"""Outcomes, one check's result, the verdict, and the results file of CHECKS.md (schema_version 1).
+"""Outcomes, one check's result, the verdict, and the results file (docs/results-file.md, schema_version 1).
 
 The results file is rewritten atomically (write to a temporary file, then rename) so a run that
 is killed leaves a valid document with what it had; its `run` block says what the run covers
@@ -23,7 +23,7 @@ FAMILIES = ("numerics", "aliasing", "compile", "dispatch", "model")
 
 
 class Outcome(str, enum.Enum):
-    """CHECKS.md outcomes, declared from least to most severe."""
+    """docs/checks.md outcomes, declared from least to most severe."""
 
     PASS = "PASS"
     NOT_IMPLEMENTED = "NOT_IMPLEMENTED"
@@ -53,7 +53,7 @@ NOT_CONFORMANT = "NOT_CONFORMANT"
 
 @dataclasses.dataclass
 class CheckResult:
-    """One entry of `results` in the results file (field names and order as in CHECKS.md)."""
+    """One entry of `results` in the results file (field names and order as in docs/results-file.md)."""
 
     nodeid: str | None
     check: str

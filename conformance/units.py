@@ -20,7 +20,7 @@ PROPERTY_CASE = "property"
 
 @dataclasses.dataclass(frozen=True)
 class Unit:
-    """One check of one thing: `family` is the CHECKS.md word, `check` the generic body that runs it."""
+    """One check of one thing: `family` is the docs/checks.md word, `check` the generic body that runs it."""
 
     family: str
     check: str

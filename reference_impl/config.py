@@ -1,6 +1,6 @@
 """The runtime config: which CustomOps are enabled and which IR providers are preferred.
 
-`CompilationConfig.custom_ops` and `KernelConfig.ir_op_priority` follow PLUGIN_API.md sections 3-4.
+`CompilationConfig.custom_ops` and `KernelConfig.ir_op_priority` follow docs/plugin-api.md §3-4.
 A current config is held per process; `set_current_config` installs one for a block.
 """
 

@@ -1,4 +1,4 @@
-"""`CustomOp` and `PluggableLayer`: layer classes that out-of-tree plugins can replace (PLUGIN_API.md §4).
+"""`CustomOp` and `PluggableLayer`: layer classes that out-of-tree plugins can replace (docs/plugin-api.md §4).
 
 Both keep an in-tree registry (registered name -> class) and an out-of-tree registry (replaced
 class's `__name__` -> replacement class); constructing a replaced class builds the replacement.

@@ -1,4 +1,4 @@
-"""Plugin discovery through entry points (PLUGIN_API.md section 1).
+"""Plugin discovery through entry points (docs/plugin-api.md §1).
 
 `REFERENCE_IMPL_PLUGINS` is an allowlist of entry-point names: unset loads every plugin, an empty
 string loads none. A plugin that fails to import is reported with its name and the cause; an

@@ -1,4 +1,4 @@
-"""Plugin discovery through real entry points and the platform resolution rules (PLUGIN_API.md §1-2)."""
+"""Plugin discovery through real entry points and the platform resolution rules (docs/plugin-api.md §1-2)."""
 
 from __future__ import annotations
 

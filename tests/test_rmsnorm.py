@@ -1,4 +1,4 @@
-"""The rms_norm IR ops' semantics (PLUGIN_API.md §3) and the RMSNorm layer built on them."""
+"""The rms_norm IR ops' semantics (docs/plugin-api.md §3) and the RMSNorm layer built on them."""
 
 from __future__ import annotations
 

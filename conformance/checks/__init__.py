@@ -1,4 +1,4 @@
-"""Reusable check bodies, one module per CHECKS.md family, and `run_unit` that runs one by name."""
+"""Reusable check bodies, one module per docs/checks.md family, and `run_unit` that runs one by name."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The functional IR: `register_op`, `IrOp`, `IrOpImpl` and priority dispatch (PLUGIN_API.md section 3).
+"""The functional IR: `register_op`, `IrOp`, `IrOpImpl` and priority dispatch (docs/plugin-api.md §3).
 
 An op's native function is its semantics. Each op is also a real torch library op in the
 `reference_ir` namespace (functional `default` overload, plus `maybe_inplace` where allowed),
@@ -140,7 +140,7 @@ class IrOp:
     # ----- registration -------------------------------------------------------------------
     def register_impl(self, provider: str, *, supported: bool = True,
                       supports_args: Callable[..., bool] | None = None, inplace: bool = False):
-        """Decorator registering `fn` as `provider`'s implementation (rules in PLUGIN_API.md §3)."""
+        """Decorator registering `fn` as `provider`'s implementation (rules in docs/plugin-api.md §3)."""
         if not isinstance(provider, str) or not provider:
             raise IrRegistrationError(f"op '{self.name}': provider must be a non-empty string, got {provider!r}")
         if provider in RESERVED_PROVIDERS:

@@ -30,10 +30,12 @@ from pathlib import Path
 
 import torch
 
+from reference_impl.kernels._csrc import csrc_dir
+
 logger = logging.getLogger(__name__)
 
 LIBRARY = "reference_cuda"
-CSRC_DIR = Path(__file__).resolve().parents[2] / "csrc" / "cuda"
+CSRC_DIR = csrc_dir() / "cuda"
 CU_SOURCES = ("norm.cu", "activation.cu", "rotary.cu", "quant.cu")
 BINDING = "bindings.cpp"
 DEFAULT_ARCHS = ("80", "90")

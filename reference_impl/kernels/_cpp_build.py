@@ -22,11 +22,12 @@ from pathlib import Path
 import torch
 
 from reference_impl.kernels._cpp_provider import register_fakes
+from reference_impl.kernels._csrc import csrc_dir
 
 logger = logging.getLogger(__name__)
 
 LIBRARY = "reference_cpu"
-CSRC_DIR = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
+CSRC_DIR = csrc_dir() / "cpu"
 SOURCES = ("bindings.cpp", "norm.cpp", "activation.cpp", "rotary.cpp", "quant.cpp")
 # Files the sources include (hashed into the build name); paths relative to CSRC_DIR.
 HEADERS = ("kernels.h", "vec_common.h", "../common/binding_utils.h", "../common/schemas.inc",
@@ -71,8 +72,8 @@ def toolchain_problem() -> str | None:
         return "ninja is not on PATH (pip install ninja, or install your distribution's ninja-build)"
     missing = [n for n in SOURCES + HEADERS if not (CSRC_DIR / n).is_file()]
     if missing:
-        return (f"kernel sources {missing} are missing from {CSRC_DIR} (csrc/ ships with a source "
-                "checkout; install the project editable or from the repository)")
+        return (f"kernel sources {missing} are missing from {CSRC_DIR} (an installed package "
+                "ships them under reference_impl/_csrc, a source checkout under csrc/; reinstall the project)")
     return None
 
 

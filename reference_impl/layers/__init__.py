@@ -1,1 +1,1 @@
-"""Reference layers (spec/CATALOG.md), one module per family."""
+"""Reference layers (docs/catalog.md), one module per family."""

@@ -1,4 +1,4 @@
-"""Activation layers (spec/CATALOG.md): gated activations, the GELU family, relu^2 and xIELU.
+"""Activation layers (docs/catalog.md): gated activations, the GELU family, relu^2 and xIELU.
 
 Each layer whose formula is an IR op calls it (`ir.ops.<name>`), so kernels are picked by IR
 dispatch; the layer adds construction-time validation and vLLM's constructor arguments.

@@ -1,4 +1,4 @@
-"""Attention layers without a KV cache (spec/CATALOG.md `mm_encoder_attn`, `multi_head_latent_attention`).
+"""Attention layers without a KV cache (docs/catalog.md `mm_encoder_attn`, `multi_head_latent_attention`).
 
 Both compute `softmax(q k^T * scale) v` in float32 (float64 inputs: float64) and round the result
 once to the input dtype, which is what flash-attention style kernels approximate (float32

@@ -1,4 +1,4 @@
-"""Convolution layers of vision encoders (spec/CATALOG.md `conv2d` / `conv3d`).
+"""Convolution layers of vision encoders (docs/catalog.md `conv2d` / `conv3d`).
 
 The native semantics are exactly `F.conv2d` / `F.conv3d` with the layer's weight, bias, stride,
 padding, dilation and groups (non-zero padding modes pad first with `F.pad`, like nn.ConvNd).

@@ -1,4 +1,4 @@
-"""Mixture-of-experts layers (spec/CATALOG.md `fused_moe`, `modular_fused_moe`, `unquantized_fused_moe`,
+"""Mixture-of-experts layers (docs/catalog.md `fused_moe`, `modular_fused_moe`, `unquantized_fused_moe`,
 `transformers_fused_moe`, `grouped_topk`).
 
 A MoE layer is routing (top-k experts per token, with weights) followed by the experts:

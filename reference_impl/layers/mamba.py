@@ -1,4 +1,4 @@
-"""Mamba layers (spec/CATALOG.md): the Mamba2 gated group RMS norm (`mixer2_gated_rms_norm`) and the
+"""Mamba layers (docs/catalog.md): the Mamba2 gated group RMS norm (`mixer2_gated_rms_norm`) and the
 mixers built on state-space scans (`mamba_mixer`, `mamba_mixer2`, `plamo2_mamba_mixer`, `short_conv`).
 
 Tensor parallelism is fixed at tp=1 here: vLLM's Mixer2RMSNormGated all-reduces the sum of squares

@@ -1,4 +1,4 @@
-"""Rotary position embedding layers (spec/CATALOG.md): RotaryEmbedding, DualChunkRotaryEmbedding,
+"""Rotary position embedding layers (docs/catalog.md): RotaryEmbedding, DualChunkRotaryEmbedding,
 ApplyRotaryEmb. All of them rotate through IR `rotary_embedding` / `rotary_embedding_query`.
 
 The layers use the functional IR form: query and key are never modified and fresh tensors are

@@ -1,4 +1,4 @@
-"""The `Platform` base class and `PlatformEnum`: what a vendor subclasses (PLUGIN_API.md section 2)."""
+"""The `Platform` base class and `PlatformEnum`: what a vendor subclasses (docs/plugin-api.md §2)."""
 
 from __future__ import annotations
 

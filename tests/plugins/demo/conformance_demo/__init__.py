@@ -1,6 +1,6 @@
 """Demo vendor plugin: what a correct plugin looks like. The harness must find nothing wrong with it.
 
-Three registration paths, as PLUGIN_API.md allows: the platform class's `import_ir_kernels()`
+Three registration paths, as docs/plugin-api.md allows: the platform class's `import_ir_kernels()`
 registers the IR kernels, and a general plugin of the same distribution registers the
 `RMSNorm` replacement.
 """
