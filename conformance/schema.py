@@ -1,4 +1,4 @@
-"""The results-file schema (CHECKS.md, schema_version 1, with the `run` block): `validate(doc)` lists problems.
+"""The results-file schema (docs/results-file.md, schema_version 1, with the `run` block): `validate(doc)` lists problems.
 
 Besides types it checks the file's own arithmetic: the summary counts the results, `written_results`
 is the number of results, and a complete run wrote every result it expected.

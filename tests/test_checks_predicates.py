@@ -1,5 +1,5 @@
 """The dispatch family's supports_args probes in-process: each kind of predicate gets the verdict the
-contract gives it (PLUGIN_API.md section 3), without a plugin or a subprocess."""
+contract gives it (docs/plugin-api.md §3), without a plugin or a subprocess."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ DOCS = ROOT / "docs"
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 # Pages written on other branches of issue 13's work (IR dispatch rules, results file, exit codes):
 # tolerated while absent so this branch's tests pass on their own; remove once they are merged.
-PENDING_PAGES = {"docs/ir-dispatch.md", "docs/results-file.md", "docs/exit-codes.md"}
+PENDING_PAGES = {"docs/ir-dispatch.md"}   # written by the dispatch-selection work, not merged yet
 # Documents that live outside the repository (the team's specs and notes) must not be referred to.
 OUTSIDE = re.compile(r"\.\./shared|shared/(spec|seeds|gpu-runs|hooks)|/work/|PLUGIN_API\.md|CHECKS\.md|CATALOG\.md"
                      r"|DESIGN\.md|STYLE\.md")

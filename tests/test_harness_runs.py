@@ -87,7 +87,7 @@ def test_keyword_run_is_partial_counts_as_pytest_does_and_says_how_plugins_were_
     assert meta["selection"] == {"partial": True, "keyword": "dispatch or unsupported", "markexpr": None,
                                  "paths": [], "shard": None}
     assert meta["complete"] and meta["level"] == "quick" and meta["written_results"] == meta["expected_results"]
-    assert run.doc["verdict"] == "CONFORMANT"   # the JSON keeps CHECKS.md's words ...
+    assert run.doc["verdict"] == "CONFORMANT"   # the JSON keeps the two words of docs/results-file.md ...
     assert "!!! PARTIAL SELECTION (-k 'dispatch or unsupported')" in run.output
     assert "verdict: CONFORMANT FOR THE SELECTED CHECKS ONLY" in run.output
     assert not re.search(r"^verdict: CONFORMANT$", run.output, re.M)   # ... people never see a plain one

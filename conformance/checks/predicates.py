@@ -1,6 +1,6 @@
 """`supports_args` probed the way compile lowering calls it, on fake tensors that cost nothing.
 
-PLUGIN_API.md section 3: the answer is a Python bool in eager, the same at every batch size >= 2
+docs/plugin-api.md §3: the answer is a Python bool in eager, the same at every batch size >= 2
 (torch.compile specialises sizes 0 and 1, so a 1-row answer may differ, as `is_contiguous()` does),
 and during lowering it receives fake tensors with a symbolic batch, or every dim symbolic under
 `dynamic=True`, where a SymBool over non-batch sizes is fine (lowering resolves it by a guard

@@ -100,8 +100,11 @@ def build_flags() -> list[str]:
 
 
 def build_name() -> str:
-    """Extension name: ISA tag plus a hash of everything that changes the binary."""
+    """Extension name: ISA tag plus a hash of everything that changes the binary, and of where the sources
+    live: torch's build files record absolute source paths, so two checkouts sharing one build directory
+    would rebuild it for each other (and one's interrupted build would leave the other waiting on its lock)."""
     h = hashlib.sha256()
+    h.update(str(CSRC_DIR.resolve()).encode())
     for name in SOURCES + HEADERS:
         h.update(name.encode())
         h.update((CSRC_DIR / name).read_bytes())
