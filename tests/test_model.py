@@ -4,6 +4,8 @@ generation, and the harness's model family (fixed model invariants, cpu passes, 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -170,20 +172,59 @@ def test_fixed_model_greedy_margins_exceed_twice_the_tolerance(dtype):
 
 
 def _run(dtype: str, case: str):
+    """The model family's unit on the built-in cpu platform, activated whatever this machine's default is."""
     from conformance.checks import CheckContext, run_unit
     from conformance.units import Unit
-    from reference_impl.platforms import get_current_platform
+    from reference_impl.platforms import CpuPlatform, activate_platform
 
-    ctx = CheckContext("cpu", get_current_platform())
-    verdict, _ = run_unit(ctx, Unit("model", "decoder", model_check.MODEL_NAME, None, dtype, case))
+    with activate_platform(CpuPlatform()) as platform:
+        ctx = CheckContext("cpu", platform)
+        verdict, _ = run_unit(ctx, Unit("model", "decoder", model_check.MODEL_NAME, None, dtype, case))
     return verdict
+
+
+class _DeviceAudit(TorchDispatchMode):
+    """Records every op that sees a tensor (argument or result) off `device_type`."""
+
+    def __init__(self, device_type: str):
+        super().__init__()
+        self.device_type = device_type
+        self.stray: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves((args, kwargs, out)):
+            if isinstance(t, torch.Tensor) and t.device.type != self.device_type:
+                self.stray.append(f"{func}: {t.device.type}")
+        return out
+
+
+@pytest.fixture
+def default_device_meta():
+    """Tensors created without an explicit device land on `meta`: mixing them with the platform's fails loudly."""
+    torch.set_default_device("meta")
+    try:
+        yield
+    finally:
+        torch.set_default_device(None)
+
+
+@pytest.mark.parametrize("case", ["eager", "compiled"])
+def test_model_family_builds_every_tensor_on_the_platform_device(default_device_meta, case):
+    """The platform's device (cpu) differs from where tensors land by default (meta), as on a GPU run."""
+    assert torch.empty(1).device.type == "meta"
+    audit = _DeviceAudit("cpu")
+    with audit if case == "eager" else contextlib.nullcontext():
+        verdict = _run("float32", case)
+    assert verdict.outcome.value == "PASS", verdict.message
+    assert audit.stray == []
 
 
 def test_model_family_units_per_level():
     from conformance.inventory import Inventory
-    from reference_impl.platforms import get_current_platform
+    from reference_impl.platforms import CpuPlatform
 
-    inv = Inventory("cpu", get_current_platform(), {}, {}, {})
+    inv = Inventory("cpu", CpuPlatform(), {}, {}, {})
     quick = {(u.dtype, u.case) for u in inv.units("model", "decoder", "quick")}
     assert quick == {("float32", "eager"), ("float16", "eager"), ("bfloat16", "eager"), ("float32", "compiled")}
     standard = inv.units("model", "decoder", "standard")

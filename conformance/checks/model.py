@@ -57,7 +57,9 @@ def model_config():
 
 
 def prompt(config) -> torch.Tensor:
-    return torch.randint(0, config.vocab_size, (PROMPT_LEN,), generator=torch.Generator().manual_seed(MODEL_SEED + 1))
+    """The fixed prompt, drawn on the CPU (the seeded generator's device); callers move it."""
+    return torch.randint(0, config.vocab_size, (PROMPT_LEN,), generator=torch.Generator().manual_seed(MODEL_SEED + 1),
+                         device="cpu")
 
 
 # ----- building the two models ---------------------------------------------------------------------
@@ -75,20 +77,20 @@ def without_replacements():
         CustomOp.op_registry_oot.update(saved)
 
 
-def build_reference(config, dtype: torch.dtype, checkpoint):
-    """The decoder on native everything (call it inside `native_only()`)."""
+def build_reference(config, dtype: torch.dtype, checkpoint, device="cpu"):
+    """The decoder on native everything, on `device` (call it inside `native_only()`)."""
     from reference_impl.config import CompilationConfig, RuntimeConfig, set_current_config
     from reference_impl.models import build_model
 
     with without_replacements(), set_current_config(RuntimeConfig(CompilationConfig(custom_ops=["none"]))):
-        return build_model(config, dtype, checkpoint=checkpoint)
+        return build_model(config, dtype, checkpoint=checkpoint, device=device)
 
 
 def run_reference(config, dtype: torch.dtype, checkpoint, tokens: torch.Tensor):
-    """Logits of every position of `tokens` on native everything (no generation: one causal forward)."""
-    model = build_reference(config, dtype, checkpoint)
+    """Logits of every position of `tokens` on native everything, on `tokens`' device (one causal forward)."""
+    model = build_reference(config, dtype, checkpoint, tokens.device)
     with native_only(), torch.no_grad():
-        return model(tokens, torch.arange(tokens.numel()))
+        return model(tokens, torch.arange(tokens.numel(), device=tokens.device))
 
 
 @dataclasses.dataclass
@@ -132,7 +134,7 @@ def exercised(model, tokens: torch.Tensor) -> Exercised:
 
     probe = _SelectionProbe()
     with probe, torch.no_grad():
-        model(tokens.clone(), torch.arange(tokens.numel()))
+        model(tokens.clone(), torch.arange(tokens.numel(), device=tokens.device))
     replacements = set(CustomOp.op_registry_oot.values())
     layers = {f"{type(m).__qualname__}" for m in model.modules() if type(m) in replacements}
     return Exercised(probe.providers, layers)
@@ -158,15 +160,15 @@ def decoder(ctx: CheckContext, unit: Unit) -> Verdict:
     where = (f" [decoder hidden={config.hidden_size} layers={config.num_layers} vocab={config.vocab_size}, "
              f"{unit.case}, {unit.dtype}, model seed {MODEL_SEED}, prompt {ids.tolist()}]")
 
-    reference = build_reference(config, dtype, checkpoint).to(ctx.device)
+    reference = build_reference(config, dtype, checkpoint, ctx.device)
     with native_only():
         expected = greedy_generate(reference, ids, NEW_TOKENS)
     sequence = torch.cat([ids, ids.new_tensor(expected.tokens[:-1])])
     golden = run_reference(config, torch.float64, {k: v.to(torch.float64) for k, v in checkpoint.items()},
-                           sequence.cpu())
+                           sequence)
 
     model = call_impl("building the decoder with the platform's layers",
-                      lambda: build_model(config, dtype, checkpoint=checkpoint).to(ctx.device))
+                      lambda: build_model(config, dtype, checkpoint=checkpoint, device=ctx.device))
     used = call_impl("the decoder on the platform (probing forward)", exercised, model, ids)
     if not used.anything:
         return Verdict(Outcome.NOT_IMPLEMENTED, "the decoder ran entirely on native implementations: the platform "

@@ -216,7 +216,7 @@ def random_checkpoint(config: DecoderConfig, seed: int, dtype: torch.dtype = tor
     h, inter, d = config.hidden_size, config.intermediate_size, config.head_dim
 
     def normal(*shape, std=1.0, mean=0.0):
-        return (torch.randn(shape, generator=gen) * std + mean).to(dtype)
+        return (torch.randn(shape, generator=gen, device="cpu") * std + mean).to(dtype)
 
     ckpt = {"model.embed_tokens.weight": normal(config.vocab_size, h)}
     for i in range(config.num_layers):
@@ -237,8 +237,13 @@ def random_checkpoint(config: DecoderConfig, seed: int, dtype: torch.dtype = tor
 
 
 def build_model(config: DecoderConfig, dtype: torch.dtype = torch.float32, seed: int = 0,
-                checkpoint: dict[str, torch.Tensor] | None = None) -> LlamaForCausalLM:
-    """A decoder with the seeded random checkpoint (or `checkpoint`) loaded for this rank."""
-    model = LlamaForCausalLM(config, dtype)
+                checkpoint: dict[str, torch.Tensor] | None = None,
+                device: torch.device | str = "cpu") -> LlamaForCausalLM:
+    """A decoder with the seeded random checkpoint (or `checkpoint`) loaded for this rank.
+
+    Parameters and buffers are created directly on `device` (never on the process default device).
+    """
+    with torch.device(device):
+        model = LlamaForCausalLM(config, dtype)
     model.load_weights(checkpoint if checkpoint is not None else random_checkpoint(config, seed, dtype))
     return model.eval()
