@@ -132,9 +132,25 @@ class LlamaMLP(nn.Module):
         return out
 
 
+_MOE_BLOCKS: dict[str, MixtralMoE] = {}
+
+
+@torch.library.custom_op("reference_model::moe_experts", mutates_args=())
+def _moe_experts(x: torch.Tensor, router_logits: torch.Tensor, block: str) -> torch.Tensor:
+    """A MoE block's FusedMoE as one opaque op for torch.compile: the reference experts loop over the
+    experts actually routed to (data-dependent), which a graph cannot trace."""
+    return _MOE_BLOCKS[block].experts(x, router_logits)
+
+
+@_moe_experts.register_fake
+def _(x, router_logits, block):
+    return x.new_empty(x.shape)
+
+
 class MixtralMoE(nn.Module):
     """Sparse MoE block: a replicated router, FusedMoE over this rank's `intermediate / tp` slice of
-    every expert (softmax top-k, renormalized, as Mixtral), partial sums all-reduced over the ranks."""
+    every expert (softmax top-k, renormalized, as Mixtral), partial sums all-reduced over the ranks.
+    Compiled, the experts run as the opaque `reference_model::moe_experts` op."""
 
     def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = ""):
         super().__init__()
@@ -145,9 +161,16 @@ class MixtralMoE(nn.Module):
         self.experts = FusedMoE(config.num_experts, config.num_experts_per_tok, config.hidden_size,
                                 self.intermediate_per_rank, params_dtype=dtype, renormalize=True,
                                 prefix=f"{prefix}.experts")
+        self.key = f"{prefix}#{len(_MOE_BLOCKS)}"
+        _MOE_BLOCKS[self.key] = self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return tensor_model_parallel_all_reduce(self.experts(x, self.gate(x)))
+        logits = self.gate(x)
+        if torch.compiler.is_compiling():
+            out = torch.ops.reference_model.moe_experts(x, logits, self.key)
+        else:
+            out = self.experts(x, logits)
+        return tensor_model_parallel_all_reduce(out)
 
     def load_expert(self, expert: int, which: str, tensor: torch.Tensor) -> None:
         """Copy this rank's slice of expert `expert`'s `w1` (gate), `w3` (up) or `w2` (down) weight."""
