@@ -14,6 +14,7 @@ with "prompt_ids". Bad arguments: one `error:` line and exit status 2. Nothing i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -162,11 +163,12 @@ def run(args: argparse.Namespace, prompts: list[list[int]], rank: int = 0) -> di
     """Load, generate and (rank 0) print; returns the report (tokens, providers, CustomOp paths, rates)."""
     from reference_impl.config import CompilationConfig, CompilationMode, RuntimeConfig
     from reference_impl.models import Sampler, SamplingParams, generate
-    from reference_impl.models.introspect import compiled_providers, custom_op_paths, describe, probe_providers
-    from reference_impl.platforms import activate_platform
+    from reference_impl.models.introspect import compiled_providers, custom_op_paths, probe_providers
+    from reference_impl.platforms import activate_platform, get_current_platform
 
     dtype = DTYPES[args.dtype]
-    with activate_platform(args.platform) if args.platform else _current() as platform:
+    chosen = activate_platform(args.platform) if args.platform else contextlib.nullcontext(get_current_platform())
+    with chosen as platform:
         device = platform.device_type
         model = _load(args, dtype, device)
         max_len = max(len(p) for p in prompts) + args.max_new_tokens
@@ -211,18 +213,6 @@ def run(args: argparse.Namespace, prompts: list[list[int]], rank: int = 0) -> di
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return report
-
-
-class _current:
-    """`with _current() as platform`: the detected platform, left as it is."""
-
-    def __enter__(self):
-        from reference_impl.platforms import get_current_platform
-
-        return get_current_platform()
-
-    def __exit__(self, *exc):
-        return False
 
 
 def platform_name(args, platform) -> str:
