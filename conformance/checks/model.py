@@ -93,13 +93,6 @@ def build_reference(config, dtype: torch.dtype, checkpoint, device="cpu"):
         return build_model(config, dtype, checkpoint=checkpoint, device=device)
 
 
-def run_reference(config, dtype: torch.dtype, checkpoint, tokens: torch.Tensor):
-    """Logits of every position of `tokens` on native everything, on `tokens`' device (one causal forward)."""
-    model = build_reference(config, dtype, checkpoint, tokens.device)
-    with native_only(), torch.no_grad():
-        return model(tokens, torch.arange(tokens.numel(), device=tokens.device))
-
-
 @dataclasses.dataclass
 class Exercised:
     """What of the platform the decoder ran: IR op -> providers selected, and replacement classes."""
@@ -141,8 +134,13 @@ def _generate(model, batch, device):
 
 def _golden(config, checkpoint, batch, tokens, device) -> list[torch.Tensor]:
     """Float64 full recompute (no cache) of every sequence followed by native's tokens: its positions' logits."""
-    return [run_reference(config, torch.float64, {k: v.to(torch.float64) for k, v in checkpoint.items()},
-                          torch.tensor(p + t[:-1], device=device)) for p, t in zip(batch, tokens)]
+    model = build_reference(config, torch.float64, {k: v.to(torch.float64) for k, v in checkpoint.items()}, device)
+    out = []
+    with native_only(), torch.no_grad():
+        for p, t in zip(batch, tokens):
+            ids = torch.tensor(p + t[:-1], device=device)
+            out.append(model(ids, torch.arange(ids.numel(), device=device)))
+    return out
 
 
 def _recompiled(runner, batch, device) -> str | None:
