@@ -164,7 +164,8 @@ def decoder(ctx: CheckContext, unit: Unit) -> Verdict:
         return Verdict(Outcome.ERROR, f"model case {unit.case!r} is not one of {CASES}")
     dtype = unit_dtype(unit)
     config = model_config()
-    checkpoint = random_checkpoint(config, MODEL_SEED, dtype)
+    # drawn on the CPU (the same model on every device), then kept on the platform's device
+    checkpoint = {k: v.to(ctx.device) for k, v in random_checkpoint(config, MODEL_SEED, dtype).items()}
     batch = prompts(config)
     atol, rtol = MODEL_TOLERANCES[dtype]
     where = (f" [decoder hidden={config.hidden_size} layers={config.num_layers} vocab={config.vocab_size}, "
