@@ -4,6 +4,8 @@ generation, and the harness's model family (fixed model invariants, cpu passes, 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -155,35 +157,79 @@ def test_load_weights_names_unknown_missing_and_misshapen_tensors():
 # ----- the harness's model family -----------------------------------------------------------------
 @pytest.mark.parametrize("dtype", list(model_check.MODEL_TOLERANCES), ids=lambda d: str(d).removeprefix("torch."))
 def test_fixed_model_greedy_margins_exceed_twice_the_tolerance(dtype):
-    """No platform within tolerance of native can flip a token of the model family's decoder."""
+    """No platform within tolerance of native can flip a token of the model family's decoder, in any sequence."""
+    from reference_impl.models import generate
+
     cfg = model_check.model_config()
     ckpt = random_checkpoint(cfg, model_check.MODEL_SEED, dtype)
     ref = model_check.build_reference(cfg, dtype, ckpt)
+    batch = model_check.prompts(cfg)
+    assert [len(p) for p in batch] == list(model_check.PROMPT_LENS)
     with native_only():
-        gen = greedy_generate(ref, model_check.prompt(cfg), model_check.NEW_TOKENS)
-    assert len(set(gen.tokens)) >= 3, gen.tokens   # a real continuation, not one repeated token
-    top = gen.step_logits.double().topk(2, dim=-1).values
+        gen = generate(ref, batch, model_check.NEW_TOKENS, cache=ref.allocate_kv_cache(len(batch), 16))
     atol, rtol = model_check.MODEL_TOLERANCES[dtype]
-    # a flip needs both logits to move toward each other by their allowed error
-    flip_needs = 2 * atol + rtol * top.abs().sum(-1)
-    assert bool(((top[:, 0] - top[:, 1]) > 2 * flip_needs).all()), (top, flip_needs)
+    for s, tokens in enumerate(gen.tokens):
+        assert len(set(tokens)) >= 3, tokens   # a real continuation, not one repeated token
+        top = gen.step_logits[:, s].double().topk(2, dim=-1).values
+        # a flip needs both logits to move toward each other by their allowed error
+        flip_needs = 2 * atol + rtol * top.abs().sum(-1)
+        assert bool(((top[:, 0] - top[:, 1]) > 2 * flip_needs).all()), (s, top, flip_needs)
 
 
 def _run(dtype: str, case: str):
+    """The model family's unit on the built-in cpu platform, activated whatever this machine's default is."""
     from conformance.checks import CheckContext, run_unit
     from conformance.units import Unit
-    from reference_impl.platforms import get_current_platform
+    from reference_impl.platforms import CpuPlatform, activate_platform
 
-    ctx = CheckContext("cpu", get_current_platform())
-    verdict, _ = run_unit(ctx, Unit("model", "decoder", model_check.MODEL_NAME, None, dtype, case))
+    with activate_platform(CpuPlatform()) as platform:
+        ctx = CheckContext("cpu", platform)
+        verdict, _ = run_unit(ctx, Unit("model", "decoder", model_check.MODEL_NAME, None, dtype, case))
     return verdict
+
+
+class _DeviceAudit(TorchDispatchMode):
+    """Records every op that sees a tensor (argument or result) off `device_type`."""
+
+    def __init__(self, device_type: str):
+        super().__init__()
+        self.device_type = device_type
+        self.stray: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves((args, kwargs, out)):
+            if isinstance(t, torch.Tensor) and t.device.type != self.device_type:
+                self.stray.append(f"{func}: {t.device.type}")
+        return out
+
+
+@pytest.fixture
+def default_device_meta():
+    """Tensors created without an explicit device land on `meta`: mixing them with the platform's fails loudly."""
+    torch.set_default_device("meta")
+    try:
+        yield
+    finally:
+        torch.set_default_device(None)
+
+
+@pytest.mark.parametrize("case", ["eager", "compiled"])
+def test_model_family_builds_every_tensor_on_the_platform_device(default_device_meta, case):
+    """The platform's device (cpu) differs from where tensors land by default (meta), as on a GPU run."""
+    assert torch.empty(1).device.type == "meta"
+    audit = _DeviceAudit("cpu")
+    with audit if case == "eager" else contextlib.nullcontext():
+        verdict = _run("float32", case)
+    assert verdict.outcome.value == "PASS", verdict.message
+    assert audit.stray == []
 
 
 def test_model_family_units_per_level():
     from conformance.inventory import Inventory
-    from reference_impl.platforms import get_current_platform
+    from reference_impl.platforms import CpuPlatform
 
-    inv = Inventory("cpu", get_current_platform(), {}, {}, {})
+    inv = Inventory("cpu", CpuPlatform(), {}, {}, {})
     quick = {(u.dtype, u.case) for u in inv.units("model", "decoder", "quick")}
     assert quick == {("float32", "eager"), ("float16", "eager"), ("bfloat16", "eager"), ("float32", "compiled")}
     standard = inv.units("model", "decoder", "standard")
@@ -258,3 +304,26 @@ def test_model_family_catches_a_subtly_wrong_rms_norm(tmp_path):
         assert "logits" in r["message"] and "rms_norm: broken" in r["message"], r["message"]
         assert r["repro"].startswith("python -m conformance repro --platform broken_odd_numerics --check model.decoder")
     assert "decoder (model)" in run.output
+
+
+def test_model_family_fails_when_the_compiled_decoder_recompiles_per_batch(monkeypatch):
+    """A compiled decoder whose graph is specialized on the batch size compiles again for the second batch."""
+    import functools
+
+    import reference_impl.compilation as compilation
+
+    monkeypatch.setattr(compilation, "compile_module",
+                        functools.partial(compilation.compile_module, dynamic_batch=False))
+    verdict = _run("float32", "compiled")
+    assert verdict.outcome.value == "FAIL", verdict.message
+    assert "more graph(s) when the batch went from 3 sequences of lengths [6, 2, 5] to 2" in verdict.message
+
+
+def test_model_family_passes_at_decode_shapes_on_the_demo_plugin(tmp_path):
+    run = run_harness(tmp_path, "demo", "-k", "model", dist="demo")
+    assert run.returncode == 0 and run.doc["verdict"] == "CONFORMANT", run.output[-3000:]
+    assert run.outcomes(check="model") == {"PASS"}
+    units = {(r["dtype"], r["case"]) for r in run.where(check="model")}
+    assert units >= {("float32", "eager"), ("float32", "compiled")}
+    for r in run.where(check="model"):
+        assert "CustomOp replacements: DemoRMSNorm" in r["message"] and "as native" in r["message"], r["message"]

@@ -1,17 +1,23 @@
-"""Model family: a small decoder built from the reference layers, the platform's implementations against native.
+"""Model family: a small decoder built from the reference layers, the platform's implementations against native,
+at the shapes a runtime uses: a prefill of packed prompts of different lengths, then decode steps of one
+token per sequence against the KV cache.
 
 The reference run builds the decoder with no CustomOp replacement, every CustomOp on
 `forward_native` (custom_ops none) and every IR op forced to native. The platform run builds the
 same decoder (same checkpoint) under the platform: its replacements are constructed and its IR
-priorities select. Both generate `NEW_TOKENS` tokens greedily from the same prompt; the logits of
-every position computed on a common prefix must be within `MODEL_TOLERANCES` of native's (graded
-against a float64 run for QUALITY_WARNING), and the tokens must be identical. The `compiled` case
-runs the platform's model through `compile_module` (REFERENCE_COMPILE, inner compiler aot_eager).
+priorities select. Both prefill `PROMPT_LENS` prompts and decode greedily for `NEW_TOKENS` tokens;
+the logits of every position computed on a common prefix must be within `MODEL_TOLERANCES` of
+native's (graded against a float64 full recompute for QUALITY_WARNING), and the tokens must be
+identical. The `compiled` case runs the platform's model through `compile_module`
+(REFERENCE_COMPILE, inner compiler aot_eager), then a second batch with fewer sequences and other
+lengths, which must not compile another graph (tokens and sequences are dynamic dimensions).
 
-The model and prompt are fixed (`MODEL_SEED`), not drawn from the run's seed: at every step the
-native top-1/top-2 gap is more than twice what a flip needs (both logits moving by their full
-tolerance) in every dtype (tests/test_model.py), so a platform within tolerance cannot flip a token. The hidden size is odd (65), like the numerics
-cases, so kernels that mishandle a tail past a power-of-two width show up here too.
+The model and prompts are fixed (`MODEL_SEED`), not drawn from the run's seed: at every step the
+native top-1/top-2 gap of every sequence is more than twice what a flip needs (both logits moving
+by their full tolerance) in every dtype (tests/test_model.py), so a platform within tolerance
+cannot flip a token. The hidden size is odd (65), like the numerics cases, so kernels that
+mishandle a tail past a power-of-two width show up here too. Every tensor lives on the platform's
+device.
 """
 
 from __future__ import annotations
@@ -20,7 +26,6 @@ import contextlib
 import dataclasses
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from conformance.checks.common import (
     CheckContext,
@@ -38,7 +43,9 @@ from conformance.units import Unit, dtype_name
 MODEL_NAME = "decoder"
 CASES = ("eager", "compiled")
 MODEL_SEED = 173
-PROMPT_LEN = 6
+PROMPT_LENS = (6, 2, 5)        # one prefill of 13 packed tokens, then decode steps of 3 sequences
+PROMPT_SEEDS = (174, 1073, 197)  # chosen for wide greedy margins (tests/test_model.py)
+SECOND_BATCH = (1, 2)          # compiled: the prompts rerun as a batch of 2 must reuse the graph
 NEW_TOKENS = 4
 # Logits reach about 11. Native in half precision is 1e-2 (float16) / 1e-1 (bfloat16) from the float64
 # run; a platform as accurate as native but with other rounding may be twice that from native.
@@ -56,8 +63,10 @@ def model_config():
                          num_kv_heads=2, head_dim=16)
 
 
-def prompt(config) -> torch.Tensor:
-    return torch.randint(0, config.vocab_size, (PROMPT_LEN,), generator=torch.Generator().manual_seed(MODEL_SEED + 1))
+def prompts(config) -> list[list[int]]:
+    """The fixed prompts (token ids), drawn on the CPU from seeded generators."""
+    return [torch.randint(0, config.vocab_size, (n,), generator=torch.Generator().manual_seed(seed),
+                          device="cpu").tolist() for n, seed in zip(PROMPT_LENS, PROMPT_SEEDS)]
 
 
 # ----- building the two models ---------------------------------------------------------------------
@@ -75,20 +84,13 @@ def without_replacements():
         CustomOp.op_registry_oot.update(saved)
 
 
-def build_reference(config, dtype: torch.dtype, checkpoint):
-    """The decoder on native everything (call it inside `native_only()`)."""
+def build_reference(config, dtype: torch.dtype, checkpoint, device="cpu"):
+    """The decoder on native everything, on `device` (call it inside `native_only()`)."""
     from reference_impl.config import CompilationConfig, RuntimeConfig, set_current_config
     from reference_impl.models import build_model
 
     with without_replacements(), set_current_config(RuntimeConfig(CompilationConfig(custom_ops=["none"]))):
-        return build_model(config, dtype, checkpoint=checkpoint)
-
-
-def run_reference(config, dtype: torch.dtype, checkpoint, tokens: torch.Tensor):
-    """Logits of every position of `tokens` on native everything (no generation: one causal forward)."""
-    model = build_reference(config, dtype, checkpoint)
-    with native_only(), torch.no_grad():
-        return model(tokens, torch.arange(tokens.numel()))
+        return build_model(config, dtype, checkpoint=checkpoint, device=device)
 
 
 @dataclasses.dataclass
@@ -108,66 +110,76 @@ class Exercised:
         return f"IR providers selected: {ops or 'none'}; CustomOp replacements: {layers}"
 
 
-class _SelectionProbe(TorchDispatchMode):
-    """Records which provider IR dispatch selects for every IR op call seen by the torch dispatcher."""
-
-    def __init__(self):
-        super().__init__()
-        self.providers: dict[str, set[str]] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from reference_impl.ir.op import LIB_NAMESPACE, IrOp
-
-        kwargs = kwargs or {}
-        if func.namespace == LIB_NAMESPACE:
-            op = IrOp.registry.get(func._overloadpacket.__name__)
-            if op is not None:
-                self.providers.setdefault(op.name, set()).add(op.dispatch(*args, **kwargs).provider)
-        return func(*args, **kwargs)
-
-
-def exercised(model, tokens: torch.Tensor) -> Exercised:
-    """One probing forward of the platform's model: the IR selections and the replacement layers in it."""
+def exercised(model, batch: list[list[int]], device) -> Exercised:
+    """One probing prefill + decode step of the platform's model: the IR selections and replacement layers."""
     from reference_impl.custom_op import CustomOp
+    from reference_impl.models import generate
+    from reference_impl.models.introspect import probe_providers
 
-    probe = _SelectionProbe()
-    with probe, torch.no_grad():
-        model(tokens.clone(), torch.arange(tokens.numel()))
+    cache = model.allocate_kv_cache(len(batch), max(map(len, batch)) + 1)
+    providers = probe_providers(lambda: generate(model, batch, 2, cache=cache, device=device))
     replacements = set(CustomOp.op_registry_oot.values())
     layers = {f"{type(m).__qualname__}" for m in model.modules() if type(m) in replacements}
-    return Exercised(probe.providers, layers)
+    return Exercised(providers, layers)
 
 
 # ----- the check ------------------------------------------------------------------------------------
-def _sequence_logits(gen) -> torch.Tensor:
-    """Logits of positions 0 .. P+G-2: the prompt's, then each step's but the last (its token ends the run)."""
-    return torch.cat([gen.prompt_logits, gen.step_logits[1:]]) if len(gen.tokens) > 1 else gen.prompt_logits
+def _generate(model, batch, device):
+    from reference_impl.models import generate
+
+    owner = getattr(model, "module", model)   # a CompiledModule's cache comes from the module it compiled
+    cache = owner.allocate_kv_cache(len(batch), max(map(len, batch)) + NEW_TOKENS)
+    return generate(model, batch, NEW_TOKENS, cache=cache, device=device)
+
+
+def _golden(config, checkpoint, batch, tokens, device) -> list[torch.Tensor]:
+    """Float64 full recompute (no cache) of every sequence followed by native's tokens: its positions' logits."""
+    model = build_reference(config, torch.float64, {k: v.to(torch.float64) for k, v in checkpoint.items()}, device)
+    out = []
+    with native_only(), torch.no_grad():
+        for p, t in zip(batch, tokens):
+            ids = torch.tensor(p + t[:-1], device=device)
+            out.append(model(ids, torch.arange(ids.numel(), device=device)))
+    return out
+
+
+def _recompiled(runner, batch, device) -> str | None:
+    """Run a second, smaller batch of other lengths; a message if that compiled another graph."""
+    before = runner.backend.num_compilations
+    second = [batch[i] + batch[0][: i + 1] for i in SECOND_BATCH]
+    _generate(runner, second, device)
+    after = runner.backend.num_compilations
+    if after == before:
+        return None
+    return (f"the compiled decoder compiled {after - before} more graph(s) when the batch went from {len(batch)} "
+            f"sequences of lengths {[len(p) for p in batch]} to {len(second)} of {[len(p) for p in second]} "
+            "(tokens and sequences are dynamic dimensions: a guard on their sizes recompiles every step)")
 
 
 def decoder(ctx: CheckContext, unit: Unit) -> Verdict:
     from reference_impl.config import CompilationConfig, CompilationMode, RuntimeConfig
-    from reference_impl.models import build_model, greedy_generate, random_checkpoint
+    from reference_impl.models import build_model, random_checkpoint
 
     if unit.case not in CASES:
         return Verdict(Outcome.ERROR, f"model case {unit.case!r} is not one of {CASES}")
     dtype = unit_dtype(unit)
     config = model_config()
-    checkpoint = random_checkpoint(config, MODEL_SEED, dtype)
-    ids = prompt(config).to(ctx.device)
+    # drawn on the CPU (the same model on every device), then kept on the platform's device
+    checkpoint = {k: v.to(ctx.device) for k, v in random_checkpoint(config, MODEL_SEED, dtype).items()}
+    batch = prompts(config)
     atol, rtol = MODEL_TOLERANCES[dtype]
     where = (f" [decoder hidden={config.hidden_size} layers={config.num_layers} vocab={config.vocab_size}, "
-             f"{unit.case}, {unit.dtype}, model seed {MODEL_SEED}, prompt {ids.tolist()}]")
+             f"{unit.case}, {unit.dtype}, model seed {MODEL_SEED}, prompts of {list(PROMPT_LENS)} tokens + "
+             f"{NEW_TOKENS - 1} decode steps]")
 
-    reference = build_reference(config, dtype, checkpoint).to(ctx.device)
+    reference = build_reference(config, dtype, checkpoint, ctx.device)
     with native_only():
-        expected = greedy_generate(reference, ids, NEW_TOKENS)
-    sequence = torch.cat([ids, ids.new_tensor(expected.tokens[:-1])])
-    golden = run_reference(config, torch.float64, {k: v.to(torch.float64) for k, v in checkpoint.items()},
-                           sequence.cpu())
+        expected = _generate(reference, batch, ctx.device)
+    golden = _golden(config, checkpoint, batch, expected.tokens, ctx.device)
 
     model = call_impl("building the decoder with the platform's layers",
-                      lambda: build_model(config, dtype, checkpoint=checkpoint).to(ctx.device))
-    used = call_impl("the decoder on the platform (probing forward)", exercised, model, ids)
+                      lambda: build_model(config, dtype, checkpoint=checkpoint, device=ctx.device))
+    used = call_impl("the decoder on the platform (probing prefill and decode)", exercised, model, batch, ctx.device)
     if not used.anything:
         return Verdict(Outcome.NOT_IMPLEMENTED, "the decoder ran entirely on native implementations: the platform "
                        f"brings none of the IR ops or layers it uses ({used.describe()}){where}")
@@ -183,25 +195,44 @@ def decoder(ctx: CheckContext, unit: Unit) -> Verdict:
         torch._dynamo.reset()
         compile_config = RuntimeConfig(CompilationConfig(mode=CompilationMode.REFERENCE_COMPILE, backend="aot_eager"))
         runner = compile_module(model, compile_config)
-    got = call_impl(f"the decoder on the platform ({unit.case})", greedy_generate, runner, ids, NEW_TOKENS)
+    got = call_impl(f"the decoder on the platform ({unit.case})", _generate, runner, batch, ctx.device)
+    return _verdict(got, expected, golden, dtype, used, where,
+                    lambda: call_impl("the compiled decoder on a second batch", _recompiled, runner, batch,
+                                      ctx.device) if unit.case == "compiled" else None)
 
-    same = next((i for i, (a, b) in enumerate(zip(got.tokens, expected.tokens)) if a != b), len(expected.tokens))
-    rows = PROMPT_LEN + min(same, NEW_TOKENS - 1)        # positions computed on a common prefix
-    cmp = compare_outputs(_sequence_logits(got)[:rows], _sequence_logits(expected)[:rows], golden[:rows], atol=atol, rtol=rtol,
-                          compare_nan=True, dtype=dtype,
-                          tolerance_hint="conformance.checks.model.MODEL_TOLERANCES[torch." + dtype_name(dtype)
-                          + "] = ({atol:.2g}, {rtol:g})")
-    errs = {"max_abs_err": cmp.max_abs_err, "max_rel_err": cmp.max_rel_err}
-    if cmp.outcome is Outcome.FAIL:
-        return failed(f"logits (index = (sequence position, token id)): {cmp.message}; {used.describe()}{where}",
-                      **errs)
-    if same < len(expected.tokens):
-        step = expected.step_logits[same].double()
-        want, have = expected.tokens[same], got.tokens[same]
-        return failed(f"greedy tokens differ at step {same}: native generated {expected.tokens}, the platform "
-                      f"{got.tokens}; at that step native's logit of {want} is {float(step[want]):.4g} and of "
-                      f"{have} {float(step[have]):.4g}; {used.describe()}{where}", **errs)
-    note = f"tokens {got.tokens} as native; logits {cmp.message}; {used.describe()}"
-    if cmp.outcome is Outcome.QUALITY_WARNING:
-        return Verdict(Outcome.QUALITY_WARNING, f"{cmp.message}; {used.describe()}{where}", **errs)
-    return passed(note, **errs)
+
+def _verdict(got, expected, golden, dtype, used, where, recompiled) -> Verdict:
+    """Logits per sequence on the common token prefix, then tokens, then (compiled) the graph count."""
+    atol, rtol = MODEL_TOLERANCES[dtype]
+    differs = [i for i, step in enumerate(zip(*got.tokens)) if list(step) != [t[i] for t in expected.tokens]]
+    same = differs[0] if differs else NEW_TOKENS
+    worst_abs, worst_rel, warning, notes = 0.0, 0.0, None, []
+    for s in range(len(expected.tokens)):
+        rows = expected.prompt_logits[s].shape[0] + min(same, NEW_TOKENS - 1)   # positions on a common prefix
+        cmp = compare_outputs(got.sequence_logits(s)[:rows], expected.sequence_logits(s)[:rows], golden[s][:rows],
+                              atol=atol, rtol=rtol, compare_nan=True, dtype=dtype,
+                              tolerance_hint="conformance.checks.model.MODEL_TOLERANCES[torch." + dtype_name(dtype)
+                              + "] = ({atol:.2g}, {rtol:g})")
+        worst_abs = max(worst_abs, cmp.max_abs_err or 0.0)
+        worst_rel = max(worst_rel, cmp.max_rel_err or 0.0)
+        if cmp.outcome is Outcome.FAIL:
+            return failed(f"logits of sequence {s} (index = (position, token id)): {cmp.message}; "
+                          f"{used.describe()}{where}", max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err)
+        if cmp.outcome is Outcome.QUALITY_WARNING and warning is None:
+            warning = f"sequence {s}: {cmp.message}"
+        notes.append(cmp.message)
+    errs = {"max_abs_err": worst_abs, "max_rel_err": worst_rel}
+    if differs:
+        step = same
+        s = next(i for i, t in enumerate(expected.tokens) if t[step] != got.tokens[i][step])
+        logits = expected.step_logits[step, s].double()
+        want, have = expected.tokens[s][step], got.tokens[s][step]
+        return failed(f"greedy tokens differ at step {step} (sequence {s}): native generated {expected.tokens}, the "
+                      f"platform {got.tokens}; at that step native's logit of {want} is {float(logits[want]):.4g} "
+                      f"and of {have} {float(logits[have]):.4g}; {used.describe()}{where}", **errs)
+    message = recompiled()
+    if message is not None:
+        return failed(f"{message}; {used.describe()}{where}", **errs)
+    if warning is not None:
+        return Verdict(Outcome.QUALITY_WARNING, f"{warning}; {used.describe()}{where}", **errs)
+    return passed(f"tokens {got.tokens} as native; logits {notes[0]}; {used.describe()}", **errs)

@@ -1,11 +1,20 @@
-"""Greedy generation over a model whose `forward(input_ids, positions)` returns every position's logits."""
+"""Generation: greedy full recompute of one sequence (the plain reference), and batched KV-cache generation.
+
+`greedy_generate` recomputes the whole sequence at every step with `model(input_ids, positions)`.
+`generate` prefills a batch of prompts of different lengths as packed tokens (`cu_seqlens`), then
+decodes one token per sequence per step against the KV cache, sampling greedily or with a seeded
+temperature / top-k sampler.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 
 import torch
+
+from reference_impl.models.kv_cache import KVCache, using_kv_cache
 
 
 @dataclasses.dataclass
@@ -41,3 +50,136 @@ def greedy_generate(model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
             tokens.append(token)
             ids = torch.cat([ids, ids.new_tensor([token])])
     return Generation(tokens, prompt_logits, torch.stack(steps))
+
+
+# ----- sampling ------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """`temperature` 0 is greedy (argmax); otherwise softmax(logits / temperature) over the `top_k`
+    largest logits (0: all), drawn from a generator seeded with `seed` on the logits' device."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0: no limit)")
+
+
+class Sampler:
+    """Picks one token per row of `[seqs, vocab]` logits as `SamplingParams` say."""
+
+    def __init__(self, params: SamplingParams | None = None):
+        self.params = params or SamplingParams()
+        self._generator: torch.Generator | None = None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        p = self.params
+        scores = logits.float()
+        if p.temperature == 0:
+            return scores.argmax(dim=-1)
+        if self._generator is None:
+            self._generator = torch.Generator(device=logits.device).manual_seed(p.seed)
+        scores = scores / p.temperature
+        if 0 < p.top_k < scores.shape[-1]:
+            kth = scores.topk(p.top_k, dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        return torch.multinomial(probs, 1, generator=self._generator).squeeze(-1)
+
+
+# ----- batched generation with a KV cache ----------------------------------------------------------
+@dataclasses.dataclass
+class BatchGeneration:
+    """`tokens[s]`: sequence s's generated ids; `prompt_logits[s]`: `[len(prompt s), vocab]`;
+    `step_logits[i]`: `[seqs, vocab]`, the logits that chose every sequence's token i (step 0 is the
+    prompt's last position); times in seconds (device synchronized)."""
+
+    tokens: list[list[int]]
+    prompt_logits: list[torch.Tensor]
+    step_logits: torch.Tensor
+    prefill_seconds: float
+    decode_seconds: float
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(p.shape[0] for p in self.prompt_logits)
+
+    def sequence_logits(self, s: int) -> torch.Tensor:
+        """Logits of sequence s's positions 0 .. P+G-2: its prompt's, then every step's but the last."""
+        return torch.cat([self.prompt_logits[s], self.step_logits[1:, s]])
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type != "cpu":
+        module = getattr(torch, device.type, None)
+        if module is not None and hasattr(module, "synchronize"):
+            module.synchronize()
+
+
+def _as_prompts(prompts: Sequence[Sequence[int] | torch.Tensor]) -> list[list[int]]:
+    if not prompts:
+        raise ValueError("no prompts: give at least one sequence of token ids")
+    out = []
+    for i, p in enumerate(prompts):
+        ids = p.tolist() if isinstance(p, torch.Tensor) else list(p)
+        if not ids:
+            raise ValueError(f"prompt {i} is empty")
+        out.append([int(t) for t in ids])
+    return out
+
+
+def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int] | torch.Tensor],
+             max_new_tokens: int, *, cache: KVCache, sampler: Sampler | None = None,
+             device: torch.device | str = "cpu", on_step: Callable[[int], None] | None = None) -> BatchGeneration:
+    """Prefill `prompts` (packed, varlen) then decode `max_new_tokens - 1` steps of one token each.
+
+    `model(input_ids, positions, cu_seqlens, seq_lens)` runs against `cache` (rows 0..seqs-1 are
+    overwritten); `on_step(i)` is called after every step (progress bars).
+    """
+    prompts_ = _as_prompts(prompts)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1")
+    seqs, longest = len(prompts_), max(len(p) for p in prompts_) + max_new_tokens - 1
+    if seqs > cache.max_seqs or longest > cache.max_len:
+        raise ValueError(f"{seqs} sequences of up to {longest} tokens do not fit the KV cache "
+                         f"({cache.max_seqs} sequences of {cache.max_len})")
+    device = torch.device(device)
+    sampler = sampler or Sampler()
+    lens = torch.tensor([len(p) for p in prompts_], dtype=torch.int64, device=device)
+    cu_seqlens = torch.zeros(seqs + 1, dtype=torch.int64, device=device)
+    cu_seqlens[1:] = lens.cumsum(0)
+    input_ids = torch.tensor([t for p in prompts_ for t in p], dtype=torch.int64, device=device)
+    positions = torch.cat([torch.arange(n, dtype=torch.int64, device=device) for n in lens.tolist()])
+    steps = []
+    with torch.no_grad(), using_kv_cache(cache):
+        _synchronize(device)
+        start = time.perf_counter()
+        logits = model(input_ids, positions, cu_seqlens, lens)
+        last = logits[cu_seqlens[1:] - 1]
+        next_ids = sampler(last)
+        _synchronize(device)
+        prefill_seconds = time.perf_counter() - start
+        prompt_logits = list(logits.split(lens.tolist()))
+        steps.append(last)
+        generated = [next_ids]
+        if on_step is not None:
+            on_step(0)
+        decode_cu = torch.arange(seqs + 1, dtype=torch.int64, device=device)
+        start = time.perf_counter()
+        for i in range(1, max_new_tokens):
+            positions = lens
+            lens = lens + 1
+            logits = model(next_ids, positions, decode_cu, lens)
+            next_ids = sampler(logits)
+            steps.append(logits)
+            generated.append(next_ids)
+            if on_step is not None:
+                on_step(i)
+        _synchronize(device)
+        decode_seconds = time.perf_counter() - start
+    tokens = torch.stack(generated, dim=1).tolist()
+    return BatchGeneration(tokens, prompt_logits, torch.stack(steps), prefill_seconds, decode_seconds)

@@ -1,33 +1,53 @@
-"""A small Llama-shaped decoder built from the reference layers, for end-to-end runs and the model check.
+"""A small Llama-shaped decoder (or Mixtral-shaped with `num_experts`) built from the reference layers.
 
 Embedding (VocabParallelEmbedding) -> N x [RMSNorm, attention (QKV column-parallel projection,
-rotary, causal SDPA over the whole sequence, row-parallel output projection), RMSNorm, MLP
-(merged gate/up column-parallel projection, SiluAndMul, row-parallel down projection)] -> RMSNorm
--> ParallelLMHead + LogitsProcessor. The residual stream goes through `RMSNorm(x, residual)`
-(IR `fused_add_rms_norm.maybe_inplace`). One sequence of `num_tokens` ids, no KV cache.
-Weights come from a full (unsharded) checkpoint dict: `random_checkpoint` makes a seeded one and
-`load_weights` shards it onto this rank through the layers' weight loaders.
+rotary, causal attention, row-parallel output projection), RMSNorm, MLP (merged gate/up
+column-parallel projection, SiluAndMul, row-parallel down projection) or a sparse MoE block (a
+replicated router and FusedMoE over this rank's slice of every expert, all-reduced)] -> RMSNorm ->
+ParallelLMHead + LogitsProcessor. The residual stream goes through `RMSNorm(x, residual)` (IR
+`fused_add_rms_norm.maybe_inplace`).
+
+`forward(input_ids, positions)` is one sequence recomputed whole (causal SDPA, no cache).
+`forward(input_ids, positions, cu_seqlens, seq_lens)` runs packed tokens of several sequences
+against the current KV cache (`kv_cache.using_kv_cache`): prefill or one decode step.
+Weights come from a full (unsharded) checkpoint dict with Hugging Face Llama / Mixtral names:
+`random_checkpoint` makes a seeded one and `load_weights` checks every tensor's shape
+(`expected_shapes`) and shards it onto this rank through the layers' weight loaders.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from reference_impl.distributed import divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from reference_impl.distributed import tensor_model_parallel_all_reduce
 from reference_impl.layers.activation import SiluAndMul
+from reference_impl.layers.fused_moe import FusedMoE
 from reference_impl.layers.layernorm import RMSNorm
-from reference_impl.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from reference_impl.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from reference_impl.layers.logits_processor import LogitsProcessor
 from reference_impl.layers.rotary_embedding import RotaryEmbedding
 from reference_impl.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from reference_impl.models.kv_cache import KVCache
 
 
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig:
-    """Shape of the decoder; the defaults are the tiny model (hidden 64, 2 layers, vocab 300)."""
+    """Shape of the decoder; the defaults are the tiny model (hidden 64, 2 layers, vocab 300).
+
+    `num_experts` > 0 makes every MLP a Mixtral-style sparse MoE block (`num_experts_per_tok` of
+    them per token, each of width `intermediate_size`).
+    """
 
     vocab_size: int = 300
     hidden_size: int = 64
@@ -43,8 +63,13 @@ class DecoderConfig:
     logit_scale: float = 1.0
     final_logit_softcap: float | None = None
     tie_word_embeddings: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 2
 
     def __post_init__(self):
+        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be in [1, "
+                             f"num_experts={self.num_experts}]")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
@@ -54,8 +79,9 @@ class DecoderConfig:
 class LlamaAttention(nn.Module):
     """Causal self-attention of one sequence; this rank's heads, output projection all-reduced."""
 
-    def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = ""):
+    def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = "", layer_index: int = 0):
         super().__init__()
+        self.layer_index = layer_index
         self.head_dim = config.head_dim
         self.qkv_proj = QKVParallelLinear(config.hidden_size, config.head_dim, config.num_heads, config.num_kv_heads,
                                           bias=False, params_dtype=dtype, prefix=f"{prefix}.qkv_proj")
@@ -68,10 +94,18 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.head_dim, config.max_position_embeddings,
                                           config.rope_theta, True, dtype)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
+        if batch is not None:   # packed sequences against the current KV cache
+            cu_seqlens, seq_lens = batch
+            attn = torch.ops.reference_model.cached_attention(q, k, v, positions, cu_seqlens, seq_lens,
+                                                              self.layer_index, self.num_heads, self.num_kv_heads,
+                                                              self.head_dim ** -0.5)
+            out, _ = self.o_proj(attn)
+            return out
         n = hidden_states.shape[0]
         q = q.reshape(n, self.num_heads, self.head_dim).transpose(0, 1).unsqueeze(0)
         k = k.reshape(n, self.num_kv_heads, self.head_dim).transpose(0, 1).unsqueeze(0)
@@ -98,24 +132,79 @@ class LlamaMLP(nn.Module):
         return out
 
 
-class LlamaDecoderLayer(nn.Module):
+_MOE_BLOCKS: dict[str, MixtralMoE] = {}
+
+
+@torch.library.custom_op("reference_model::moe_experts", mutates_args=())
+def _moe_experts(x: torch.Tensor, router_logits: torch.Tensor, block: str) -> torch.Tensor:
+    """A MoE block's FusedMoE as one opaque op for torch.compile: the reference experts loop over the
+    experts actually routed to (data-dependent), which a graph cannot trace."""
+    return _MOE_BLOCKS[block].experts(x, router_logits)
+
+
+@_moe_experts.register_fake
+def _(x, router_logits, block):
+    return x.new_empty(x.shape)
+
+
+class MixtralMoE(nn.Module):
+    """Sparse MoE block: a replicated router, FusedMoE over this rank's `intermediate / tp` slice of
+    every expert (softmax top-k, renormalized, as Mixtral), partial sums all-reduced over the ranks.
+    Compiled, the experts run as the opaque `reference_model::moe_experts` op."""
+
     def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = ""):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
-        self.self_attn = LlamaAttention(config, dtype, f"{prefix}.self_attn")
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
-        self.mlp = LlamaMLP(config, dtype, f"{prefix}.mlp")
+        self.gate = ReplicatedLinear(config.hidden_size, config.num_experts, bias=False, params_dtype=dtype,
+                                     prefix=f"{prefix}.gate", return_bias=False)
+        self.intermediate_per_rank = divide(config.intermediate_size, get_tensor_model_parallel_world_size(),
+                                            "intermediate_size")
+        self.experts = FusedMoE(config.num_experts, config.num_experts_per_tok, config.hidden_size,
+                                self.intermediate_per_rank, params_dtype=dtype, renormalize=True,
+                                prefix=f"{prefix}.experts")
+        self.key = f"{prefix}#{len(_MOE_BLOCKS)}"
+        _MOE_BLOCKS[self.key] = self
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.gate(x)
+        if torch.compiler.is_compiling():
+            out = torch.ops.reference_model.moe_experts(x, logits, self.key)
+        else:
+            out = self.experts(x, logits)
+        return tensor_model_parallel_all_reduce(out)
+
+    def load_expert(self, expert: int, which: str, tensor: torch.Tensor) -> None:
+        """Copy this rank's slice of expert `expert`'s `w1` (gate), `w3` (up) or `w2` (down) weight."""
+        n, rank = self.intermediate_per_rank, get_tensor_model_parallel_rank()
+        with torch.no_grad():
+            if which == "w2":
+                self.experts.w2_weight[expert].copy_(tensor[:, rank * n:(rank + 1) * n])
+            else:
+                offset = 0 if which == "w1" else n
+                self.experts.w13_weight[expert, offset:offset + n].copy_(tensor[rank * n:(rank + 1) * n])
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = "", layer_index: int = 0):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.self_attn = LlamaAttention(config, dtype, f"{prefix}.self_attn", layer_index)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        if config.num_experts:
+            self.block_sparse_moe = MixtralMoE(config, dtype, f"{prefix}.block_sparse_moe")
+        else:
+            self.mlp = LlamaMLP(config, dtype, f"{prefix}.mlp")
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
+                batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
         else:   # donates hidden_states and residual (fused_add_rms_norm.maybe_inplace)
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states = self.self_attn(positions, hidden_states, batch)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        ffn = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+        return ffn(hidden_states), residual
 
 
 class LlamaModel(nn.Module):
@@ -123,21 +212,27 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, params_dtype=dtype,
                                                    padding_size=config.padding_size, prefix="model.embed_tokens")
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, f"model.layers.{i}")
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, f"model.layers.{i}", i)
                                     for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         hidden_states = self.embed_tokens(input_ids)
         residual = None
         for layer in self.layers:
-            hidden_states, residual = layer(positions, hidden_states, residual)
+            hidden_states, residual = layer(positions, hidden_states, residual, batch)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
 
 class LlamaForCausalLM(nn.Module):
-    """`forward(input_ids, positions) -> logits [num_tokens, vocab_size]` of one sequence."""
+    """`forward(input_ids, positions[, cu_seqlens, seq_lens]) -> logits [num_tokens, vocab_size]`.
+
+    Without `cu_seqlens` the tokens are one sequence, recomputed whole. With them they are packed
+    sequences (`cu_seqlens` `[seqs + 1]` int64 offsets; `seq_lens` `[seqs]` each sequence's length
+    once these tokens are in) run against the current KV cache (see `kv_cache`).
+    """
 
     def __init__(self, config: DecoderConfig, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -151,8 +246,21 @@ class LlamaForCausalLM(nn.Module):
         self.logits_processor = LogitsProcessor(config.vocab_size, scale=config.logit_scale,
                                                 soft_cap=config.final_logit_softcap)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.compute_logits(self.model(input_ids, positions))
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
+                seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+        if (cu_seqlens is None) != (seq_lens is None):
+            raise ValueError("cu_seqlens and seq_lens go together: pass both (KV-cache batch) or neither")
+        batch = None if cu_seqlens is None else (cu_seqlens, seq_lens)
+        return self.compute_logits(self.model(input_ids, positions, batch))
+
+    def allocate_kv_cache(self, max_seqs: int, max_len: int) -> KVCache:
+        """A zeroed cache for this rank's KV heads, in the model's dtype and on its device."""
+        attn = self.model.layers[0].self_attn
+        if max_len > self.config.max_position_embeddings:
+            raise ValueError(f"max_len={max_len} exceeds max_position_embeddings="
+                             f"{self.config.max_position_embeddings}")
+        return KVCache.allocate(self.config.num_layers, max_seqs, max_len, attn.num_kv_heads, attn.head_dim,
+                                self.dtype, self.lm_head.weight.device)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.logits_processor(self.lm_head, hidden_states)
@@ -161,12 +269,15 @@ class LlamaForCausalLM(nn.Module):
     _STACKED = (("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
                 ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1))
 
-    def load_weights(self, checkpoint: dict[str, torch.Tensor]) -> set[str]:
-        """Load a full checkpoint (HF Llama names) through the layers' weight loaders; returns what loaded.
+    _EXPERT = re.compile(r"(model\.layers\.\d+\.block_sparse_moe)\.experts\.(\d+)\.(w[123])\.weight")
 
-        Raises KeyError naming checkpoint tensors this model has no parameter for, and parameters the
-        checkpoint left out.
+    def load_weights(self, checkpoint: dict[str, torch.Tensor]) -> set[str]:
+        """Load a full checkpoint (HF Llama / Mixtral names) onto this rank; returns the parameters loaded.
+
+        Raises ValueError naming a tensor whose shape is not the config's, and KeyError naming
+        checkpoint tensors this model has no parameter for, and parameters the checkpoint left out.
         """
+        shapes = expected_shapes(self.config)
         params = dict(self.named_parameters(remove_duplicate=False))
         modules = dict(self.named_modules())
         loaded: set[str] = set()
@@ -174,21 +285,27 @@ class LlamaForCausalLM(nn.Module):
         for name, tensor in checkpoint.items():
             if self.config.tie_word_embeddings and name == "lm_head.weight":
                 continue
+            if name not in shapes:
+                unknown.append(name)
+                continue
+            if tuple(tensor.shape) != shapes[name]:
+                raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, the config expects "
+                                 f"{shapes[name]}")
+            expert = self._EXPERT.fullmatch(name)
+            if expert is not None:
+                block, index, which = expert.groups()
+                modules[block].load_expert(int(index), which, tensor)
+                loaded.add(f"{block}.experts.{'w2' if which == 'w2' else 'w13'}_weight")
+                continue
             target, shard_id = name, None
             for fused, part, sid in self._STACKED:
                 if f".{part}." in name:
                     target, shard_id = name.replace(f".{part}.", f".{fused}."), sid
                     break
-            if target not in params:
-                unknown.append(name)
-                continue
             owner = modules[target.rpartition(".")[0]]
             loader = getattr(owner, "weight_loader", None)
             param = params[target]
             if loader is None:   # plain parameters (norm weights): copy as is
-                if tuple(tensor.shape) != tuple(param.shape):
-                    raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, parameter {target} "
-                                     f"has {tuple(param.shape)}")
                 with torch.no_grad():
                     param.copy_(tensor)
             elif shard_id is None:
@@ -205,40 +322,66 @@ class LlamaForCausalLM(nn.Module):
         return loaded
 
 
-def random_checkpoint(config: DecoderConfig, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """A seeded full checkpoint (HF Llama names, unsharded) whose logits spread over a few units.
-
-    Values are drawn in float32 on the CPU and then cast, so every dtype and rank sees the same
-    model. Projections ~ N(0, 1/fan_in); norm weights ~ 1 + N(0, 0.1^2); embeddings ~ N(0, 1);
-    the LM head ~ N(0, (3/sqrt(hidden))^2), so logits have a standard deviation of about 3.
-    """
-    gen = torch.Generator().manual_seed(seed)
+def expected_shapes(config: DecoderConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a full checkpoint (HF names, unsharded) and its shape, in checkpoint order."""
     h, inter, d = config.hidden_size, config.intermediate_size, config.head_dim
-
-    def normal(*shape, std=1.0, mean=0.0):
-        return (torch.randn(shape, generator=gen) * std + mean).to(dtype)
-
-    ckpt = {"model.embed_tokens.weight": normal(config.vocab_size, h)}
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, h)}
     for i in range(config.num_layers):
         p = f"model.layers.{i}"
-        ckpt[f"{p}.input_layernorm.weight"] = normal(h, std=0.1, mean=1.0)
-        ckpt[f"{p}.self_attn.q_proj.weight"] = normal(config.num_heads * d, h, std=h ** -0.5)
-        ckpt[f"{p}.self_attn.k_proj.weight"] = normal(config.num_kv_heads * d, h, std=h ** -0.5)
-        ckpt[f"{p}.self_attn.v_proj.weight"] = normal(config.num_kv_heads * d, h, std=h ** -0.5)
-        ckpt[f"{p}.self_attn.o_proj.weight"] = normal(h, config.num_heads * d, std=(config.num_heads * d) ** -0.5)
-        ckpt[f"{p}.post_attention_layernorm.weight"] = normal(h, std=0.1, mean=1.0)
-        ckpt[f"{p}.mlp.gate_proj.weight"] = normal(inter, h, std=h ** -0.5)
-        ckpt[f"{p}.mlp.up_proj.weight"] = normal(inter, h, std=h ** -0.5)
-        ckpt[f"{p}.mlp.down_proj.weight"] = normal(h, inter, std=inter ** -0.5)
-    ckpt["model.norm.weight"] = normal(h, std=0.1, mean=1.0)
+        shapes[f"{p}.input_layernorm.weight"] = (h,)
+        shapes[f"{p}.self_attn.q_proj.weight"] = (config.num_heads * d, h)
+        shapes[f"{p}.self_attn.k_proj.weight"] = (config.num_kv_heads * d, h)
+        shapes[f"{p}.self_attn.v_proj.weight"] = (config.num_kv_heads * d, h)
+        shapes[f"{p}.self_attn.o_proj.weight"] = (h, config.num_heads * d)
+        shapes[f"{p}.post_attention_layernorm.weight"] = (h,)
+        if config.num_experts:
+            shapes[f"{p}.block_sparse_moe.gate.weight"] = (config.num_experts, h)
+            for e in range(config.num_experts):
+                q = f"{p}.block_sparse_moe.experts.{e}"
+                shapes[f"{q}.w1.weight"] = (inter, h)
+                shapes[f"{q}.w3.weight"] = (inter, h)
+                shapes[f"{q}.w2.weight"] = (h, inter)
+        else:
+            shapes[f"{p}.mlp.gate_proj.weight"] = (inter, h)
+            shapes[f"{p}.mlp.up_proj.weight"] = (inter, h)
+            shapes[f"{p}.mlp.down_proj.weight"] = (h, inter)
+    shapes["model.norm.weight"] = (h,)
     if not config.tie_word_embeddings:
-        ckpt["lm_head.weight"] = normal(config.vocab_size, h, std=3.0 * h ** -0.5)
+        shapes["lm_head.weight"] = (config.vocab_size, h)
+    return shapes
+
+
+def random_checkpoint(config: DecoderConfig, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """A seeded full checkpoint (HF Llama / Mixtral names, unsharded) whose logits spread over a few units.
+
+    Values are drawn in float32 on the CPU and then cast, so every dtype and rank sees the same
+    model. Projections (router included) ~ N(0, 1/fan_in); norm weights ~ 1 + N(0, 0.1^2);
+    embeddings ~ N(0, 1); the LM head ~ N(0, (3/sqrt(hidden))^2), so logits have a standard
+    deviation of about 3.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    ckpt = {}
+    for name, shape in expected_shapes(config).items():
+        if name.endswith("norm.weight"):
+            std, mean = 0.1, 1.0
+        elif name == "model.embed_tokens.weight":
+            std, mean = 1.0, 0.0
+        elif name == "lm_head.weight":
+            std, mean = 3.0 * config.hidden_size ** -0.5, 0.0
+        else:
+            std, mean = shape[-1] ** -0.5, 0.0
+        ckpt[name] = (torch.randn(shape, generator=gen, device="cpu") * std + mean).to(dtype)
     return ckpt
 
 
 def build_model(config: DecoderConfig, dtype: torch.dtype = torch.float32, seed: int = 0,
-                checkpoint: dict[str, torch.Tensor] | None = None) -> LlamaForCausalLM:
-    """A decoder with the seeded random checkpoint (or `checkpoint`) loaded for this rank."""
-    model = LlamaForCausalLM(config, dtype)
+                checkpoint: dict[str, torch.Tensor] | None = None,
+                device: torch.device | str = "cpu") -> LlamaForCausalLM:
+    """A decoder with the seeded random checkpoint (or `checkpoint`) loaded for this rank.
+
+    Parameters and buffers are created directly on `device` (never on the process default device).
+    """
+    with torch.device(device):
+        model = LlamaForCausalLM(config, dtype)
     model.load_weights(checkpoint if checkpoint is not None else random_checkpoint(config, seed, dtype))
     return model.eval()

@@ -1,0 +1,282 @@
+"""The reference as a runtime: KV-cache generation against full recompute, sampling, checkpoint directories
+(round trip, errors), tensor parallelism on gloo, the compiled decode step's graphs, and the command."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import queue as queue_mod
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import _runtime_tp
+from reference_impl.models import (
+    DecoderConfig,
+    Sampler,
+    SamplingParams,
+    build_model,
+    generate,
+    greedy_generate,
+    random_checkpoint,
+)
+from reference_impl.models.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    read_config,
+    save_checkpoint,
+    write_random_checkpoint,
+)
+from reference_impl.models.kv_cache import KVCache, using_kv_cache
+
+DENSE = DecoderConfig()
+MOE = DecoderConfig(num_experts=4, num_experts_per_tok=2)
+PROMPTS = _runtime_tp.PROMPTS
+
+
+def _recompute(model, prompt, new_tokens):
+    """Full recompute of one sequence (no cache): its positions' logits, as BatchGeneration.sequence_logits."""
+    ref = greedy_generate(model, torch.tensor(prompt), new_tokens)
+    return ref.tokens, torch.cat([ref.prompt_logits, ref.step_logits[1:]])
+
+
+# ----- KV cache -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("config", [DENSE, MOE], ids=["dense", "moe"])
+def test_kv_cache_decode_equals_full_recompute(config):
+    model = build_model(config, torch.float32, seed=11)
+    new = 3 if config.num_experts else 5   # the reference MoE experts loop in Python: slow to recompute
+    out = generate(model, PROMPTS, new, cache=model.allocate_kv_cache(4, 16))
+    assert [len(t) for t in out.tokens] == [new] * 3 and out.step_logits.shape == (new, 3, config.vocab_size)
+    assert [p.shape[0] for p in out.prompt_logits] == [len(p) for p in PROMPTS] and out.prompt_tokens == 14
+    for s, prompt in enumerate(PROMPTS):
+        tokens, logits = _recompute(model, prompt, new)
+        assert out.tokens[s] == tokens, s
+        torch.testing.assert_close(out.sequence_logits(s), logits, atol=2e-5, rtol=2e-5)
+
+
+def test_cached_attention_errors_are_named():
+    model = build_model(DENSE, torch.float32, seed=1)
+    with pytest.raises(ValueError, match=r"4 sequences of up to 7 tokens do not fit the KV cache \(2 sequences"):
+        generate(model, [[1, 2, 3]] * 4, 5, cache=model.allocate_kv_cache(2, 16))
+    ids, pos = torch.tensor([1, 2]), torch.arange(2)
+    with pytest.raises(RuntimeError, match="outside `using_kv_cache"):
+        model(ids, pos, torch.tensor([0, 2]), torch.tensor([2]))
+    with pytest.raises(ValueError, match="cu_seqlens and seq_lens go together"):
+        model(ids, pos, torch.tensor([0, 2]))
+    with using_kv_cache(model.allocate_kv_cache(1, 4)), pytest.raises(ValueError, match="position 5 does not fit"):
+        model(ids, torch.tensor([4, 5]), torch.tensor([0, 2]), torch.tensor([6]))
+    with pytest.raises(ValueError, match="exceeds max_position_embeddings=256"):
+        model.allocate_kv_cache(1, 300)
+    cache = KVCache.allocate(2, 3, 8, 2, 16, torch.float16, "cpu")
+    assert (cache.max_seqs, cache.max_len, cache.nbytes()) == (3, 8, 2 * 2 * 3 * 8 * 2 * 16 * 2)
+
+
+# ----- sampling -----------------------------------------------------------------------------------
+def test_sampling_greedy_seeded_and_top_k():
+    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(Sampler()(logits), logits.argmax(-1))
+    assert torch.equal(Sampler(SamplingParams(temperature=1.0, top_k=1, seed=3))(logits), logits.argmax(-1))
+    draw = Sampler(SamplingParams(temperature=1.0, top_k=5, seed=7))(logits)
+    top5 = logits.topk(5, dim=-1).indices
+    assert bool((top5 == draw[:, None]).any(-1).all())                  # always among the 5 largest
+    assert not torch.equal(draw, logits.argmax(-1))                    # and not always the largest
+    assert torch.equal(draw, Sampler(SamplingParams(temperature=1.0, top_k=5, seed=7))(logits))   # seeded
+    assert not torch.equal(draw, Sampler(SamplingParams(temperature=1.0, top_k=5, seed=8))(logits))
+    with pytest.raises(ValueError, match="temperature=-1"):
+        SamplingParams(temperature=-1)
+
+
+def test_seeded_sampling_generation_is_reproducible():
+    model = build_model(DENSE, torch.float32, seed=2)
+    params = SamplingParams(temperature=0.8, top_k=20, seed=5)
+    runs = [generate(model, PROMPTS, 6, cache=model.allocate_kv_cache(3, 16), sampler=Sampler(params)).tokens
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+    greedy = generate(model, PROMPTS, 6, cache=model.allocate_kv_cache(3, 16)).tokens
+    assert runs[0] != greedy
+
+
+# ----- checkpoints --------------------------------------------------------------------------------
+@pytest.mark.parametrize("config", [DENSE, MOE], ids=["dense", "moe"])
+def test_checkpoint_round_trip(tmp_path, config):
+    write_random_checkpoint(tmp_path, config, seed=4)
+    doc = json.loads((tmp_path / "config.json").read_text())
+    assert doc["model_type"] == ("mixtral" if config.num_experts else "llama")
+    assert read_config(tmp_path) == config
+    loaded, fresh = load_checkpoint(tmp_path), build_model(config, torch.float32, seed=4)
+    ids = torch.tensor(PROMPTS[0])
+    assert torch.equal(loaded(ids, torch.arange(ids.numel())), fresh(ids, torch.arange(ids.numel())))
+    # stored in bfloat16: loads as the weights rounded once
+    save_checkpoint(tmp_path / "bf16", config, random_checkpoint(config, 4), torch.bfloat16)
+    rounded = {k: v.to(torch.bfloat16).float() for k, v in random_checkpoint(config, 4).items()}
+    torch.testing.assert_close(load_checkpoint(tmp_path / "bf16")(ids, torch.arange(ids.numel())),
+                               build_model(config, checkpoint=rounded)(ids, torch.arange(ids.numel())),
+                               atol=0, rtol=0)
+
+
+def _edit_config(directory, **changes):
+    doc = json.loads((directory / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            doc.pop(key)
+        else:
+            doc[key] = value
+    (directory / "config.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"num_hidden_layers": None}, "required key 'num_hidden_layers' is missing"),
+    ({"hidden_size": "64"}, "key 'hidden_size' must be a positive integer, got '64'"),
+    ({"rms_norm_eps": -1}, "key 'rms_norm_eps' must be a positive number"),
+    ({"model_type": "gpt2"}, "key 'model_type' is 'gpt2'"),
+    ({"num_key_value_heads": 3}, "num_heads=4 is not a multiple of num_kv_heads=3"),
+], ids=["missing", "type", "value", "model_type", "heads"])
+def test_bad_config_names_the_key(tmp_path, changes, message):
+    write_random_checkpoint(tmp_path, DENSE, seed=0)
+    _edit_config(tmp_path, **changes)
+    with pytest.raises(CheckpointError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_checkpoint(tmp_path)
+
+
+def test_checkpoint_tensor_errors_name_the_tensor(tmp_path):
+    ckpt = random_checkpoint(MOE, 0)
+    bad = dict(ckpt, **{"model.layers.1.block_sparse_moe.experts.3.w2.weight": torch.zeros(64, 100)})
+    save_checkpoint(tmp_path / "shape", MOE, bad)
+    with pytest.raises(CheckpointError, match=r"model.layers.1.block_sparse_moe.experts.3.w2.weight has shape "
+                                              r"\(64, 100\), the config expects \(64, 128\)"):
+        load_checkpoint(tmp_path / "shape")
+    save_checkpoint(tmp_path / "extra", MOE, dict(ckpt, **{"model.layers.0.extra.weight": torch.zeros(2)}))
+    with pytest.raises(CheckpointError, match=r"with no parameter in LlamaForCausalLM: \['model.layers.0.extra"):
+        load_checkpoint(tmp_path / "extra")
+    partial = {k: v for k, v in ckpt.items() if k != "model.layers.0.block_sparse_moe.gate.weight"}
+    save_checkpoint(tmp_path / "missing", MOE, partial)
+    with pytest.raises(CheckpointError, match=r"did not provide: \['model.layers.0.block_sparse_moe.gate.weight'\]"):
+        load_checkpoint(tmp_path / "missing")
+    with pytest.raises(CheckpointError, match="does not exist .*nothing is downloaded"):
+        load_checkpoint(tmp_path / "meta-llama/Llama-3-8B")
+    (tmp_path / "nofile").mkdir()
+    (tmp_path / "nofile" / "config.json").write_text((tmp_path / "shape" / "config.json").read_text())
+    with pytest.raises(CheckpointError, match="has no model.safetensors"):
+        load_checkpoint(tmp_path / "nofile")
+
+
+# ----- tensor parallelism -------------------------------------------------------------------------
+def test_tp2_on_gloo_equals_tp1(tmp_path):
+    directories = {"dense": str(write_random_checkpoint(tmp_path / "dense", DENSE, seed=21)),
+                   "moe": str(write_random_checkpoint(tmp_path / "moe", MOE, seed=22))}
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_runtime_tp.run_rank, args=(r, 2, str(tmp_path / "store"), directories, results))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    got: dict[tuple[int, str], tuple] = {}
+    try:
+        while len(got) < 2 * len(directories):
+            rank, name, result, error = results.get(timeout=180)
+            assert error is None, f"rank {rank}, {name}:\n{error}"
+            got[rank, name] = result
+    except queue_mod.Empty:
+        pytest.fail(f"no result from some rank: got {sorted(got)}")
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    for name, directory in directories.items():
+        tokens, prompt_logits, step_logits = _runtime_tp.generate_from(directory)
+        tp_tokens, tp_prompt, tp_steps = got[0, name]
+        assert tp_tokens == tokens, name
+        torch.testing.assert_close(torch.tensor(tp_steps), torch.tensor(step_logits), atol=1e-4, rtol=1e-4)
+        for a, b in zip(tp_prompt, prompt_logits):
+            torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
+
+
+# ----- compiled decode ----------------------------------------------------------------------------
+def test_compiled_decode_does_not_recompile_as_batch_and_lengths_change():
+    from reference_impl.compilation import compile_module
+    from reference_impl.config import CompilationConfig, CompilationMode, RuntimeConfig
+
+    model = build_model(DENSE, torch.float32, seed=9)
+    eager = generate(model, PROMPTS, 4, cache=model.allocate_kv_cache(4, 24))
+    torch._dynamo.reset()
+    compiled = compile_module(model, RuntimeConfig(CompilationConfig(mode=CompilationMode.REFERENCE_COMPILE,
+                                                                     backend="aot_eager")))
+    got = generate(compiled, PROMPTS, 4, cache=model.allocate_kv_cache(4, 24))
+    assert got.tokens == eager.tokens
+    torch.testing.assert_close(got.step_logits, eager.step_logits, atol=1e-5, rtol=1e-5)
+    graphs = compiled.backend.num_compilations
+    assert graphs == 1   # prefill and decode share one graph: tokens and sequences are dynamic
+    generate(compiled, [[3, 4], [9, 9, 9, 9, 9, 9, 9, 9], [1], [7, 7, 7]], 6, cache=model.allocate_kv_cache(4, 24))
+    generate(compiled, [[3, 4, 5], [10, 11]], 3, cache=model.allocate_kv_cache(4, 24))
+    assert compiled.backend.num_compilations == graphs
+    lowered = str(list(compiled.backend.graph_snapshots.values())[-1])
+    assert "reference_ir" not in lowered and "reference_model.cached_attention" in lowered
+
+
+# ----- the command --------------------------------------------------------------------------------
+def _command(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "reference_impl.generate", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_command_end_to_end(tmp_path):
+    directory = write_random_checkpoint(tmp_path / "ckpt", DENSE, seed=31)
+    batch = tmp_path / "prompts.jsonl"
+    batch.write_text(json.dumps(PROMPTS[1]) + "\n" + json.dumps({"prompt_ids": PROMPTS[2]}) + "\n")
+    out_json = tmp_path / "out.json"
+    run = _command("--checkpoint", str(directory), "--platform", "cpu", "--prompt-ids",
+                   ",".join(map(str, PROMPTS[0])), "--batch-file", str(batch), "--max-new-tokens", "4",
+                   "--json", str(out_json))
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out_json.read_text())
+    model = load_checkpoint(directory)
+    expected = generate(model, PROMPTS, 4, cache=model.allocate_kv_cache(3, 16)).tokens
+    assert report["tokens"] == expected
+    for s, (prompt, tokens) in enumerate(zip(PROMPTS, expected)):
+        assert f"sequence {s}: prompt {prompt} -> {tokens}" in run.stdout
+    assert "IR providers selected: fused_add_rms_norm: cpp, rms_norm: cpp" in run.stdout
+    assert "RMSNorm: forward_cpu" in run.stdout and report["custom_op_paths"]["RMSNorm"] == ["forward_cpu"]
+    assert "prefill: 14 tokens in" in run.stdout and "decode: 3 sequences x 3 steps in" in run.stdout
+    assert report["prefill_tokens"] == 14 and report["decode_tokens"] == 9 and report["decode_seconds"] > 0
+
+
+def test_command_tp2_gives_the_single_process_tokens(tmp_path):
+    from reference_impl.generate import PRESETS
+
+    out = tmp_path / "tp2.json"
+    run = _command("--random", "tiny", "--platform", "cpu", "--prompt-ids", "1,2,3,4", "--max-new-tokens", "3",
+                   "--tp", "2", "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    model = build_model(PRESETS["tiny"], torch.float32, seed=0)
+    expected = generate(model, [[1, 2, 3, 4]], 3, cache=model.allocate_kv_cache(1, 8)).tokens
+    report = json.loads(out.read_text())
+    assert report["tp"] == 2 and report["tokens"] == expected
+    assert run.stdout.count("sequence 0:") == 1   # rank 0 prints, rank 1 does not
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--random", "tiny", "--prompt-ids", "1,x", "--max-new-tokens", "2"], "--prompt-ids: '1,x' is not a comma"),
+    (["--random", "tiny", "--prompt-ids", "1,300", "--max-new-tokens", "2"], "token ids [300] are outside"),
+    (["--random", "tiny", "--prompt-ids", "1", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["--random", "tiny", "--max-new-tokens", "2"], "give --prompt-ids or --batch-file"),
+    (["--random", "tiny", "--prompt-ids", "1", "--max-new-tokens", "2", "--platform", "nope"],
+     "--platform nope: unknown platform 'nope'"),
+    (["--random", "tiny", "--prompt-ids", "1", "--max-new-tokens", "2", "--tp", "3"],
+     "--tp 3 does not divide the model's num_attention_heads (4)"),
+    (["--checkpoint", "/nonexistent/dir", "--prompt-ids", "1", "--max-new-tokens", "2"],
+     "does not exist (only local directories are read; nothing is downloaded)"),
+    (["--random", "tiny", "--checkpoint", "x", "--prompt-ids", "1", "--max-new-tokens", "2"], "not allowed with"),
+    (["--random", "tiny", "--batch-file", "/nonexistent.jsonl", "--max-new-tokens", "2"], "--batch-file"),
+], ids=["ids", "vocab", "tokens", "prompt", "platform", "tp", "checkpoint", "exclusive", "batch-file"])
+def test_command_bad_arguments_give_one_line(capsys, args, message):
+    from reference_impl.generate import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m reference_impl.generate: error: "), err
+    assert message in err
