@@ -90,10 +90,15 @@ class Inventory:
 
     # ----- the catalog ------------------------------------------------------------------------
     def units(self, family: str, check: str, level: str) -> list[Unit]:
-        fn = getattr(self, f"_units_{check}", None)
-        if fn is None:
-            raise ValueError(f"no unit generator for {family}.{check}")
-        return fn(family, check, level)
+        """The units of check `family.check` at `level`, enumerated by the function its record names."""
+        from conformance.checks.record import records
+
+        record = records().get(f"{family}.{check}")
+        if record is None:
+            raise ValueError(f"no check record for {family}.{check}: declare it with @check beside its body")
+        return record.units(self, family, check, level)
+
+    # Unit enumerators, named by the check records (conformance.checks.record) of the checks that use them.
 
     def _provided(self, supported_only: bool = True):
         """(op, provider) the platform brings; `supported=False` ones only when asked for."""
@@ -102,12 +107,12 @@ class Inventory:
                 if op.impls[provider].supported or not supported_only:
                     yield op, provider
 
-    def _units_unsupported(self, family, check, level):
+    def unsupported_units(self, family, check, level):
         """One NOT_SUPPORTED per provider registered supported=False (its checks cannot run)."""
         return [Unit(family, check, op.name, provider) for op, provider in self._provided(False)
                 if not op.impls[provider].supported]
 
-    def _units_ir_case(self, family, check, level):
+    def ir_case_units(self, family, check, level):
         units = []
         for op, provider in self._provided():
             for dtype in self.op_dtypes(op):
@@ -116,12 +121,12 @@ class Inventory:
                         units.append(Unit(family, check, op.name, provider, dtype_name(dtype), case.name))
         return units
 
-    def _units_ir_property(self, family, check, level):
+    def ir_property_units(self, family, check, level):
         return [Unit(family, check, op.name, provider, dtype_name(dtype), "property")
                 for op, provider in self._provided() if op.property_args is not None
                 for dtype in self.op_dtypes(op)]
 
-    def _units_ir_compile(self, family, check, level):
+    def ir_compile_units(self, family, check, level):
         units = []
         for op, provider in self._provided():
             dtypes = self.op_dtypes(op)
@@ -130,7 +135,7 @@ class Inventory:
             units += [Unit(family, check, op.name, provider, dtype_name(d)) for d in dtypes]
         return units
 
-    def _units_layer_case(self, family, check, level):
+    def layer_case_units(self, family, check, level):
         from reference_impl.layers.cases import conformance_of
 
         units = []
@@ -144,33 +149,32 @@ class Inventory:
                         units.append(Unit(family, check, name, rep.__qualname__, dtype_name(dtype), case.name))
         return units
 
-    def _units_coverage(self, family, check, level):
+    def coverage_units(self, family, check, level):
         return [Unit(family, check, name) for name in self.native_fallback_ops()]
 
-    def _units_layer_coverage(self, family, check, level):
+    def layer_coverage_units(self, family, check, level):
         replaced = self.replaced_layers()
         return [Unit(family, check, name) for name in self.in_tree_layers() if name not in replaced]
 
-    def _units_priority(self, family, check, level):
+    def provider_units(self, family, check, level):
+        """One unit per provider the platform brings, supported=False ones included."""
         return [Unit(family, check, op.name, provider) for op, provider in self._provided(False)]
 
-    _units_supports_args = _units_priority
-
-    def _units_runs(self, family, check, level):
+    def runs_units(self, family, check, level):
         return [Unit(family, check, op.name, provider, dtype_name(d))
                 for op, provider in self._provided() for d in self.op_dtypes(op)]
 
-    def _units_defaults(self, family, check, level):
+    def defaults_units(self, family, check, level):
         return [Unit(family, check, op_name, provider) for op_name, providers in self.defaults.items()
                 for provider in providers if provider != "native"]
 
-    def _units_oot_registration(self, family, check, level):
+    def oot_registration_units(self, family, check, level):
         from reference_impl.custom_op import CustomOp
 
         by_class = {cls.__name__: name for name, cls in CustomOp.op_registry.items()}
         return [Unit(family, check, by_class.get(key, key), rep.__qualname__) for key, rep in self.oot.items()]
 
-    def _units_oot_dispatch(self, family, check, level):
+    def oot_dispatch_units(self, family, check, level):
         from reference_impl.layers.cases import conformance_of
 
         units = []
@@ -180,7 +184,7 @@ class Inventory:
             units.append(Unit(family, check, name, rep.__qualname__, dtype_name(dtypes[0])))
         return units
 
-    def _units_decoder(self, family, check, level):
+    def model_units(self, family, check, level):
         """Per dtype the model declares a tolerance for: eager and compiled (quick: compiled in the first only)."""
         from conformance.checks.model import CASES, MODEL_NAME, MODEL_TOLERANCES
 

@@ -1,4 +1,5 @@
-"""Reusable check bodies, one module per docs/checks.md family, and `run_unit` that runs one by name."""
+"""Reusable check bodies, one module per docs/checks.md family, each declared once with `record.check`, and
+`run_unit` that runs one by name."""
 
 from __future__ import annotations
 
@@ -10,26 +11,10 @@ from conformance.units import Unit
 
 
 def registry() -> dict[str, object]:
-    """'family.check' -> body(ctx, unit) -> Verdict."""
-    from conformance.checks import aliasing, compile, dispatch, model, numerics, oot
+    """'family.check' -> body(ctx, unit) -> Verdict, derived from the check records."""
+    from conformance.checks.record import records
 
-    return {
-        "numerics.unsupported": numerics.unsupported,
-        "numerics.ir_case": numerics.ir_case,
-        "numerics.ir_property": numerics.ir_property,
-        "numerics.layer_case": numerics.layer_case,
-        "aliasing.ir_case": aliasing.ir_case,
-        "compile.ir_compile": compile.ir_compile,
-        "dispatch.coverage": dispatch.coverage,
-        "dispatch.layer_coverage": dispatch.layer_coverage,
-        "dispatch.priority": dispatch.priority,
-        "dispatch.runs": dispatch.runs,
-        "dispatch.supports_args": dispatch.supports_args,
-        "dispatch.defaults": dispatch.defaults,
-        "dispatch.oot_registration": oot.oot_registration,
-        "dispatch.oot_dispatch": oot.oot_dispatch,
-        "model.decoder": model.decoder,
-    }
+    return {key: record.body for key, record in records().items()}
 
 
 def run_unit(ctx: CheckContext, unit: Unit) -> tuple[Verdict, float]:

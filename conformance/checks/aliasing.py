@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from conformance.checks.record import check
+from conformance.inventory import Inventory
 from conformance.checks import lookup
 from conformance.checks.common import (
     CheckContext,
@@ -116,6 +118,7 @@ def check_opcheck(op, impl, args) -> list[str]:
     return []
 
 
+@check("aliasing", "ir_case", units=Inventory.ir_case_units)
 def ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
     op, impl, case = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider), lookup.ir_case(unit.op, unit.case)
     dtype = unit_dtype(unit)

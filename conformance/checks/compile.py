@@ -15,6 +15,8 @@ import functools
 
 import torch
 
+from conformance.checks.record import check
+from conformance.inventory import Inventory
 from conformance.checks import lookup, tracing
 from conformance.checks.common import (
     CheckContext,
@@ -80,6 +82,7 @@ def _donation_rejected(exc: BaseException, error_type: type) -> bool:
     return False
 
 
+@check("compile", "ir_compile", units=Inventory.ir_compile_units)
 def ir_compile(ctx: CheckContext, unit: Unit) -> Verdict:
     reason = availability()
     if reason is not None:

@@ -11,6 +11,8 @@ import functools
 
 import torch
 
+from conformance.checks.record import check
+from conformance.inventory import Inventory
 from conformance.checks import lookup, predicates
 from conformance.checks.common import (
     CheckContext,
@@ -58,12 +60,14 @@ def selectable(impl, args) -> bool:
     return impl.supported and bool(raw_supports(impl, args))
 
 
+@check("dispatch", "coverage", units=Inventory.coverage_units)
 def coverage(ctx: CheckContext, unit: Unit) -> Verdict:
     """An op the platform brings no implementation for: native runs instead."""
     return Verdict(Outcome.NOT_IMPLEMENTED,
                    f"platform '{ctx.platform_name}' brings no implementation of {unit.op}; native runs instead")
 
 
+@check("dispatch", "layer_coverage", units=Inventory.layer_coverage_units)
 def layer_coverage(ctx: CheckContext, unit: Unit) -> Verdict:
     from reference_impl.custom_op import CustomOp
 
@@ -82,6 +86,7 @@ def _expected(op, order: list[str], args) -> str:
     return "native"
 
 
+@check("dispatch", "priority", units=Inventory.provider_units)
 def priority(ctx: CheckContext, unit: Unit) -> Verdict:
     """Platform defaults, user priorities prepended, set_priority overrides: each resolves as specified."""
     from reference_impl.config import KernelConfig, RuntimeConfig, set_current_config
@@ -145,6 +150,7 @@ def counting(impl):
         impl.impl_fn = original
 
 
+@check("dispatch", "runs", units=Inventory.runs_units)
 def runs(ctx: CheckContext, unit: Unit) -> Verdict:
     """The selected implementation really runs (functional and maybe_inplace), counted."""
     op, impl = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider)
@@ -172,6 +178,7 @@ def runs(ctx: CheckContext, unit: Unit) -> Verdict:
     return not_supported(f"supports_args rejects every {unit.dtype} case of {op.name}")
 
 
+@check("dispatch", "supports_args", units=Inventory.provider_units)
 def supports_args(ctx: CheckContext, unit: Unit) -> Verdict:
     """A real bool for every case, the same at every batch size >= 2 (probed on fakes up to 65537 rows
     and under a symbolic batch, as lowering calls it), and no raise with every dim symbolic."""
@@ -197,6 +204,7 @@ def supports_args(ctx: CheckContext, unit: Unit) -> Verdict:
                   f"symbolic batch), and no raise with every dim symbolic, on {count} inputs")
 
 
+@check("dispatch", "defaults", units=Inventory.defaults_units)
 def defaults(ctx: CheckContext, unit: Unit) -> Verdict:
     """A provider named in the platform's defaults exists and is selectable for some supported input."""
     from reference_impl.ir.op import IrOp

@@ -27,6 +27,8 @@ import dataclasses
 
 import torch
 
+from conformance.checks.record import check
+from conformance.inventory import Inventory
 from conformance.checks.common import (
     CheckContext,
     Verdict,
@@ -156,6 +158,7 @@ def _recompiled(runner, batch, device) -> str | None:
             "(tokens and sequences are dynamic dimensions: a guard on their sizes recompiles every step)")
 
 
+@check("model", "decoder", units=Inventory.model_units)
 def decoder(ctx: CheckContext, unit: Unit) -> Verdict:
     from reference_impl.config import CompilationConfig, CompilationMode, RuntimeConfig
     from reference_impl.models import build_model, random_checkpoint

@@ -10,6 +10,8 @@ import copy
 
 import torch
 
+from conformance.checks.record import check
+from conformance.inventory import Inventory
 from conformance.checks import lookup
 from conformance.checks.common import (
     CheckContext,
@@ -61,6 +63,7 @@ def compare_ir(ctx: CheckContext, op, impl, args, dtype: torch.dtype, compare_na
     return judge(op, args, out, dtype, compare_nan=compare_nan)
 
 
+@check("numerics", "unsupported", units=Inventory.unsupported_units)
 def unsupported(ctx: CheckContext, unit: Unit) -> Verdict:
     """A provider registered supported=False: never selected, so numerics, aliasing and compile cannot run."""
     impl = lookup.impl(unit.op, unit.provider)
@@ -70,6 +73,7 @@ def unsupported(ctx: CheckContext, unit: Unit) -> Verdict:
                          "never selected, and its numerics, aliasing and compile checks do not run")
 
 
+@check("numerics", "ir_case", units=Inventory.ir_case_units)
 def ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
     op, impl, case = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider), lookup.ir_case(unit.op, unit.case)
     dtype = unit_dtype(unit)
@@ -85,6 +89,7 @@ def ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
                    cmp.max_abs_err, cmp.max_rel_err)
 
 
+@check("numerics", "ir_property", units=Inventory.ir_property_units)
 def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
     """Hypothesis draws over shapes, layouts and value ranges; the seed fixes the draws."""
     from hypothesis import assume, given, settings
@@ -184,6 +189,7 @@ def enabled_forward(layer):
         return layer.dispatch_forward()
 
 
+@check("numerics", "layer_case", units=Inventory.layer_case_units)
 def layer_case(ctx: CheckContext, unit: Unit) -> Verdict:
     in_tree, replacement = lookup.layer_classes(unit.op)
     dtype = unit_dtype(unit)

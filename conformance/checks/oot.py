@@ -15,6 +15,8 @@ from collections.abc import Iterator
 
 import torch
 
+from conformance.checks.record import check
+from conformance.inventory import Inventory
 from conformance.checks import lookup
 from conformance.checks.common import CheckContext, Verdict, call_impl, clone_args, failed, passed
 from conformance.checks.numerics import build_layer_pair, enabled_forward
@@ -24,6 +26,7 @@ from conformance.units import Unit, dtype_from_name
 _MACHINERY = (torch.nn.Module, object)
 
 
+@check("dispatch", "oot_registration", units=Inventory.oot_registration_units)
 def oot_registration(ctx: CheckContext, unit: Unit) -> Verdict:
     """The register_oot name matches an in-tree class, and constructing that class builds the replacement."""
     from reference_impl.custom_op import CustomOp
@@ -127,6 +130,7 @@ def own_code_problem(ctx: CheckContext, replacement: type, in_tree: type, method
     return f"{replacement.__qualname__} {what} but {how}: the replacement's own code never runs"
 
 
+@check("dispatch", "oot_dispatch", units=Inventory.oot_dispatch_units)
 def oot_dispatch(ctx: CheckContext, unit: Unit) -> Verdict:
     """When enabled the replacement's own code runs through the forward method CustomOp dispatch picks;
     when disabled (custom_ops none / -name) forward_native runs and that method does not."""
