@@ -15,8 +15,6 @@ import functools
 
 import torch
 
-from conformance.checks.record import check
-from conformance.inventory import Inventory
 from conformance.checks import lookup, tracing
 from conformance.checks.common import (
     CheckContext,
@@ -32,6 +30,8 @@ from conformance.checks.common import (
 )
 from conformance.checks.batch import with_batch
 from conformance.checks.dispatch import case_inputs, platform_dtypes, raw_supports
+from conformance.checks.record import check
+from conformance.inventory import Inventory
 from conformance.results import Outcome
 from conformance.units import Unit, dtype_from_name, dtype_name
 

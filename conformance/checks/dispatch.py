@@ -11,8 +11,6 @@ import functools
 
 import torch
 
-from conformance.checks.record import check
-from conformance.inventory import Inventory
 from conformance.checks import lookup, predicates
 from conformance.checks.common import (
     CheckContext,
@@ -23,6 +21,8 @@ from conformance.checks.common import (
     not_supported,
     passed,
 )
+from conformance.checks.record import check
+from conformance.inventory import Inventory
 from conformance.results import Outcome
 from conformance.units import Unit, dtype_from_name, dtype_name, generator, unit_seed
 

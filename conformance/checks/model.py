@@ -27,8 +27,6 @@ import dataclasses
 
 import torch
 
-from conformance.checks.record import check
-from conformance.inventory import Inventory
 from conformance.checks.common import (
     CheckContext,
     Verdict,
@@ -39,6 +37,8 @@ from conformance.checks.common import (
     passed,
     unit_dtype,
 )
+from conformance.checks.record import check
+from conformance.inventory import Inventory
 from conformance.results import Outcome
 from conformance.units import Unit, dtype_name
 

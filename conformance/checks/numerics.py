@@ -10,8 +10,6 @@ import copy
 
 import torch
 
-from conformance.checks.record import check
-from conformance.inventory import Inventory
 from conformance.checks import lookup
 from conformance.checks.common import (
     CheckContext,
@@ -28,6 +26,8 @@ from conformance.checks.common import (
     to_golden,
     unit_dtype,
 )
+from conformance.checks.record import check
+from conformance.inventory import Inventory
 from conformance.results import Outcome
 from conformance.units import PROPERTY_EXAMPLES, Unit, dtype_name, generator, unit_seed
 
