@@ -193,8 +193,12 @@ class Inventory:
                 for case in CASES if case == "eager" or level != "quick" or i == 0]
 
 
-def activate(name: str) -> Inventory:
-    """Make platform `name` current and return what it brings; PlatformSetupError on any failure."""
+def activate(name: str, platform=None) -> Inventory:
+    """Make platform `name` current and return what it brings; PlatformSetupError on any failure.
+
+    `platform`, when given, is a zero-argument factory of the Platform instance to install under that
+    name instead of resolving `name` through the built-ins and entry points (the in-process meta-tests
+    use it). It is called after the snapshot, so what importing the plugin registers counts as brought."""
     from reference_impl.custom_op import CustomOp
     from reference_impl.ir.op import IrOp
     from reference_impl.platforms import set_current_platform
@@ -203,7 +207,7 @@ def activate(name: str) -> Inventory:
     before_ir = {op_name: set(op.impls) for op_name, op in IrOp.registry.items()}
     before_oot = dict(CustomOp.op_registry_oot)
     try:
-        platform = set_current_platform(name)
+        platform = set_current_platform(platform() if platform is not None else name)
         defaults = {k: list(v) for k, v in (platform.get_default_ir_op_priority() or {}).items()}
     except Exception as exc:  # noqa: BLE001 - every cause becomes one clear line
         raise PlatformSetupError(_one_line(name, exc)) from exc

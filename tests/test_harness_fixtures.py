@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -39,39 +40,43 @@ def test_demo_plugin_is_conformant_without_false_positives(tmp_path):
     assert "RMSNorm -> conformance_demo.layers.DemoRMSNorm" in run.output
 
 
-# fixture -> (pytest selection, family, outcome, message fragment or alternatives, whether a clean result
-# must also show)
+@dataclasses.dataclass(frozen=True)
+class FaultRun:
+    """One fixture run end to end: its pytest selection, the family and outcome that must appear with one of
+    `fragments` in the message (or case), and whether something else of the same run must still PASS."""
+
+    selection: tuple[str, ...]
+    family: str
+    outcome: str
+    fragments: tuple[str, ...]
+    clean_too: bool = False
+
+
+# What needs a process (a crash, a hang, the worker's ERROR path, torch.compile in a fresh interpreter) and one
+# fault per family through the whole pipeline (plugin discovery, worker, results file, scorecard). Every other
+# fault's verdict is checked in-process, in seconds, by tests/meta/test_checks_in_process.py.
 FAULTS = {
-    "odd_numerics": (["-k", "numerics and rms_norm and float32"], "numerics", "FAIL", "hidden=769", True),
-    "strides": (["-k", "numerics and float32 and ir_case"], "numerics", "FAIL", "strided", True),
-    "wrong_dtype": (["-k", "numerics and bfloat16 and ir_case"], "numerics", "FAIL",
-                    "dtype is float32, native gives bfloat16", False),
-    "mutates_input": (["-k", "float32 and ir_case and not compile"], "aliasing", "FAIL",
-                      "input 'x' was modified", True),
-    "writes_weight": (["-k", "aliasing and float32"], "aliasing", "FAIL", "'weight'", False),
-    "returns_input": (["-k", "aliasing and float32"], "aliasing", "FAIL", "shares storage with input 'x'", False),
-    "batch_guard": (["-k", "dispatch"], "dispatch", "FAIL", "guards on the batch size: False with 2 rows", True),
-    "batch_guard_large": (["-k", "dispatch"], "dispatch", "FAIL", "guards on the batch size: True with 2 rows, "
-                          "False with 257 rows", True),
-    "nonbool_supports": (["-k", "dispatch"], "dispatch", "FAIL", "not a Python bool", False),
-    "oot_name": (["-k", "dispatch"], "dispatch", "FAIL", "matches no in-tree CustomOp class", False),
-    "missing_default": (["-k", "dispatch and defaults"], "dispatch", "FAIL", "'fastnorm', which is not registered",
-                        True),
-    "raises": (["-k", "numerics and float32 and ir_case"], "numerics", "ERROR", "launch failed", False),
-    "hangs": (["--conformance-timeout=3", "-k", "float32 and ir_case and 128 and not 1280 or coverage"],
-              "numerics", "TIMEOUT", "per-check limit of 3 s", False),
-    "segfault": (["-k", "float32 and ir_case and 128 and not 1280 or coverage"], "numerics", "CRASH",
-                 "SIGSEGV", False),
-    "missing_epsilon": (["-k", "numerics and rms_norm and float32"], "numerics", "FAIL",
-                        "far beyond rounding differences", True),
-    "oot_never_runs": (["-k", "oot or layer_case and float32"], "dispatch", "FAIL",
-                       "CudaOnlyRMSNorm defines forward_cuda but platform 'broken_oot_never_runs' (OOT) calls "
-                       "forward_oot, inherited from CustomOp, which falls back to forward_native: the replacement's "
-                       "own code never runs", True),
+    "odd_numerics": FaultRun(("-k", "numerics and rms_norm and float32"), "numerics", "FAIL", ("hidden=769",), True),
+    "mutates_input": FaultRun(("-k", "float32 and ir_case and not compile"), "aliasing", "FAIL",
+                              ("input 'x' was modified",), True),
+    "batch_guard": FaultRun(("-k", "dispatch"), "dispatch", "FAIL", ("guards on the batch size: False with 2 rows",),
+                            True),
+    "raises": FaultRun(("-k", "numerics and float32 and ir_case"), "numerics", "ERROR", ("launch failed",)),
+    "hangs": FaultRun(("--conformance-timeout=3", "-k", "float32 and ir_case and 128 and not 1280 or coverage"),
+                      "numerics", "TIMEOUT", ("per-check limit of 3 s",)),
+    "segfault": FaultRun(("-k", "float32 and ir_case and 128 and not 1280 or coverage"), "numerics", "CRASH",
+                         ("SIGSEGV",)),
+    "missing_epsilon": FaultRun(("-k", "numerics and rms_norm and float32"), "numerics", "FAIL",
+                                ("far beyond rounding differences",), True),
+    "oot_never_runs": FaultRun(("-k", "oot or layer_case and float32"), "dispatch", "FAIL",
+                               ("CudaOnlyRMSNorm defines forward_cuda but platform 'broken_oot_never_runs' (OOT) calls "
+                                "forward_oot, inherited from CustomOp, which falls back to forward_native: the "
+                                "replacement's own code never runs",), True),
     # Depending on the torch version, is_compiling() steers the trace (wrong result) or the value read
     # raises a data-dependent guard while lowering (2.11): a compile FAIL either way.
-    "traced_branch": (["-k", "rms_norm and float32 and (compile or numerics) and not fused"], "compile", "FAIL",
-                      ("compiled result differs from eager", "branches on tensor values while traced"), True),
+    "traced_branch": FaultRun(("-k", "rms_norm and float32 and (compile or numerics) and not fused"), "compile",
+                              "FAIL", ("compiled result differs from eager", "branches on tensor values while traced"),
+                              True),
 }
 
 
@@ -115,18 +120,18 @@ def test_untraceable_provider_gets_one_compile_fail_and_identical_messages_run_t
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_broken_plugin_is_caught_by_the_right_family(tmp_path, fault):
-    selection, family, outcome, fragment, clean_too = FAULTS[fault]
-    run = run_harness(tmp_path, f"broken_{fault}", *selection, dist="broken")
+    expect = FAULTS[fault]
+    family, outcome = expect.family, expect.outcome
+    run = run_harness(tmp_path, f"broken_{fault}", *expect.selection, dist="broken")
     _assert_valid(run)
     assert run.returncode != 0
     assert run.doc["verdict"] == "NOT_CONFORMANT"
     assert "verdict: NOT_CONFORMANT" in run.output
-    fragments = fragment if isinstance(fragment, tuple) else (fragment,)
     hits = [r for r in run.where(check=family, outcome=outcome)
-            if any(f in (r["message"] + (r["case"] or "")) for f in fragments)]
-    assert hits, f"no {family} {outcome} mentioning {fragment!r}:\n" + "\n".join(
+            if any(f in (r["message"] + (r["case"] or "")) for f in expect.fragments)]
+    assert hits, f"no {family} {outcome} mentioning {expect.fragments!r}:\n" + "\n".join(
         f"{r['check']} {r['outcome']} {r['case']}: {(r['message'] or '')[:200]}" for r in run.results)
-    if clean_too:   # the fault is specific: something else of the same run passes
+    if expect.clean_too:   # the fault is specific: something else of the same run passes
         assert "PASS" in {r["outcome"] for r in run.results}
     if fault in ("mutates_input", "traced_branch", "oot_never_runs"):   # eager values are right
         assert run.outcomes(check="numerics") == {"PASS"}

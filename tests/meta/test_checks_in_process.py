@@ -1,0 +1,130 @@
+"""The fast meta tier: each check run in this process, directly on the broken fixtures' kernels and on the
+demo plugin's correct ones, without a pytest subprocess or a kernel worker (seconds, not minutes).
+
+The end-to-end runs in tests/test_harness_fixtures.py keep what needs a process: crashes, hangs, the
+command line and exit codes. A fixture's modules are imported with its plugin root on sys.path only
+for the duration of one test, and every registration it made is undone afterwards, so nothing leaks
+into the rest of the suite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.checks import CheckContext, run_unit
+from conformance.inventory import activate
+from conformance.results import Outcome
+from reference_impl.custom_op import CustomOp
+from reference_impl.ir.op import IrOp
+from reference_impl.platforms import CpuPlatform, activate_platform
+
+PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
+
+
+@dataclasses.dataclass(frozen=True)
+class Expect:
+    """A fixture's expected verdict: the family and outcome that must appear, a message fragment, and
+    whether some result of that family must still PASS (the fault is narrow, not everything fails)."""
+
+    family: str
+    outcome: Outcome
+    fragment: str
+    also_passes: bool = False
+    dtype: str = "float32"
+
+
+EXPECT = {
+    "odd_numerics": Expect("numerics", Outcome.FAIL, "hidden=769", also_passes=True),
+    "strides": Expect("numerics", Outcome.FAIL, "strided", also_passes=True),
+    "wrong_dtype": Expect("numerics", Outcome.FAIL, "dtype is float32, native gives bfloat16", dtype="bfloat16"),
+    "missing_epsilon": Expect("numerics", Outcome.FAIL, "far beyond rounding differences", also_passes=True),
+    "raises": Expect("numerics", Outcome.ERROR, "launch failed"),
+    "mutates_input": Expect("aliasing", Outcome.FAIL, "input 'x' was modified"),
+    "writes_weight": Expect("aliasing", Outcome.FAIL, "'weight'"),
+    "returns_input": Expect("aliasing", Outcome.FAIL, "shares storage with input 'x'"),
+    "batch_guard": Expect("dispatch", Outcome.FAIL, "guards on the batch size", also_passes=True),
+    "batch_guard_large": Expect("dispatch", Outcome.FAIL, "guards on the batch size", also_passes=True),
+    "nonbool_supports": Expect("dispatch", Outcome.FAIL, "not a Python bool"),
+    "oot_name": Expect("dispatch", Outcome.FAIL, "matches no in-tree CustomOp class"),
+    "missing_default": Expect("dispatch", Outcome.FAIL, "'fastnorm', which is not registered", also_passes=True),
+    "oot_never_runs": Expect("dispatch", Outcome.FAIL, "the replacement's own code never runs"),
+    "untraceable": Expect("compile", Outcome.FAIL, "not traceable by make_fx"),
+}
+
+
+@contextlib.contextmanager
+def plugin(dist: str, module: str):
+    """`module` importable from tests/plugins/<dist>/ for the block (yields a loader that imports it); every IR
+    and register_oot registration made meanwhile is undone afterwards."""
+    root = str(PLUGINS / dist)
+    package = module.split(".")[0]
+    before_ir = {name: set(op.impls) for name, op in IrOp.registry.items()}
+    before_oot = dict(CustomOp.op_registry_oot)
+    sys.path.insert(0, root)
+    try:
+        with activate_platform(CpuPlatform()):   # whatever the plugin installs, the previous platform returns
+            yield lambda: importlib.import_module(module)
+    finally:
+        sys.path.remove(root)
+        for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+            del sys.modules[name]
+        for name, op in IrOp.registry.items():
+            for provider in set(op.impls) - before_ir.get(name, set()):
+                op.remove_impl(provider)
+        CustomOp.op_registry_oot.clear()
+        CustomOp.op_registry_oot.update(before_oot)
+
+
+def run_family(name: str, make_platform, family: str, dtype: str | None) -> list[tuple]:
+    """(unit, verdict) for every quick-level unit of `family` the platform brings (one dtype)."""
+    from conformance.checks.record import records
+
+    inventory = activate(name, make_platform)
+    ctx = CheckContext(name, inventory.platform, seed=1234, level="quick")
+    out = []
+    for record in records().values():
+        if record.family != family:
+            continue
+        for unit in record.units(inventory, record.family, record.name, "quick"):
+            if dtype is None or unit.dtype in (None, dtype):
+                out.append((unit, run_unit(ctx, unit)[0]))
+    return out
+
+
+@pytest.mark.parametrize("fault", sorted(EXPECT))
+def test_each_broken_fixture_is_caught_by_its_family_in_process(fault):
+    expect = EXPECT[fault]
+    with plugin("broken", f"conformance_broken.{fault}") as load:
+        results = run_family(f"broken_{fault}", lambda: load().Platform(), expect.family, expect.dtype)
+    caught = [v for _, v in results if v.outcome is expect.outcome and expect.fragment in (v.message or "")]
+    seen = sorted({f"{u.check} {v.outcome.value}: {(v.message or '')[:120]}" for u, v in results})
+    assert caught, f"{fault}: no {expect.family} {expect.outcome.value} mentioning {expect.fragment!r}; got {seen}"
+    if expect.also_passes:
+        assert any(v.outcome is Outcome.PASS for _, v in results), f"{fault}: nothing passed: {seen}"
+
+
+@pytest.mark.parametrize("family", ["numerics", "aliasing", "dispatch"])
+def test_the_demo_plugins_correct_kernels_pass_every_check_in_process(family):
+    with plugin("demo", "conformance_demo.platform") as load:
+        results = run_family("demo", lambda: load().DemoPlatform(), family, "float32")
+    bad = [f"{u.id}: {v.outcome.value} {v.message}" for u, v in results
+           if v.outcome not in (Outcome.PASS, Outcome.NOT_IMPLEMENTED, Outcome.NOT_SUPPORTED)]
+    assert results and not bad, bad
+
+
+def test_every_broken_fixture_is_checked_in_process_or_end_to_end():
+    import ast
+    import re
+
+    text = (PLUGINS / "broken" / "conformance_broken" / "__init__.py").read_text()
+    faults = ast.literal_eval(re.search(r"FAULTS = (\(.*?\))\n", text, re.S).group(1))
+    end_to_end = (Path(__file__).resolve().parent.parent / "test_harness_fixtures.py").read_text()
+    unchecked = [f for f in faults if f not in EXPECT and f'"{f}": FaultRun(' not in end_to_end
+                 and f'"broken_{f}"' not in end_to_end]
+    assert unchecked == [], "fixtures no test runs"
