@@ -306,6 +306,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     finished = session.exitstatus in (ExitCode.OK, ExitCode.FAILED) and not session.shouldstop
     state.complete = finished and len(state.results) == state.run_info.expected_results
     if state.results_file is not None:
+        state.results_file.run.unmatched_waivers = unused_waiver_notes(state)
         state.results_file.write(final=True, strict_xpass=state.strict_xpass, finished=finished)
     failing = state.verdict() != "CONFORMANT" or state.regressions
     if failing and session.exitstatus == ExitCode.OK:

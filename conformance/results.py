@@ -141,10 +141,12 @@ class RunInfo:
     seed: int
     selection: Selection = dataclasses.field(default_factory=Selection)
     expected_results: int = 0
+    unmatched_waivers: list[str] = dataclasses.field(default_factory=list)   # set when the run ends
 
     def to_json(self, written: int, complete: bool) -> dict[str, Any]:
         return {"level": self.level, "seed": self.seed, "selection": dataclasses.asdict(self.selection),
-                "expected_results": self.expected_results, "written_results": written, "complete": complete}
+                "expected_results": self.expected_results, "written_results": written, "complete": complete,
+                "unmatched_waivers": list(self.unmatched_waivers)}
 
 
 class ResultsFile:

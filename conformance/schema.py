@@ -67,7 +67,7 @@ def _run(run: Any, results: list) -> list[str]:
 
     if not isinstance(run, dict):
         return [f"run must be an object with {sorted(_RUN_FIELDS)}, got {type(run).__name__}"]
-    errors = _fields(run, _RUN_FIELDS, "run")
+    errors = _fields(run, _RUN_FIELDS, "run", optional={"unmatched_waivers": (list,)})
     if "level" in run and run["level"] not in LEVELS:
         errors.append(f"run.level {run['level']!r} is not one of {LEVELS}")
     selection = run.get("selection")

@@ -47,6 +47,8 @@ def test_waivers_turn_failures_into_xfail_and_stale_ones_into_xpass(tmp_path):
     assert run.doc["verdict"] == "NOT_CONFORMANT" and run.returncode == 1   # strict gate on XPASS
     assert f"conformance: waivers {waivers} (3 waivers); baseline none" in run.output
     assert f"WARNING: waiver [op=no_such_op] (typo) in {waivers} matched no result of this run" in run.output
+    assert run.doc["run"]["unmatched_waivers"] == [
+        f"waiver [op=no_such_op] (typo) in {waivers} matched no result of this run"]
 
 
 def test_baseline_pass_that_regresses_fails_the_run(tmp_path):
