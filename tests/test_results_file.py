@@ -38,7 +38,8 @@ def test_run_block_records_level_seed_selection_and_counts(tmp_path):
     assert doc["run"] == {"level": "quick", "seed": 7,
                           "selection": {"partial": True, "keyword": "rms_norm", "markexpr": None,
                                         "paths": ["suites/test_numerics.py"], "shard": None},
-                          "expected_results": 2, "written_results": 1, "complete": False}
+                          "expected_results": 2, "written_results": 1, "complete": False,
+                          "unmatched_waivers": []}
     assert validate_document(doc) == []
     rf.add(_result())
     rf.write(final=True)
