@@ -9,6 +9,7 @@ static property. docs/ir-dispatch.md states the contract.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -131,8 +132,10 @@ class Selector:
         self.candidates: list[IrOpImpl] = []
         self.exact: dict[tuple, IrOpImpl] = {}
         self.static: dict[tuple, IrOpImpl] = {}
-        self.unconditional: IrOpImpl | None = None
-        self.config_generation = self.platform_generation = -1
+        # What the eager hot path reads, in one tuple: the config and platform generations the
+        # candidates were computed for, the unconditional selection (the preferred impl has no
+        # predicate) and (impl, *exact signature) of the latest selection.
+        self.state: tuple[int, int, IrOpImpl | None, tuple | None] = (-1, -1, None, None)
 
     def refresh(self) -> None:
         """Recompute the candidates after a change of config, platform or registrations."""
@@ -142,15 +145,17 @@ class Selector:
         self.candidates = [op.impls[p] for p in op.get_priority() if op.impls[p].supported]
         first = self.candidates[0]
         # When the preferred impl accepts everything, selection needs no per-call work.
-        self.unconditional = first if first.supports_args is None else None
-        self.config_generation, self.platform_generation = config_generation(), platform_generation()
+        unconditional = first if first.supports_args is None else None
+        self.state = (config_generation(), platform_generation(), unconditional, None)
 
     def select(self, args: tuple) -> IrOpImpl:
         """The first candidate whose predicate accepts `args` (native last), cached per signature."""
-        if config_generation() != self.config_generation or platform_generation() != self.platform_generation:
+        config_gen, platform_gen, unconditional, _ = self.state
+        if config_gen != config_generation() or platform_gen != platform_generation():
             self.refresh()
-        if self.unconditional is not None:
-            return self.unconditional
+            unconditional = self.state[2]
+        if unconditional is not None:
+            return unconditional
         key = self.exact_signature(args)
         chosen = self.exact.get(key)     # None is never stored: uncacheable arguments miss
         return chosen if chosen is not None else self._miss(args, key)
@@ -159,7 +164,11 @@ class Selector:
         """`eager` past the cache: None for a meta first tensor (the torch op's fake runs), else select."""
         if args[0].is_meta:
             return None
-        return self._miss(args, key)
+        chosen = self._miss(args, key)
+        if key is not None:
+            config_gen, platform_gen, unconditional, _ = self.state
+            self.state = (config_gen, platform_gen, unconditional, (chosen, *key))
+        return chosen
 
     def _miss(self, args: tuple, key: tuple | None) -> IrOpImpl:
         """A new exact signature: reuse the selection of its static (batch-free) signature, or walk
@@ -200,37 +209,55 @@ class Selector:
 
 
 _EAGER_TEMPLATE = """
-def eager(args):
-    {names}, = args
-    if type(a0) is not Tensor or _dispatch_stack_len() or _function_mode_enabled():
+def {op_name}({params}):
+    if type({first}) is not Tensor or _dispatch_stack_len() or _function_mode_enabled():
         return None
-    if config_generation() != sel.config_generation or platform_generation() != sel.platform_generation:
-        sel.refresh()
-    chosen = sel.unconditional
-    if chosen is not None:
-        return None if a0.is_meta else chosen
+    _config_gen, _platform_gen, _chosen, _last = _sel.state
+    if _config_gen != config_generation() or _platform_gen != platform_generation():
+        _sel.refresh()
+        _config_gen, _platform_gen, _chosen, _last = _sel.state
+    if _chosen is not None:
+        return None if {first}.is_meta else _chosen
 {checks}
     try:
-        key = {expr}
+        if _last is not None:
+            _chosen, {fields}, = _last
+            if {compare}:
+                return _chosen
+        _key = {expr}
     except RuntimeError:  # a layout without strides (sparse, nested)
-        return sel.eager_miss(args, None)
-    chosen = sel.exact.get(key)
-    return chosen if chosen is not None else sel.eager_miss(args, key)
+        return _sel.eager_miss(({names},), None)
+    _chosen = _sel.exact.get(_key)
+    if _chosen is None:
+        return _sel.eager_miss(({names},), _key)
+    _sel.state = (_config_gen, _platform_gen, None, (_chosen, *_key))
+    return _chosen
 """
 
 
-def _eager_selector(selector: Selector, kinds: list[str]) -> Callable[[tuple], IrOpImpl | None]:
-    """`selector.eager(args)`: the selection for a direct eager call, or None when the call must go
-    through the torch dispatcher (dispatch or function modes, or a first argument that is not a
-    plain, non-meta tensor). The hot path of every eager IR call: a cache hit costs the mode and
-    generation checks, the exact signature and one dict lookup, generated with the op's arguments
-    unrolled."""
-    names, checks, expr = key_source(kinds, "return sel.eager_miss(args, None)")
-    source = _EAGER_TEMPLATE.format(names=", ".join(names), expr=expr,
+def _eager_selector(selector: Selector, kinds: list[str]) -> Callable[..., IrOpImpl | None]:
+    """`selector.eager(*args)`: the selection for a direct eager call, or None when the call must
+    go through the torch dispatcher (dispatch or function modes, or a first argument that is not a
+    plain, non-meta tensor). The hot path of every eager IR call, generated with the op's
+    parameters (and defaults) unrolled: the mode and generation checks, then a comparison with
+    the latest selection's signature (nothing to build or hash when it repeats), then the
+    exact-signature map."""
+    op = selector.op
+    names = list(op.param_names)
+    if any(n.startswith("_") for n in names):     # keep clear of the template's own names
+        names = [f"a{i}" for i in range(len(names))]
+    defaults = {f"_default_{n}": d for n, d in zip(names, op._defaults) if d is not inspect.Parameter.empty}
+    params = ", ".join(f"{n}=_default_{n}" if f"_default_{n}" in defaults else n for n in names)
+    miss = f"return _sel.eager_miss(({', '.join(names)},), None)"
+    checks, expr, fields, compare = key_source(names, kinds, miss)
+    checks = [c for c in checks if c != f"if type({names[0]}) is not Tensor: {miss}"]   # checked first
+    source = _EAGER_TEMPLATE.format(op_name=op.name, params=params, first=names[0], names=", ".join(names),
+                                    expr=expr, fields=", ".join(fields), compare=compare,
                                     checks="\n".join(f"    {c}" for c in checks))
-    return generate("eager", source, {
-        "sel": selector, "config_generation": config_generation, "platform_generation": platform_generation,
-        "_dispatch_stack_len": _dispatch_stack_len, "_function_mode_enabled": _function_mode_enabled})
+    return generate(op.name, source, {
+        "_sel": selector, "config_generation": config_generation, "platform_generation": platform_generation,
+        "_dispatch_stack_len": _dispatch_stack_len, "_function_mode_enabled": _function_mode_enabled,
+        **defaults})
 
 
 def _bounded_store(cache: dict, key: tuple, impl: IrOpImpl) -> None:

@@ -99,6 +99,7 @@ class IrOp:
         torch.library.register_fake(f"{LIB_NAMESPACE}::{name}", self._fake_call, lib=_lib)
         self.torch_op = getattr(getattr(torch.ops, LIB_NAMESPACE), name).default
         self.selector = Selector(self)
+        self._eager = self.selector.eager       # bound once: read on every eager call
         if allow_inplace:
             self.maybe_inplace = IrOpInplaceOverload(self)
         IrOp.registry[name] = self
@@ -295,13 +296,11 @@ class IrOp:
         """
         if kwargs or torch.compiler.is_dynamo_compiling():   # first: Dynamo folds it
             return self.torch_op(*args, **kwargs)
-        if len(args) != self._nargs:
-            args = self.complete_args(args)
-        impl = self.selector.eager(args)
+        impl = self._eager(*args)       # fills defaults; impls share the native defaults
         if impl is None:
             return self.torch_op(*args)
         if impl.inplace:
-            return self._run_functional(impl, args)
+            return self._run_functional(impl, self.complete_args(args))
         return impl.impl_fn(*args)
 
     def __repr__(self) -> str:
@@ -325,6 +324,7 @@ class IrOpInplaceOverload:
         _lib.impl(self.name, self._inplace_call, "CompositeExplicitAutograd")
         torch.library.register_fake(f"{LIB_NAMESPACE}::{self.name}", op._fake_call, lib=_lib)
         self.torch_op = getattr(getattr(torch.ops, LIB_NAMESPACE), op.name).maybe_inplace
+        self._eager = op.selector.eager
 
     def _inplace_call(self, *args):
         op = self.op
@@ -334,12 +334,9 @@ class IrOpInplaceOverload:
 
     def __call__(self, *args, **kwargs):
         """Like `IrOp.__call__`, letting an in-place implementation write into the activations."""
-        op = self.op
         if kwargs or torch.compiler.is_dynamo_compiling():
             return self.torch_op(*args, **kwargs)
-        if len(args) != op._nargs:
-            args = op.complete_args(args)
-        impl = op.selector.eager(args)
+        impl = self._eager(*args)
         if impl is None:
             return self.torch_op(*args)
         return impl.impl_fn(*args)

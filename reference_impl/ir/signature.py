@@ -33,30 +33,38 @@ class _BatchDim:
 BATCH = _BatchDim()
 
 
-def key_source(kinds: Sequence[str], fail: str) -> tuple[list[str], list[str], str]:
-    """Source pieces computing an exact signature from unpacked arguments `a0, a1, ...`.
+def key_source(names: Sequence[str], kinds: Sequence[str], fail: str) -> tuple[list[str], str, list[str], str]:
+    """Source pieces computing an exact signature from arguments bound to `names`.
 
     `kinds` holds one entry per parameter: "tensor", "optional_tensor" or "value". Returns the
-    argument names, the checks (statements running `fail` when an argument is not cacheable) and
-    the signature expression: per tensor (exactly `torch.Tensor`) dtype, device, shape and
-    strides; per value its type and the value.
+    checks (statements running `fail` when an argument is not cacheable), the signature
+    expression (per tensor, exactly `torch.Tensor`: dtype, device, shape and strides; per value:
+    its type and the value), and the field names and expression that compare the arguments with
+    a signature unpacked into those fields without building a new one.
     """
-    names = [f"a{i}" for i in range(len(kinds))]
-    checks, parts = [], []
+    checks, parts, fields, compares = [], [], [], []
     for name, kind in zip(names, kinds):
         meta = f"{name}.dtype, {name}.device, {name}.shape, {name}.stride()"
         if kind == "tensor":
             checks.append(f"if type({name}) is not Tensor: {fail}")
             parts.append(meta)
+            m = [f"_m_{name}_{p}" for p in ("dtype", "device", "shape", "stride")]
+            compares.append(f"{name}.dtype is {m[0]} and {name}.device == {m[1]} and {name}.shape == {m[2]} "
+                            f"and {name}.stride() == {m[3]}")
         elif kind == "optional_tensor":
             checks.append(f"if {name} is not None and type({name}) is not Tensor: {fail}")
             parts.append(f"({meta}) if {name} is not None else None")
+            m = [f"_m_{name}"]
+            compares.append(f"(({meta}) if {name} is not None else None) == {m[0]}")
         elif kind == "value":
             checks.append(f"if type({name}) not in SCALAR_TYPES: {fail}")
             parts.append(f"type({name}), {name}")
+            m = [f"_m_{name}_type", f"_m_{name}"]
+            compares.append(f"type({name}) is {m[0]} and {name} == {m[1]}")
         else:
             raise ValueError(f"unknown argument kind {kind!r}")
-    return names, checks, f"({', '.join(parts)},)"
+        fields += m
+    return checks, f"({', '.join(parts)},)", fields, " and ".join(compares)
 
 
 def generate(name: str, source: str, namespace: dict):
@@ -72,7 +80,8 @@ def generate(name: str, source: str, namespace: dict):
 
 def exact_signature_fn(kinds: Sequence[str]) -> Callable[[tuple], tuple | None]:
     """A function from an op's completed argument tuple to its exact signature (None: uncacheable)."""
-    names, checks, expr = key_source(kinds, "return None")
+    names = [f"a{i}" for i in range(len(kinds))]
+    checks, expr, _, _ = key_source(names, kinds, "return None")
     source = "\n".join([
         "def exact_signature(args):",
         f"    {', '.join(names)}, = args",
