@@ -165,16 +165,17 @@ class Selector:
         if args[0].is_meta:
             return None
         chosen = self._miss(args, key)
-        if key is not None:
+        if key is not None and key in self.exact:      # remembered only where it was cached
             config_gen, platform_gen, unconditional, _ = self.state
             self.state = (config_gen, platform_gen, unconditional, (chosen, *key))
         return chosen
 
     def _miss(self, args: tuple, key: tuple | None) -> IrOpImpl:
         """A new exact signature: reuse the selection of its static (batch-free) signature, or walk
-        the candidates. Uncacheable arguments (key None) and meta tensors are not stored."""
+        the candidates. Uncacheable arguments (key None), a meta first tensor and sparse or
+        all-zero-stride tensors are not stored."""
         first = args[0]
-        if key is None or (type(first) is Tensor and first.is_meta):
+        if key is None or (type(first) is Tensor and first.is_meta) or not _strided(args):
             return self._walk(args)
         static_key = static_signature(args, self.batch_arg, self.activations)
         chosen = self.static.get(static_key)
@@ -258,6 +259,14 @@ def _eager_selector(selector: Selector, kinds: list[str]) -> Callable[..., IrOpI
         "_sel": selector, "config_generation": config_generation, "platform_generation": platform_generation,
         "_dispatch_stack_len": _dispatch_stack_len, "_function_mode_enabled": _function_mode_enabled,
         **defaults})
+
+
+def _strided(args: tuple) -> bool:
+    """Whether no tensor argument is sparse or has only zero strides. A sparse COO tensor reports
+    all-zero strides, so neither it nor a dense tensor that looks the same (a broadcast scalar) is
+    stored: a signature never tells a predicate's view of one from the other's."""
+    return not any(type(a) is Tensor and (a.layout is not torch.strided or (a.dim() and not any(a.stride())))
+                   for a in args)
 
 
 def _bounded_store(cache: dict, key: tuple, impl: IrOpImpl) -> None:
