@@ -19,7 +19,7 @@ from torch import Tensor
 from reference_impl import ir
 from reference_impl.compilation import ReferenceCompileBackend
 from reference_impl.ir import IrDispatchError
-from reference_impl.platforms import activate_platform
+from reference_impl.platforms import CpuPlatform, activate_platform
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 EPS = 1e-6
@@ -28,9 +28,10 @@ _ids = itertools.count()
 
 @pytest.fixture(autouse=True)
 def cpu_platform():
-    """The built-in cpu platform (its cpp provider is the one whose predicate broke dynamic=True)."""
+    """The built-in cpu platform (its cpp provider is the one whose predicate broke dynamic=True),
+    activated as an instance so the test means the same on a machine with an accelerator."""
     torch._dynamo.reset()
-    with activate_platform("cpu") as platform, torch.no_grad():
+    with activate_platform(CpuPlatform()) as platform, torch.no_grad():
         yield platform
     torch._dynamo.reset()
 
