@@ -183,7 +183,9 @@ def get_current_config() -> RuntimeConfig:
 
 
 def config_generation() -> int:
-    """Bumped whenever the current config changes, so caches keyed on it refresh."""
+    """A counter that moves whenever the current config changes (`set_current_config` entry and
+    exit): caches keyed on the config (IR selections) compare it. In-place edits of a config
+    object are not seen; install a new config instead."""
     return _generation
 
 

@@ -1,7 +1,10 @@
 """Post-grad IR lowering: each IR op node becomes the graph of the implementation eager mode would run.
 
-Selection calls `IrOp.dispatch` (the eager rule) on the fake tensors in node metadata. The
-selected `impl_fn` is traced with make_fx on those fake tensors and inlined in place of the node;
+Selection calls `IrOp.dispatch` (the eager rule) on the fake tensors in node metadata; they bypass
+the selection cache. Under symbolic sizes (`dynamic=True`) a predicate answering a SymBool is
+resolved by a guard, which lands in the compiled function's guards: the graph is specialised on
+that static property and a call breaking it recompiles and selects again (docs/ir-dispatch.md).
+The selected `impl_fn` is traced with make_fx on those fake tensors and inlined in place of the node;
 an in-place implementation is traced behind `aten.clone` of its activations, which keeps the
 functional meaning (clone elimination removes the clones that are not needed).
 """

@@ -21,6 +21,7 @@ from torch.library import Library, infer_schema
 from reference_impl import config as _config
 from reference_impl import platforms as _platforms
 from reference_impl.ir.cases import OpCase
+from reference_impl.ir.dispatch import IrDispatchError, IrOpImpl, Selector
 
 logger = logging.getLogger("reference_impl.ir")
 
@@ -42,45 +43,12 @@ class IrRegistrationError(ValueError):
     """An op or implementation registration breaks a rule; the message names the op and provider."""
 
 
-class IrDispatchError(RuntimeError):
-    """Selection could not complete (for example `supports_args` returned a non-bool)."""
-
-
 def _type_hints(fn: Callable) -> dict[str, Any]:
     try:
         return typing.get_type_hints(fn)
     except Exception:
         return {n: p.annotation for n, p in inspect.signature(fn).parameters.items()
                 if p.annotation is not inspect.Parameter.empty}
-
-
-class IrOpImpl:
-    """One provider's implementation of an op."""
-
-    def __init__(self, op: IrOp, provider: str, impl_fn: Callable, supported: bool,
-                 supports_args: Callable[..., bool] | None, inplace: bool):
-        self.op = op
-        self.provider = provider
-        self.impl_fn = impl_fn
-        self.supported = supported
-        self.supports_args = supports_args
-        self.inplace = inplace
-
-    def accepts(self, args: tuple) -> bool:
-        """`supports_args(*args)`, insisting on a real Python bool."""
-        if self.supports_args is None:
-            return True
-        answer = self.supports_args(*args)
-        if type(answer) is not bool:
-            raise IrDispatchError(
-                f"supports_args of provider '{self.provider}' for op '{self.op.name}' returned "
-                f"{type(answer).__name__} ({answer!r}), not a Python bool; it must decide from static "
-                "properties (dtype, shape outside the batch dimension, argument values)")
-        return answer
-
-    def __repr__(self) -> str:
-        return (f"IrOpImpl(op={self.op.name!r}, provider={self.provider!r}, supported={self.supported}, "
-                f"inplace={self.inplace}, supports_args={'yes' if self.supports_args else 'None'})")
 
 
 class IrOp:
@@ -113,6 +81,7 @@ class IrOp:
         self.activation_indices = [names.index(a) for a in self.activations]
         self.allow_inplace = allow_inplace
         self._defaults = tuple(p.default for p in params)
+        self._nargs = len(params)
         self._hints = _type_hints(native_fn)
         self.schema = infer_schema(native_fn, mutates_args=())
         self.impls: dict[str, IrOpImpl] = {}
@@ -121,10 +90,6 @@ class IrOp:
         self._tolerances = dict(DEFAULT_TOLERANCES)
         self._tolerances.update(tolerances or {})
         self._priority_override: list[list[str]] = []
-        self._cache_key: tuple | None = None
-        self._cache_impls: list[IrOpImpl] = []
-        self._cache_unconditional: IrOpImpl | None = None
-        self._impl_generation = 0
         self._fake_fn = native_fn
 
         self.impls["native"] = IrOpImpl(self, "native", native_fn, True, None, False)
@@ -133,6 +98,8 @@ class IrOp:
         _lib.impl(name, self._functional_call, "CompositeExplicitAutograd")
         torch.library.register_fake(f"{LIB_NAMESPACE}::{name}", self._fake_call, lib=_lib)
         self.torch_op = getattr(getattr(torch.ops, LIB_NAMESPACE), name).default
+        self.selector = Selector(self)
+        self._eager = self.selector.eager       # bound once: read on every eager call
         if allow_inplace:
             self.maybe_inplace = IrOpInplaceOverload(self)
         IrOp.registry[name] = self
@@ -159,7 +126,7 @@ class IrOp:
         def decorator(fn: Callable) -> Callable:
             self._check_impl_signature(provider, fn)
             self.impls[provider] = IrOpImpl(self, provider, fn, supported, supports_args, inplace)
-            self._impl_generation += 1
+            self.selector.invalidate()
             logger.debug("registered provider %s for IR op %s (supported=%s, inplace=%s)",
                          provider, self.name, supported, inplace)
             return fn
@@ -171,7 +138,7 @@ class IrOp:
         if provider == "native":
             raise IrRegistrationError("the native implementation cannot be removed")
         del self.impls[provider]
-        self._impl_generation += 1
+        self.selector.invalidate()
 
     def _check_impl_signature(self, provider: str, fn: Callable) -> None:
         try:
@@ -279,24 +246,12 @@ class IrOp:
         if "native" not in priority:
             priority.append("native")
         self._priority_override.append(priority)
-        self._impl_generation += 1
+        self.selector.invalidate()
         try:
             yield
         finally:
             self._priority_override.pop()
-            self._impl_generation += 1
-
-    def _candidate_impls(self) -> list[IrOpImpl]:
-        """Supported impls in priority order, recomputed only when config, platform or impls change."""
-        key = (_config._generation, _platforms._generation, self._impl_generation)
-        if key != self._cache_key:
-            names = self.get_priority()
-            self._cache_impls = [self.impls[p] for p in names if self.impls[p].supported]
-            # When the preferred impl accepts everything, selection needs no per-call work.
-            first = self._cache_impls[0]
-            self._cache_unconditional = first if first.supports_args is None else None
-            self._cache_key = key
-        return self._cache_impls
+            self.selector.invalidate()
 
     # ----- selection and calls ------------------------------------------------------------
     def complete_args(self, args: tuple, kwargs: dict | None = None) -> tuple:
@@ -315,38 +270,15 @@ class IrOp:
 
     def dispatch(self, *args, **kwargs) -> IrOpImpl:
         """Select the implementation for these arguments (the one rule for eager and compile)."""
-        return self._select(self.complete_args(args, kwargs))
-
-    def _select(self, args: tuple) -> IrOpImpl:
-        candidates = self._candidate_impls()
-        chosen = self._cache_unconditional
-        if chosen is None:
-            chosen = self.impls["native"]
-            for impl in candidates:
-                if impl.accepts(args):
-                    chosen = impl
-                    break
-        if logger.isEnabledFor(logging.DEBUG):
-            self._log_selection(chosen, args)
-        return chosen
-
-    def _log_selection(self, chosen: IrOpImpl, args: tuple) -> None:
-        reasons = []
-        for provider in self.get_priority():
-            impl = self.impls[provider]
-            if impl is chosen:
-                break
-            if not impl.supported:
-                reasons.append(f"{provider}: supported=False")
-            else:
-                reasons.append(f"{provider}: supports_args returned False")
-        logger.debug("IR op %s: selected provider '%s'%s", self.name, chosen.provider,
-                     f" (passed over {'; '.join(reasons)})" if reasons else "")
+        return self.selector.select(self.complete_args(args, kwargs))
 
     def _functional_call(self, *args):
-        if len(args) != len(self._defaults):
+        """The kernel registered with the torch dispatcher (and the eager call's body)."""
+        if len(args) != self._nargs:
             args = self.complete_args(args)
-        impl = self._select(args)
+        return self._run_functional(self.selector.select(args), args)
+
+    def _run_functional(self, impl: IrOpImpl, args: tuple):
         if impl.inplace:
             args = list(args)
             for i in self.activation_indices:
@@ -357,10 +289,19 @@ class IrOp:
         return self._fake_fn(*self.complete_args(args))
 
     def __call__(self, *args, **kwargs):
-        """Functional call: inputs are never modified and outputs never alias them."""
-        if not kwargs and _plain_eager(args):
-            return self._functional_call(*args)
-        return self.torch_op(*args, **kwargs)
+        """Functional call: inputs are never modified and outputs never alias them.
+
+        A plain eager call runs the selected implementation directly (the torch dispatcher adds
+        nothing there); tracing, modes and keyword arguments go through the registered torch op.
+        """
+        if kwargs or torch.compiler.is_dynamo_compiling():   # first: Dynamo folds it
+            return self.torch_op(*args, **kwargs)
+        impl = self._eager(*args)       # fills defaults; impls share the native defaults
+        if impl is None:
+            return self.torch_op(*args)
+        if impl.inplace:
+            return self._run_functional(impl, self.complete_args(args))
+        return impl.impl_fn(*args)
 
     def __repr__(self) -> str:
         return f"IrOp({self.name!r}, providers={list(self.impls)})"
@@ -383,31 +324,22 @@ class IrOpInplaceOverload:
         _lib.impl(self.name, self._inplace_call, "CompositeExplicitAutograd")
         torch.library.register_fake(f"{LIB_NAMESPACE}::{self.name}", op._fake_call, lib=_lib)
         self.torch_op = getattr(getattr(torch.ops, LIB_NAMESPACE), op.name).maybe_inplace
+        self._eager = op.selector.eager
 
     def _inplace_call(self, *args):
         op = self.op
-        if len(args) != len(op._defaults):
+        if len(args) != op._nargs:
             args = op.complete_args(args)
-        return op._select(args).impl_fn(*args)
+        return op.selector.select(args).impl_fn(*args)
 
     def __call__(self, *args, **kwargs):
-        if not kwargs and _plain_eager(args):
-            return self._inplace_call(*args)
-        return self.torch_op(*args, **kwargs)
-
-
-def _plain_eager(args: tuple) -> bool:
-    """True when calling the implementation directly is indistinguishable from going through the
-    torch dispatcher: no tracing (Dynamo, make_fx), no dispatch or function modes (fake tensors,
-    SchemaCheckMode), and a plain, non-meta first tensor. Skipping the dispatcher there halves the
-    eager call overhead; everywhere else the call goes through the registered torch op.
-    """
-    if torch.compiler.is_compiling():   # first, so Dynamo folds it and traces no tensor checks
-        return False
-    first = args[0] if args else None
-    return (type(first) is torch.Tensor and not first.is_meta
-            and torch._C._len_torch_dispatch_stack() == 0
-            and not torch._C._is_torch_function_mode_enabled())
+        """Like `IrOp.__call__`, letting an in-place implementation write into the activations."""
+        if kwargs or torch.compiler.is_dynamo_compiling():
+            return self.torch_op(*args, **kwargs)
+        impl = self._eager(*args)
+        if impl is None:
+            return self.torch_op(*args)
+        return impl.impl_fn(*args)
 
 
 def register_op(f: Callable | None = None, *, name: str | None = None,

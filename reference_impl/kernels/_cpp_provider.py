@@ -3,7 +3,8 @@
 Both libraries expose the same op schemas (csrc/common/schemas.inc) under their own namespace;
 `register_kernel_provider` registers an implementation of every op that calls the library, with
 `supports_args` deciding from static properties only (dtypes, devices, last-dim contiguity,
-argument values, sizes of non-batch dims). What the kernels do not handle is declined so those
+argument values, sizes of non-batch dims), with comparisons that also work on the symbolic sizes
+of compile lowering (a SymBool answer is guarded on there; see docs/ir-dispatch.md). What the kernels do not handle is declined so those
 calls go to the next provider: a non-contiguous last dim, mixed dtypes, broadcasting weights or
 scales, self-overlapping in-place targets. Leading (row) dims may have any strides.
 """
@@ -19,6 +20,8 @@ from torch import Tensor
 from reference_impl import ir
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Integer arguments may arrive as SymInt in compile lowering (predicates compare them, never int() them).
+INT_TYPES = (int, torch.SymInt)
 MAX_DIMS = 9  # at most 8 leading (row) dims after merging; see csrc/*/kernels.h
 
 OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "mul_and_silu", "gelu_and_mul",
@@ -82,7 +85,7 @@ class ArgChecks:
         return self.rows_ok(x) and self.writable(x) and x.shape[-1] % head_size == 0
 
     def _rope_common(self, positions, x_query, head_size, cos_sin_cache) -> bool:
-        if not (isinstance(head_size, int) and head_size > 0 and self.on_device(positions)
+        if not (isinstance(head_size, INT_TYPES) and head_size > 0 and self.on_device(positions)
                 and positions.dtype in (torch.int64, torch.int32) and self.on_device(cos_sin_cache)
                 and cos_sin_cache.dim() == 2 and cos_sin_cache.stride(-1) == 1):
             return False
@@ -110,7 +113,7 @@ class ArgChecks:
                                           and scale_ub.dim() <= 1 and scale_ub.numel() == 1)))
 
     def dynamic_group_quant_fp8(self, x, group_size) -> bool:
-        return (self.rows_ok(x) and isinstance(group_size, int) and group_size > 0
+        return (self.rows_ok(x) and isinstance(group_size, INT_TYPES) and group_size > 0
                 and x.shape[-1] % group_size == 0)
 
 

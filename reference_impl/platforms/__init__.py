@@ -52,7 +52,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _current_platform: Platform | None = None
-# Bumped whenever the current platform changes, so caches keyed on it (IR priorities) refresh.
+# Bumped whenever the current platform changes; read it through platform_generation().
 _generation = 0
 
 
@@ -61,6 +61,8 @@ class PlatformActivationError(RuntimeError):
 
 
 def platform_generation() -> int:
+    """A counter that moves whenever the current platform changes (first resolution, activation,
+    restore): caches keyed on the platform (IR selections) compare it instead of the platform."""
     return _generation
 
 

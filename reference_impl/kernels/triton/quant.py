@@ -119,7 +119,7 @@ def dynamic_quant_fp8(x: Tensor, per_token: bool, scale_ub: Tensor | None = None
 
 
 def _group_supports(x, group_size) -> bool:
-    return (_x_ok(x) and isinstance(group_size, int) and 0 < group_size <= _MAX_BLOCK
+    return (_x_ok(x) and isinstance(group_size, (int, torch.SymInt)) and 0 < group_size <= _MAX_BLOCK
             and x.shape[-1] % group_size == 0)
 
 
