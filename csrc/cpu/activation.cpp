@@ -12,10 +12,10 @@ inline fVec one() { return fVec(1.0f); }
 inline fVec half() { return fVec(0.5f); }
 
 // sigmoid(v); every caller multiplies it by a value that carries a NaN input through.
-inline fVec sigmoid(const fVec& v) { return one() / (one() + fast_exp(v.neg())); }
+inline fVec sigmoid(const fVec& v) { return div_by_denominator(one(), one() + fast_exp(v.neg())); }
 
 struct Silu {
-  static inline fVec apply(const fVec& v, const fVec&) { return v / (one() + fast_exp(v.neg())); }
+  static inline fVec apply(const fVec& v, const fVec&) { return div_by_denominator(v, one() + fast_exp(v.neg())); }
 };
 
 // The GELU forms compute 1 + erf / 1 + tanh, which cancels for large negative inputs. In
@@ -34,7 +34,9 @@ struct GeluErf {
 };
 
 // x * sigmoid(2u) = 0.5 x (1 + tanh(u)).
-inline fVec x_sigmoid_2u(const fVec& x, const fVec& u) { return x / (one() + fast_exp(fVec(-2.f) * u)); }
+inline fVec x_sigmoid_2u(const fVec& x, const fVec& u) {
+  return div_by_denominator(x, one() + fast_exp(fVec(-2.f) * u));
+}
 
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): gelu(approximate="tanh") and gelu_new.
 template <bool kTorchMath = false>

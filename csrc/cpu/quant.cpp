@@ -28,19 +28,27 @@ inline void store_fp8(uint8_t* out, int64_t n, const fVec& a, const fVec& b) {
   encode_fp8(buf, out, n);
 }
 
-// out[0:n) = fp8(clamp(x[0:n) * mul)) (kDivide: x / mul). `next` (or null) is the same span of
+// out[0:n) = fp8(clamp(x[0:n) * mul)) (kDivide: x / mul, exactly rounded; through the
+// reciprocal and an FMA correction where mul is finite). `next` (or null) is the same span of
 // the next row, prefetched chunk by chunk so its loads overlap this span's arithmetic.
 template <typename T, bool kDivide>
 inline void quantize_into(const T* x, float mul, uint8_t* out, int64_t n, const T* next) {
   const fVec m(mul);
+  const bool via_reciprocal = kDivide && std::isfinite(mul);
+  const fVec r(1.0f / mul);
   for (int64_t j = 0; j < n; j += kChunk) {
     const int64_t len = std::min<int64_t>(kChunk, n - j);
     if (next != nullptr) prefetch_bytes(next + j, kChunk * sizeof(T));
     fVec a, b;
     load_n(x + j, len, a, b);
     if constexpr (kDivide) {
-      a = a / m;
-      b = b / m;
+      if (via_reciprocal) {
+        a = div_exact(a, m, r);
+        b = div_exact(b, m, r);
+      } else {
+        a = a / m;
+        b = b / m;
+      }
     } else {
       a = a * m;
       b = b * m;

@@ -48,6 +48,16 @@ __device__ __forceinline__ void store_codes(uint8_t* out, int64_t j0, int64_t n,
   }
 }
 
+// x / s rounded exactly as the division, from r = 1 / s (correctly rounded): q0 = x * r, then
+// one FMA correction with the exact remainder (Markstein's theorem), for finite s > 0; the
+// division itself where s is inf or NaN. The correction loses the sign of a zero quotient
+// (-0 + 0 = +0), so the sign is x's, as it is for x / s.
+__device__ __forceinline__ float div_by_scale(float x, float s, float r) {
+  if (!isfinite(s)) return x / s;
+  const float q0 = __fmul_rn(x, r);
+  return copysignf(fmaf(fmaf(-q0, s, x), r, q0), x);
+}
+
 template <int V>
 __device__ __forceinline__ float unit_absmax(const float (&f)[V]) {
   float m = 0.f;
@@ -218,12 +228,13 @@ __global__ void group_quant_kernel(const T* __restrict__ x, RowIndex x_rows, uin
   const float s = dynamic_scale(warp_reduce(m, MaxOp{}, lanes), nullptr);
   if (!valid) return;
   if (lane == 0) scale_out[gid] = s;
+  const float r = 1.0f / s;
 #pragma unroll
   for (int i = 0; i < kTeamItems; ++i) {
     const int64_t j0 = (lane + static_cast<int64_t>(i) * lanes) * V;
     if (j0 < group_size) {
 #pragma unroll
-      for (int k = 0; k < V; ++k) v[i][k] /= s;
+      for (int k = 0; k < V; ++k) v[i][k] = div_by_scale(v[i][k], s, r);
       store_codes(o, j0, group_size, kVecRows, v[i]);
     }
   }
@@ -247,11 +258,12 @@ __global__ void long_group_quant_kernel(const T* __restrict__ x, RowIndex x_rows
   }
   const float s = dynamic_scale(block_reduce(m, MaxOp{}, 0.f), nullptr);
   if (threadIdx.x == 0) scale_out[row * gridDim.y + g] = s;
+  const float r = 1.0f / s;
   for (int64_t j0 = threadIdx.x * static_cast<int64_t>(V); j0 < group_size; j0 += stride) {
     float v[V];
     load_unit(xg, j0, group_size, vec, v);
 #pragma unroll
-    for (int k = 0; k < V; ++k) v[k] /= s;
+    for (int k = 0; k < V; ++k) v[k] = div_by_scale(v[k], s, r);
     store_codes(o, j0, group_size, vec, v);
   }
 }
