@@ -44,9 +44,9 @@ __device__ __forceinline__ void write_normalized(T* o, const T* w, int64_t j0, i
 }
 
 template <typename T, bool kWarp>
-__global__ void __launch_bounds__(kMaxTeamThreads) rms_norm_kernel(const T* __restrict__ x, RowIndex x_rows, const T* __restrict__ w,
-                                T* __restrict__ out, int64_t rows, int64_t hidden, int64_t n_var,
-                                float eps) {
+__global__ void __launch_bounds__(kMaxTeamThreads)
+    rms_norm_kernel(const T* __restrict__ x, RowIndex x_rows, const T* __restrict__ w, T* __restrict__ out,
+                    int64_t rows, int64_t hidden, int64_t n_var, float eps) {
   constexpr int V = kVec<T>;
   const RowTeam team = row_team<kWarp>();
   if (team.row >= rows) return;  // whole warps only (warp teams); a block team always has a row
@@ -99,9 +99,9 @@ __device__ __forceinline__ void load_sum(const T* xr, const T* rr, int64_t j0, i
 }
 
 template <typename T, bool kWarp>
-__global__ void __launch_bounds__(kMaxTeamThreads) fused_add_rms_norm_kernel(T* x, RowIndex x_rows, T* residual, RowIndex res_rows,
-                                          const T* __restrict__ w, int64_t rows, int64_t hidden,
-                                          int64_t n_var, float eps) {
+__global__ void __launch_bounds__(kMaxTeamThreads)
+    fused_add_rms_norm_kernel(T* x, RowIndex x_rows, T* residual, RowIndex res_rows, const T* __restrict__ w,
+                              int64_t rows, int64_t hidden, int64_t n_var, float eps) {
   constexpr int V = kVec<T>;
   const RowTeam team = row_team<kWarp>();
   if (team.row >= rows) return;

@@ -36,7 +36,8 @@ __device__ __forceinline__ void store_codes(uint8_t* out, int64_t j0, int64_t n,
 #pragma unroll
     for (int k = 0; k < V; ++k) packed |= static_cast<uint64_t>(encode(f[k])) << (8 * k);
     if constexpr (V == 8) {
-      *reinterpret_cast<uint2*>(out + j0) = make_uint2(static_cast<uint32_t>(packed), static_cast<uint32_t>(packed >> 32));
+      *reinterpret_cast<uint2*>(out + j0) =
+          make_uint2(static_cast<uint32_t>(packed), static_cast<uint32_t>(packed >> 32));
     } else {
       *reinterpret_cast<uint32_t*>(out + j0) = static_cast<uint32_t>(packed);
     }
