@@ -112,22 +112,25 @@ void gated_rows(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_t d, fl
 template <typename T, typename Act>
 void unary_rows(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_t hidden) {
   const fVec unused(0.f);
+  const bool stream_all = stream_output<T>(rows * hidden * static_cast<int64_t>(sizeof(T)));
   at::parallel_for(0, rows, row_grain(2 * hidden), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + x_rows(r);
       T* o = out + r * hidden;
+      const bool stream = stream_all && aligned64(o);
       const T* next = r + 1 < end ? x + x_rows(r + 1) : nullptr;
       for (int64_t j = 0; j < hidden; j += kChunk) {
         const int64_t len = std::min<int64_t>(kChunk, hidden - j);
         if (next != nullptr) {
           prefetch_bytes(next + j, kChunk * sizeof(T));
-          prefetch_bytes<true>(o + hidden + j, kChunk * sizeof(T));
+          if (!stream) prefetch_bytes<true>(o + hidden + j, kChunk * sizeof(T));
         }
         fVec a, b;
         load_n(xr + j, len, a, b);
-        store_n(o + j, len, Act::apply(a, unused), Act::apply(b, unused));
+        store_out(o + j, len, stream, Act::apply(a, unused), Act::apply(b, unused));
       }
     }
+    stream_fence();
   });
 }
 
