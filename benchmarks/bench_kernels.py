@@ -1,21 +1,28 @@
-"""Bandwidth of the reference C++ CPU kernels against eager native, inductor and a plain copy.
+"""Bandwidth of the reference kernels against eager native, inductor and a plain copy.
 
-For each kernel, dtype and one large shape this prints the effective bandwidth (bytes the op
-must read and write / best time) of: the "cpp" provider, the native function in eager mode,
-the native function compiled by torch.compile (inductor), and a plain copy of the same number of
-bytes; then the ratios kernel/copy, kernel/inductor and kernel/eager (ratios of times), all
-measured interleaved in one run on this machine. The copy allocates its destination (`clone`)
-when the kernel allocates its output and is `copy_` into an existing tensor for in-place kernels.
-Targets: >= 0.8 of copy, >= inductor, >= 3x eager.
+For each kernel, dtype and one large shape (4096 tokens, hidden 4096, intermediate 11008) this
+prints the effective bandwidth (bytes the op must read and write / time) of the providers, the
+native function in eager mode, the native function compiled by torch.compile (inductor), and a
+plain copy of the same number of bytes; then ratios of times, all measured in one run.
 
-By default the script runs with glibc malloc set to reuse freed memory (`--allocator reuse`), so
-the numbers measure the kernels rather than the kernel's page faults: with glibc defaults every
-output above 32 MB is fresh pages, and on small VMs faulting them in (~1 us per 4 KB page) costs
-more than the kernel itself for every implementation alike (`--allocator system` shows that).
+CPU (default): the "cpp" provider, timed with the best of interleaved blocks of calls. The copy
+allocates its destination (`clone`) when the kernel allocates its output and is `copy_` into an
+existing tensor for in-place kernels. Targets: >= 0.8 of copy, >= inductor, >= 3x
+eager. By default the script runs with glibc malloc set to reuse freed memory (`--allocator
+reuse`), so the numbers measure the kernels rather than the kernel's page faults: with glibc
+defaults every output above 32 MB is fresh pages, and on small VMs faulting them in (~1 us per
+4 KB page) costs more than the kernel itself for every implementation alike (`--allocator system`
+shows that).
+
+CUDA (`--device cuda`): the "cuda" and "triton" providers, timed by `triton.testing.do_bench`
+(CUDA events, the L2 cache flushed before every call, the median kept), the copy a
+device-to-device `copy_`. Targets: >= 0.85 of copy, >= inductor, cuda >= triton. Without a CUDA
+device it stops with one line and exit status 2.
 
     python benchmarks/bench_kernels.py              # every kernel, fp32/fp16/bf16
     python benchmarks/bench_kernels.py --quick      # bf16, the main memory-bound kernels, short timing
     python benchmarks/bench_kernels.py --ops rms_norm,silu_and_mul --dtypes bfloat16
+    python benchmarks/bench_kernels.py --device cuda
 """
 
 from __future__ import annotations
@@ -31,8 +38,6 @@ import torch
 
 from reference_impl import ir
 from reference_impl.ir.ops.rotary import compute_cos_sin_cache
-from reference_impl.kernels import _cpp_build
-from reference_impl.kernels import cpu as cpu_kernels
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 TOKENS = 4096
@@ -51,12 +56,12 @@ class Spec:
 
     op: str
     shape: str
-    make_args: Callable[[torch.dtype], tuple]
+    make_args: Callable[[torch.dtype, str], tuple]
     nbytes: Callable[[tuple], int]
 
 
-def _randn(*shape, dtype):
-    return torch.randn(*shape, dtype=torch.float32).to(dtype)
+def _randn(*shape, dtype, device):
+    return torch.randn(*shape, dtype=torch.float32, device=device).to(dtype)
 
 
 def _size(t: torch.Tensor) -> int:
@@ -65,19 +70,20 @@ def _size(t: torch.Tensor) -> int:
 
 def specs() -> list[Spec]:
     t, h, d = TOKENS, HIDDEN, INTERMEDIATE
-    norm = lambda dt: (_randn(t, h, dtype=dt), _randn(h, dtype=dt), 1e-6, None)  # noqa: E731
-    fused = lambda dt: (_randn(t, h, dtype=dt), _randn(t, h, dtype=dt), _randn(h, dtype=dt), 1e-6, None)  # noqa: E731
-    gated = lambda dt: (_randn(t, 2 * d, dtype=dt),)  # noqa: E731
-    unary = lambda dt: (_randn(t, d, dtype=dt),)  # noqa: E731
+    norm = lambda dt, dev: (_randn(t, h, dtype=dt, device=dev), _randn(h, dtype=dt, device=dev), 1e-6, None)  # noqa: E731
+    fused = lambda dt, dev: (_randn(t, h, dtype=dt, device=dev), _randn(t, h, dtype=dt, device=dev),  # noqa: E731
+                             _randn(h, dtype=dt, device=dev), 1e-6, None)
+    gated = lambda dt, dev: (_randn(t, 2 * d, dtype=dt, device=dev),)  # noqa: E731
+    unary = lambda dt, dev: (_randn(t, d, dtype=dt, device=dev),)  # noqa: E731
 
-    def rope(dt):
-        positions = torch.randint(0, 8192, (t,))
-        cache = compute_cos_sin_cache(HEAD_SIZE, HEAD_SIZE, 8192, 10000.0, dt)
-        return (positions, _randn(t, Q_HEADS * HEAD_SIZE, dtype=dt), _randn(t, KV_HEADS * HEAD_SIZE, dtype=dt),
-                HEAD_SIZE, cache, True)
+    def rope(dt, dev):
+        positions = torch.randint(0, 8192, (t,), device=dev)
+        cache = compute_cos_sin_cache(HEAD_SIZE, HEAD_SIZE, 8192, 10000.0, dt).to(dev)
+        return (positions, _randn(t, Q_HEADS * HEAD_SIZE, dtype=dt, device=dev),
+                _randn(t, KV_HEADS * HEAD_SIZE, dtype=dt, device=dev), HEAD_SIZE, cache, True)
 
-    def static_quant(dt):
-        x = _randn(t, h, dtype=dt)
+    def static_quant(dt, dev):
+        x = _randn(t, h, dtype=dt, device=dev)
         return x, (x.float().abs().amax(dim=-1, keepdim=True) / 448.0)
 
     gated_bytes = lambda a: _size(a[0]) * 3 // 2  # noqa: E731
@@ -94,9 +100,10 @@ def specs() -> list[Spec]:
     out += [
         Spec("static_quant_fp8", f"{t}x{h} per-token", static_quant,
              lambda a: _size(a[0]) + a[0].numel() + _size(a[1])),
-        Spec("dynamic_quant_fp8", f"{t}x{h} per-token", lambda dt: (_randn(t, h, dtype=dt), True, None),
+        Spec("dynamic_quant_fp8", f"{t}x{h} per-token", lambda dt, dev: (_randn(t, h, dtype=dt, device=dev), True, None),
              lambda a: _size(a[0]) + a[0].numel() + 4 * t),
-        Spec("dynamic_group_quant_fp8", f"{t}x{h} group=128", lambda dt: (_randn(t, h, dtype=dt), 128),
+        Spec("dynamic_group_quant_fp8", f"{t}x{h} group=128",
+             lambda dt, dev: (_randn(t, h, dtype=dt, device=dev), 128),
              lambda a: _size(a[0]) + a[0].numel() + 4 * t * h // 128),
     ]
     return out
@@ -127,17 +134,28 @@ def best_times(fns: dict[str, Callable[[], object]], min_time: float, rounds: in
     return {name: min(v) for name, v in samples.items()}
 
 
-def copy_fn(nbytes: int, allocate: bool) -> Callable[[], object]:
+def copy_fn(nbytes: int, allocate: bool, device: str = "cpu") -> Callable[[], object]:
     """A plain copy moving `nbytes` in total (half read, half written): `src.clone()` when the
     kernel allocates its output (so both pay for fresh pages), else `dst.copy_(src)`."""
-    src = torch.empty(nbytes // 2, dtype=torch.uint8).random_(0, 255)
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device).random_(0, 255)
     if allocate:
         return src.clone
     dst = torch.empty_like(src)
     return lambda: dst.copy_(src)
 
 
-def run(ops: list[str], dtypes: list[torch.dtype], min_time: float, inductor: bool) -> list[list]:
+def _inductor(op) -> Callable:
+    torch._dynamo.reset()
+    return torch.compile(op.native_fn, backend="inductor", dynamic=False)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def run_cpu(ops: list[str], dtypes: list[torch.dtype], min_time: float, inductor: bool) -> list[list]:
+    from reference_impl.kernels import cpu as cpu_kernels
+
     rows = []
     for spec in specs():
         if spec.op not in ops:
@@ -145,7 +163,7 @@ def run(ops: list[str], dtypes: list[torch.dtype], min_time: float, inductor: bo
         op = getattr(ir.ops, spec.op)
         impl = op.impls[cpu_kernels.PROVIDER]
         for dtype in dtypes:
-            args = spec.make_args(dtype)
+            args = spec.make_args(dtype, "cpu")
             if not impl.accepts(args):
                 print(f"skip {spec.op} {dtype}: the cpp provider declines these arguments", file=sys.stderr)
                 continue
@@ -154,13 +172,12 @@ def run(ops: list[str], dtypes: list[torch.dtype], min_time: float, inductor: bo
             fns = {"cpp": lambda: impl.impl_fn(*kernel_args), "eager": lambda: op.native_fn(*args),
                    "copy": copy_fn(nbytes, allocate=not impl.inplace)}
             if inductor:
-                torch._dynamo.reset()
-                compiled = torch.compile(op.native_fn, backend="inductor", dynamic=False)
+                compiled = _inductor(op)
                 fns["inductor"] = lambda: compiled(*args)
             t = best_times(fns, min_time)
             t.setdefault("inductor", float("nan"))
             gbs = {name: nbytes / seconds / 1e9 for name, seconds in t.items()}
-            rows.append([spec.op, str(dtype).removeprefix("torch."), spec.shape, f"{nbytes / 1e6:.0f}",
+            rows.append([spec.op, _dtype_name(dtype), spec.shape, f"{nbytes / 1e6:.0f}",
                          f"{gbs['cpp']:.2f}", f"{gbs['eager']:.2f}", f"{gbs['inductor']:.2f}",
                          f"{gbs['copy']:.2f}", "copy_" if impl.inplace else "clone",
                          f"{t['copy'] / t['cpp']:.2f}", f"{t['inductor'] / t['cpp']:.2f}",
@@ -169,24 +186,107 @@ def run(ops: list[str], dtypes: list[torch.dtype], min_time: float, inductor: bo
     return rows
 
 
-HEADERS = ["op", "dtype", "shape", "MB moved", "cpp GB/s", "eager GB/s", "inductor GB/s", "copy GB/s",
-           "copy kind", "cpp/copy", "cpp/inductor", "cpp/eager"]
+CPU_HEADERS = ["op", "dtype", "shape", "MB moved", "cpp GB/s", "eager GB/s", "inductor GB/s", "copy GB/s",
+               "copy kind", "cpp/copy", "cpp/inductor", "cpp/eager"]
+
+# ----- CUDA ---------------------------------------------------------------------------------------
+CUDA_PROVIDERS = ("cuda", "triton")
+CUDA_HEADERS = ["op", "dtype", "MB moved", "copy GB/s", "eager GB/s", "inductor GB/s", "cuda GB/s",
+                "triton GB/s", "cuda/copy", "triton/copy", "inductor/copy", "cuda/inductor", "cuda/triton"]
+
+
+def cuda_problem() -> str | None:
+    """Why the CUDA benchmark cannot run here (one line), or None."""
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is built without CUDA"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device"
+    return None
+
+
+def cuda_ms(fn: Callable[[], object], quick: bool) -> float:
+    """Median milliseconds per call: CUDA events around each call, L2 flushed before every call."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=10 if quick else 25, rep=40 if quick else 100, return_mode="median")
+
+
+def _cuda_impls(op) -> dict[str, object]:
+    """The op's cuda and triton implementations that can run in this process."""
+    import reference_impl.kernels.cuda  # noqa: F401  (builds and registers "cuda")
+    import reference_impl.kernels.triton  # noqa: F401  (registers "triton")
+
+    return {p: op.impls[p] for p in CUDA_PROVIDERS if p in op.impls and op.impls[p].supported}
+
+
+def _ratio(num: float, den: float) -> str:
+    return f"{num / den:.2f}" if num == num and den == den else "-"
+
+
+def run_cuda(ops: list[str], dtypes: list[torch.dtype], quick: bool, inductor: bool) -> list[list]:
+    rows = []
+    for spec in specs():
+        if spec.op not in ops:
+            continue
+        op = getattr(ir.ops, spec.op)
+        impls = _cuda_impls(op)
+        for dtype in dtypes:
+            args = spec.make_args(dtype, "cuda")
+            nbytes = spec.nbytes(args)
+            fns = {"copy": copy_fn(nbytes, allocate=False, device="cuda"), "eager": lambda: op.native_fn(*args)}
+            if inductor:
+                compiled = _inductor(op)
+                fns["inductor"] = lambda: compiled(*args)
+            for provider, impl in impls.items():
+                if impl.accepts(args):
+                    kernel_args = list(args)
+                    fns[provider] = lambda impl=impl, kernel_args=kernel_args: impl.impl_fn(*kernel_args)
+                else:
+                    print(f"skip {spec.op} {dtype} {provider}: the provider declines these arguments", file=sys.stderr)
+            ms = {name: cuda_ms(fn, quick) for name, fn in fns.items()}
+            t = {name: ms.get(name, float("nan")) for name in ("copy", "eager", "inductor", *CUDA_PROVIDERS)}
+            gbs = {name: f"{nbytes / (v * 1e-3) / 1e9:.0f}" if v == v else "-" for name, v in t.items()}
+            rows.append([spec.op, _dtype_name(dtype), f"{nbytes / 1e6:.0f}", gbs["copy"], gbs["eager"],
+                         gbs["inductor"], gbs["cuda"], gbs["triton"], _ratio(t["copy"], t["cuda"]),
+                         _ratio(t["copy"], t["triton"]), _ratio(t["copy"], t["inductor"]),
+                         _ratio(t["inductor"], t["cuda"]), _ratio(t["triton"], t["cuda"])])
+            print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def print_table(rows: list[list], headers: list[str]) -> None:
+    try:
+        from tabulate import tabulate
+
+        print(tabulate(rows, headers=headers, tablefmt="github"))
+    except ImportError:
+        print("\t".join(headers))
+        for row in rows:
+            print("\t".join(row))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu (default): the C++ kernels; cuda: the CUDA and Triton kernels on the GPU")
     parser.add_argument("--quick", action="store_true", help="bf16 only, main kernels, short timing")
     parser.add_argument("--ops", help="comma-separated op names (default: all)")
     parser.add_argument("--dtypes", help="comma-separated dtypes: float32,float16,bfloat16")
-    parser.add_argument("--min-time", type=float, help="seconds of timing per measurement")
+    parser.add_argument("--min-time", type=float, help="CPU: seconds of timing per measurement")
     parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile (inductor) timings")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's default)")
+    parser.add_argument("--threads", type=int, help="CPU: torch threads (default: torch's default)")
     parser.add_argument("--allocator", choices=("reuse", "system"), default="reuse",
-                        help="reuse (default): glibc keeps freed outputs for the next allocation, as a "
+                        help="CPU: reuse (default): glibc keeps freed outputs for the next allocation, as a "
                              "caching allocator would, so timings exclude page faults; system: glibc "
                              "defaults, every output above 32 MB is fresh pages (faulted in by the op)")
     args = parser.parse_args(argv)
-    if args.allocator == "reuse" and os.environ.get("MALLOC_MMAP_MAX_") != "0":
+    if args.device == "cuda":
+        problem = cuda_problem()
+        if problem is not None:
+            print(f"bench_kernels.py --device cuda: {problem}; run it on a machine with a CUDA GPU",
+                  file=sys.stderr)
+            return 2
+    elif args.allocator == "reuse" and os.environ.get("MALLOC_MMAP_MAX_") != "0":
         # glibc reads these at start-up: run this script again with them set.
         env = {**os.environ, **REUSE_ENV}
         os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:])], env)
@@ -199,22 +299,26 @@ def main(argv: list[str] | None = None) -> int:
     dtype_names = args.dtypes.split(",") if args.dtypes else (["bfloat16"] if args.quick else list(DTYPES))
     if any(n not in DTYPES for n in dtype_names):
         parser.error(f"dtypes must be among {list(DTYPES)}")
-    min_time = args.min_time or (0.3 if args.quick else 1.0)
+    dtypes = [DTYPES[n] for n in dtype_names]
+
+    if args.device == "cuda":
+        from reference_impl.kernels import cuda as cuda_kernels
+
+        state = "on" if cuda_kernels.SUPPORTED else f"off ({cuda_kernels.UNSUPPORTED_REASON})"
+        print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, do_bench median with the L2 "
+              f"flushed; cuda provider {state}", file=sys.stderr)
+        print_table(run_cuda(ops, dtypes, args.quick, not args.no_inductor), CUDA_HEADERS)
+        return 0
+
+    from reference_impl.kernels import _cpp_build
 
     if args.threads:
         torch.set_num_threads(args.threads)
     _cpp_build.load()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, ISA {_cpp_build.isa()}, "
           f"allocator {args.allocator}", file=sys.stderr)
-    rows = run(ops, [DTYPES[n] for n in dtype_names], min_time, not args.no_inductor)
-    try:
-        from tabulate import tabulate
-
-        print(tabulate(rows, headers=HEADERS, tablefmt="github"))
-    except ImportError:
-        print("\t".join(HEADERS))
-        for row in rows:
-            print("\t".join(row))
+    min_time = args.min_time or (0.3 if args.quick else 1.0)
+    print_table(run_cpu(ops, dtypes, min_time, not args.no_inductor), CPU_HEADERS)
     return 0
 
 

@@ -148,6 +148,36 @@ def test_fast_gelu_math_is_close_to_float64(built):
 
 
 @needs_build
+@pytest.mark.parametrize("group_size", [32, 48, 64, 128, 256])
+def test_group_quant_division_is_exact_over_wide_magnitudes(built, group_size):
+    """Group scales span 2^-20..2^20 (and one all-zero group holding -0): codes and scales equal
+    native's x / scale bit for bit, for group sizes held in registers and for the generic path."""
+    gen = torch.Generator().manual_seed(11)
+    groups = 64
+    x = torch.randn(4, groups, group_size, generator=gen)
+    x = x * torch.exp2(torch.randint(-20, 21, (4, groups, 1), generator=gen).float())
+    x[0, 3] = 0.0
+    x[0, 3, ::2] = -0.0
+    x = x.reshape(4, groups * group_size)
+    op = ir.ops.dynamic_group_quant_fp8
+    (q, scale), (q_ref, scale_ref) = op.impls[PROVIDER].impl_fn(x, group_size), op.native_fn(x, group_size)
+    assert torch.equal(scale, scale_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+@needs_build
+@pytest.mark.parametrize("name", ["gelu_new", "quick_gelu", "relu2"])
+@pytest.mark.parametrize("shape", [(1024, 4096), (1025, 4095)], ids=["aligned_rows", "unaligned_rows"])
+def test_large_fp32_outputs_match_native(built, name, shape):
+    """fp32 outputs of 16 MB and more take non-temporal stores (64-byte aligned rows only)."""
+    op = getattr(ir.ops, name)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(3)) * 4
+    assert x.numel() * 4 >= 16 << 20
+    atol, rtol = op.get_tolerance(torch.float32)
+    torch.testing.assert_close(op.impls[PROVIDER].impl_fn(x), op.native_fn(x), atol=atol, rtol=rtol)
+
+
+@needs_build
 @pytest.mark.parametrize("name,extra", [("dynamic_quant_fp8", (True, None)), ("dynamic_quant_fp8", (False, None)),
                                         ("dynamic_group_quant_fp8", (128,)), ("static_quant_fp8", ())])
 def test_quant_propagates_nan_like_native(built, name, extra):

@@ -53,7 +53,7 @@ EXTRA_CASES = {
 }
 INPLACE_OPS = ("fused_add_rms_norm", "rotary_embedding", "rotary_embedding_query")
 KERNELS = ("rms_norm_kernel", "fused_add_rms_norm_kernel", "gated_kernel", "unary_kernel", "rotary_kernel",
-           "row_absmax_kernel", "reduce_scale_kernel", "quant_kernel", "group_quant_kernel")
+           "row_absmax_kernel", "token_quant_kernel", "reduce_scale_kernel", "quant_kernel", "group_quant_kernel")
 
 
 def _provider_ops() -> list[str]:
@@ -258,9 +258,10 @@ def child_compile(out_path: str) -> None:
                 signature[param.name] = "fp32"
             else:
                 signature[param.name] = "i64" if abs(int(value)) >= 2**31 else "i32"
-        # One compile per kernel, pointer types and non-size constexprs (block sizes vary freely).
+        # One compile per kernel, pointer types and non-size constexprs (block sizes and rows per
+        # program vary freely).
         key = (kernel.fn.__name__, tuple(signature.values()),
-               tuple((k, v) for k, v in constexprs.items() if "BLOCK" not in k))
+               tuple((k, v) for k, v in constexprs.items() if "BLOCK" not in k and k != "ROWS"))
         if key in seen:
             continue
         seen.add(key)

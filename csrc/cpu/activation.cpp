@@ -12,10 +12,10 @@ inline fVec one() { return fVec(1.0f); }
 inline fVec half() { return fVec(0.5f); }
 
 // sigmoid(v); every caller multiplies it by a value that carries a NaN input through.
-inline fVec sigmoid(const fVec& v) { return one() / (one() + fast_exp(v.neg())); }
+inline fVec sigmoid(const fVec& v) { return div_by_denominator(one(), one() + fast_exp(v.neg())); }
 
 struct Silu {
-  static inline fVec apply(const fVec& v, const fVec&) { return v / (one() + fast_exp(v.neg())); }
+  static inline fVec apply(const fVec& v, const fVec&) { return div_by_denominator(v, one() + fast_exp(v.neg())); }
 };
 
 // The GELU forms compute 1 + erf / 1 + tanh, which cancels for large negative inputs. In
@@ -34,7 +34,9 @@ struct GeluErf {
 };
 
 // x * sigmoid(2u) = 0.5 x (1 + tanh(u)).
-inline fVec x_sigmoid_2u(const fVec& x, const fVec& u) { return x / (one() + fast_exp(fVec(-2.f) * u)); }
+inline fVec x_sigmoid_2u(const fVec& x, const fVec& u) {
+  return div_by_denominator(x, one() + fast_exp(fVec(-2.f) * u));
+}
 
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): gelu(approximate="tanh") and gelu_new.
 template <bool kTorchMath = false>
@@ -110,22 +112,25 @@ void gated_rows(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_t d, fl
 template <typename T, typename Act>
 void unary_rows(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_t hidden) {
   const fVec unused(0.f);
+  const bool stream_all = stream_output<T>(rows * hidden * static_cast<int64_t>(sizeof(T)));
   at::parallel_for(0, rows, row_grain(2 * hidden), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + x_rows(r);
       T* o = out + r * hidden;
+      const bool stream = stream_all && aligned64(o);
       const T* next = r + 1 < end ? x + x_rows(r + 1) : nullptr;
       for (int64_t j = 0; j < hidden; j += kChunk) {
         const int64_t len = std::min<int64_t>(kChunk, hidden - j);
         if (next != nullptr) {
           prefetch_bytes(next + j, kChunk * sizeof(T));
-          prefetch_bytes<true>(o + hidden + j, kChunk * sizeof(T));
+          if (!stream) prefetch_bytes<true>(o + hidden + j, kChunk * sizeof(T));
         }
         fVec a, b;
         load_n(xr + j, len, a, b);
-        store_n(o + j, len, Act::apply(a, unused), Act::apply(b, unused));
+        store_out(o + j, len, stream, Act::apply(a, unused), Act::apply(b, unused));
       }
     }
+    stream_fence();
   });
 }
 

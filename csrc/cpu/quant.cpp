@@ -28,19 +28,27 @@ inline void store_fp8(uint8_t* out, int64_t n, const fVec& a, const fVec& b) {
   encode_fp8(buf, out, n);
 }
 
-// out[0:n) = fp8(clamp(x[0:n) * mul)) (kDivide: x / mul). `next` (or null) is the same span of
+// out[0:n) = fp8(clamp(x[0:n) * mul)) (kDivide: x / mul, exactly rounded; through the
+// reciprocal and an FMA correction where mul is finite). `next` (or null) is the same span of
 // the next row, prefetched chunk by chunk so its loads overlap this span's arithmetic.
 template <typename T, bool kDivide>
 inline void quantize_into(const T* x, float mul, uint8_t* out, int64_t n, const T* next) {
   const fVec m(mul);
+  const bool via_reciprocal = kDivide && std::isfinite(mul);
+  const fVec r(1.0f / mul);
   for (int64_t j = 0; j < n; j += kChunk) {
     const int64_t len = std::min<int64_t>(kChunk, n - j);
     if (next != nullptr) prefetch_bytes(next + j, kChunk * sizeof(T));
     fVec a, b;
     load_n(x + j, len, a, b);
     if constexpr (kDivide) {
-      a = a / m;
-      b = b / m;
+      if (via_reciprocal) {
+        a = div_exact(a, m, r);
+        b = div_exact(b, m, r);
+      } else {
+        a = a / m;
+        b = b / m;
+      }
     } else {
       a = a * m;
       b = b * m;
@@ -68,6 +76,45 @@ inline float nan_min(float a, float b) { return (std::isnan(a) || a < b) ? a : b
 inline float dynamic_scale(float amax, const float* scale_ub) {
   if (scale_ub != nullptr) amax = nan_min(amax, *scale_ub);
   return nan_max(amax / kFp8Max, kFp8MinScale);
+}
+
+// One group of NC whole chunks held in registers between its absmax and its codes (one load and
+// widening of the group instead of two); returns the group's scale. `next` (or null) is the same
+// group of the next row, prefetched.
+template <typename T, int NC>
+inline float quantize_group_in_registers(const T* xg, uint8_t* out, const T* next) {
+  fVec a[NC], b[NC];
+  fVec m0(0.f), m1(0.f);
+  for (int i = 0; i < NC; ++i) {
+    if (next != nullptr) prefetch_bytes(next + i * kChunk, kChunk * sizeof(T));
+    Io<T>::load(xg + i * kChunk, a[i], b[i]);
+    m0 = at::vec::maximum(m0, a[i].abs());
+    m1 = at::vec::maximum(m1, b[i].abs());
+  }
+  const float s = dynamic_scale(reduce_max(at::vec::maximum(m0, m1)), nullptr);
+  const fVec vs(s), r(1.0f / s);
+  const bool via_reciprocal = std::isfinite(s);
+  for (int i = 0; i < NC; ++i) {
+    const fVec qa = via_reciprocal ? div_exact(a[i], vs, r) : a[i] / vs;
+    const fVec qb = via_reciprocal ? div_exact(b[i], vs, r) : b[i] / vs;
+    store_fp8(out + i * kChunk, kChunk, clamp_fp8(qa), clamp_fp8(qb));
+  }
+  return s;
+}
+
+// One group of any size: absmax pass, then quantize_into; returns the scale.
+template <typename T>
+inline float quantize_group(const T* xg, uint8_t* out, int64_t group_size, const T* next) {
+  switch (group_size % kChunk == 0 ? group_size / kChunk : 0) {
+    case 1: return quantize_group_in_registers<T, 1>(xg, out, next);
+    case 2: return quantize_group_in_registers<T, 2>(xg, out, next);
+    case 4: return quantize_group_in_registers<T, 4>(xg, out, next);
+    case 8: return quantize_group_in_registers<T, 8>(xg, out, next);
+    default: break;
+  }
+  const float s = dynamic_scale(absmax(xg, group_size), nullptr);
+  quantize_into<T, true>(xg, s, out, group_size, next);
+  return s;
 }
 
 }  // namespace
@@ -129,11 +176,8 @@ void dynamic_group_quant_fp8(const T* x, RowIndex x_rows, uint8_t* out, float* s
       const T* xr = x + x_rows(r);
       const T* next = r + 1 < end ? x + x_rows(r + 1) : nullptr;
       for (int64_t g = 0; g < groups; ++g) {
-        const T* xg = xr + g * group_size;
-        const float s = dynamic_scale(absmax(xg, group_size), nullptr);
-        scale_out[r * groups + g] = s;
-        quantize_into<T, true>(xg, s, out + r * hidden + g * group_size, group_size,
-                               next == nullptr ? nullptr : next + g * group_size);
+        scale_out[r * groups + g] = quantize_group(xr + g * group_size, out + r * hidden + g * group_size,
+                                                   group_size, next == nullptr ? nullptr : next + g * group_size);
       }
     }
   });

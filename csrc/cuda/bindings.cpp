@@ -228,8 +228,11 @@ std::tuple<at::Tensor, at::Tensor> dynamic_quant_fp8_op(const at::Tensor& x, boo
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
   at::Tensor scale = at::empty(per_token ? with_last(x, 1) : std::vector<int64_t>{1},
                                x.options().dtype(at::kFloat));
+  at::Tensor amax = per_token ? at::Tensor() : at::empty({1}, x.options().dtype(at::kFloat));
   check_launch(dynamic_quant_fp8(dtype_of(x, op), x.const_data_ptr(), rows_of(x, op), fp8_ptr(q),
-                                 scale.mutable_data_ptr<float>(), num_rows(x), hidden, per_token,
+                                 scale.mutable_data_ptr<float>(),
+                                 amax.defined() ? amax.mutable_data_ptr<float>() : nullptr, num_rows(x),
+                                 hidden, per_token,
                                  ub.defined() ? ub.const_data_ptr<float>() : nullptr, stream()),
                op);
   return {q, scale};

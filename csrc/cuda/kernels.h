@@ -47,10 +47,11 @@ int rotary_embedding(DType dtype, const int64_t* positions, int64_t tokens, Head
 int static_quant_fp8(DType dtype, const void* x, RowIndex x_rows, const float* scale,
                      RowIndex scale_rows, int64_t scale_group_stride, int64_t groups, uint8_t* out,
                      int64_t rows, int64_t hidden, void* stream);
-// Per tensor, `scale_out` ([1]) doubles as the absmax accumulator; it is zeroed on `stream` first.
+// Per tensor, `amax_workspace` (one float of device memory, zeroed on `stream` first) collects
+// the absmax; it is unused (and may be null) per token.
 int dynamic_quant_fp8(DType dtype, const void* x, RowIndex x_rows, uint8_t* out, float* scale_out,
-                      int64_t rows, int64_t hidden, bool per_token, const float* scale_ub,
-                      void* stream);
+                      float* amax_workspace, int64_t rows, int64_t hidden, bool per_token,
+                      const float* scale_ub, void* stream);
 int dynamic_group_quant_fp8(DType dtype, const void* x, RowIndex x_rows, uint8_t* out,
                             float* scale_out, int64_t rows, int64_t hidden, int64_t group_size,
                             void* stream);

@@ -45,13 +45,14 @@ def _clamp(x, lo, hi):
 
 
 @triton.jit
-def gated_kernel(x_ptr, x_row_stride, x_col_stride, out_ptr, out_row_stride, d, p0, p1,
-                 ACT: tl.constexpr, BLOCK: tl.constexpr):
+def gated_kernel(x_ptr, x_row_stride, x_col_stride, out_ptr, out_row_stride, n_rows, d, p0, p1,
+                 ACT: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
     """out[r, i] = act(gate) * up over `d` features; gate/up are the halves (or, for
-    SWIGLUOAI_AND_MUL, the even/odd features) of row r. p0/p1: threshold or (alpha, limit)."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < d
+    SWIGLUOAI_AND_MUL, the even/odd features) of row r. p0/p1: threshold or (alpha, limit).
+    A program covers ROWS rows and BLOCK columns of each."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]
+    mask = (row < n_rows) & (cols < d)
     DT: tl.constexpr = out_ptr.dtype.element_ty
     base = x_ptr + row * x_row_stride
     if ACT == SWIGLUOAI_AND_MUL:
@@ -83,12 +84,13 @@ def gated_kernel(x_ptr, x_row_stride, x_col_stride, out_ptr, out_row_stride, d, 
 
 
 @triton.jit
-def unary_kernel(x_ptr, x_row_stride, x_col_stride, out_ptr, out_row_stride, n,
-                 ACT: tl.constexpr, BLOCK: tl.constexpr):
-    """Element-wise GELU variants and relu^2 over rows of `n` features."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n
+def unary_kernel(x_ptr, x_row_stride, x_col_stride, out_ptr, out_row_stride, n_rows, n,
+                 ACT: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """Element-wise GELU variants and relu^2 over rows of `n` features (ROWS rows, BLOCK columns
+    per program)."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]
+    mask = (row < n_rows) & (cols < n)
     DT: tl.constexpr = out_ptr.dtype.element_ty
     x = tl.load(x_ptr + row * x_row_stride + cols * x_col_stride, mask=mask, other=0.0).to(tl.float32)
     if ACT == GELU_NEW:

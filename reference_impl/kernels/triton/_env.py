@@ -60,8 +60,3 @@ def device_ok(t: torch.Tensor) -> bool:
 
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def num_warps_for(block: int) -> int:
-    """A warp count that grows with the elements one program handles (ignored by the interpreter)."""
-    return max(1, min(16, block // 256))

@@ -39,6 +39,24 @@ def row_absmax_kernel(x_ptr, x_row_stride, x_col_stride, n, out_ptr, ub_ptr,
 
 
 @triton.jit
+def token_quant_kernel(x_ptr, x_row_stride, x_col_stride, n_rows, n, q_ptr, q_row_stride, scale_ptr, ub_ptr,
+                       HAS_UB: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """Dynamic per-token quant in one pass over rows that fit in BLOCK: the absmax, the scale
+    (min(absmax, ub) / 448, at least 1/(448*512)) and the codes of ROWS rows per program."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)[None, :]
+    mask = (rows[:, None] < n_rows) & (cols < n)
+    x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols * x_col_stride, mask=mask, other=0.0).to(tl.float32)
+    absmax = tl.max(tl.maximum(tl.zeros((ROWS, BLOCK), dtype=tl.float32), tl.abs(x)), axis=1)
+    if HAS_UB:
+        absmax = tl.minimum(absmax, tl.load(ub_ptr).to(tl.float32))
+    scale = tl.maximum(tl.math.div_rn(absmax, FP8_MAX), FP8_MIN_SCALE)
+    q = _to_fp8(x * tl.math.div_rn(1.0, scale)[:, None])
+    tl.store(q_ptr + rows[:, None] * q_row_stride + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + rows, scale, mask=rows < n_rows)
+
+
+@triton.jit
 def reduce_scale_kernel(buf_ptr, n, out_ptr, ub_ptr, HAS_UB: tl.constexpr, BLOCK: tl.constexpr):
     """out[0] = scale from max(buf[:n]) (per-tensor: buf holds the per-row absmax)."""
     acc = tl.zeros((BLOCK,), dtype=tl.float32)

@@ -9,14 +9,20 @@ from torch import Tensor
 
 from reference_impl import ir
 from reference_impl.kernels.triton import _codes as C
-from reference_impl.kernels.triton import _env
+from reference_impl.kernels.triton import _env, _launch
 from reference_impl.kernels.triton._host import LAUNCH_OPTIONS, float_tensor_ok, rows_or_copy, triton_op
 
 if _env.HAS_TRITON:
     from reference_impl.kernels.triton import _activation_jit as _jit
 
 PROVIDER = "triton"
-_MAX_BLOCK = 4096
+
+
+def _shape(n_rows: int, n: int, elem_bytes: int) -> tuple[int, int, int, tuple[int, int]]:
+    """(BLOCK, ROWS, num_warps, grid) of an element-wise launch over n_rows rows of n outputs."""
+    block = _launch.column_block(n)
+    rows = _launch.rows_per_program(block, n_rows)
+    return block, rows, _launch.num_warps(block * rows, elem_bytes), (-(-n_rows // rows), -(-n // block))
 
 
 def _gated_ok(x: Tensor) -> bool:
@@ -36,10 +42,10 @@ def _launch_gated(x: Tensor, act: int, p0: float = 0.0, p1: float = 0.0) -> Tens
         return out
     x2 = rows_or_copy(x)
     out2 = out.view(-1, d)
-    block = min(_env.next_power_of_2(d), _MAX_BLOCK)
-    grid = (x2.shape[0], -(-d // block))
-    _jit.gated_kernel[grid](x2, x2.stride(0), x2.stride(1), out2, out2.stride(0), d, float(p0), float(p1),
-                            ACT=act, BLOCK=block, num_warps=_env.num_warps_for(block), **LAUNCH_OPTIONS)
+    block, rows, warps, grid = _shape(x2.shape[0], d, x.element_size())
+    _jit.gated_kernel[grid](x2, x2.stride(0), x2.stride(1), out2, out2.stride(0), x2.shape[0], d,
+                            float(p0), float(p1), ACT=act, BLOCK=block, ROWS=rows, num_warps=warps,
+                            **LAUNCH_OPTIONS)
     return out
 
 
@@ -51,10 +57,9 @@ def _launch_unary(x: Tensor, act: int) -> Tensor:
         return out
     x2 = rows_or_copy(x)
     out2 = out.view(-1, n)
-    block = min(_env.next_power_of_2(n), _MAX_BLOCK)
-    grid = (x2.shape[0], -(-n // block))
-    _jit.unary_kernel[grid](x2, x2.stride(0), x2.stride(1), out2, out2.stride(0), n,
-                            ACT=act, BLOCK=block, num_warps=_env.num_warps_for(block), **LAUNCH_OPTIONS)
+    block, rows, warps, grid = _shape(x2.shape[0], n, x.element_size())
+    _jit.unary_kernel[grid](x2, x2.stride(0), x2.stride(1), out2, out2.stride(0), x2.shape[0], n,
+                            ACT=act, BLOCK=block, ROWS=rows, num_warps=warps, **LAUNCH_OPTIONS)
     return out
 
 

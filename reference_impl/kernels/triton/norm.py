@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from reference_impl import ir
-from reference_impl.kernels.triton import _env
+from reference_impl.kernels.triton import _env, _launch
 from reference_impl.kernels.triton._host import (
     LAUNCH_OPTIONS,
     float_tensor_ok,
@@ -22,8 +22,11 @@ if _env.HAS_TRITON:
 PROVIDER = "triton"
 
 
-def _block(hidden: int) -> int:
-    return _env.next_power_of_2(max(hidden, 1))
+def _shape(x2: Tensor) -> tuple[int, int, int]:
+    """(BLOCK, ROWS, num_warps) for rows of x2: the whole row in one block, short rows batched."""
+    block = _env.next_power_of_2(max(x2.shape[1], 1))
+    rows = _launch.rows_per_program(block, x2.shape[0])
+    return block, rows, _launch.num_warps(block * rows, x2.element_size())
 
 
 def _common_args_ok(x: Tensor, weight: Tensor | None) -> bool:
@@ -46,11 +49,11 @@ def _rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: i
         return out
     out2 = out.view(-1, hidden)
     w = weight.contiguous() if weight is not None else x2
-    block = _block(hidden)
-    _jit.rms_norm_kernel[(x2.shape[0],)](
+    block, rows, warps = _shape(x2)
+    _jit.rms_norm_kernel[(-(-x2.shape[0] // rows),)](
         x2, x2.stride(0), x2.stride(1), w, out2, out2.stride(0),
-        hidden, slice_length(hidden, variance_size), float(epsilon),
-        HAS_WEIGHT=weight is not None, BLOCK=block, num_warps=_env.num_warps_for(block), **LAUNCH_OPTIONS)
+        x2.shape[0], hidden, slice_length(hidden, variance_size), float(epsilon),
+        HAS_WEIGHT=weight is not None, BLOCK=block, ROWS=rows, num_warps=warps, **LAUNCH_OPTIONS)
     return out
 
 
@@ -87,12 +90,12 @@ def _fused_add_in_place(x: Tensor, x_residual: Tensor, weight: Tensor | None, ep
     if x2.numel() == 0:
         return
     w = weight.contiguous() if weight is not None else x2
-    block = _block(hidden)
-    _jit.fused_add_rms_norm_kernel[(x2.shape[0],)](
+    block, rows, warps = _shape(x2)
+    _jit.fused_add_rms_norm_kernel[(-(-x2.shape[0] // rows),)](
         x2, x2.stride(0), x2.stride(1), r2, r2.stride(0), r2.stride(1), w,
         x2, x2.stride(0), x2.stride(1), r2, r2.stride(0), r2.stride(1),
-        hidden, slice_length(hidden, variance_size), float(epsilon),
-        HAS_WEIGHT=weight is not None, BLOCK=block, num_warps=_env.num_warps_for(block), **LAUNCH_OPTIONS)
+        x2.shape[0], hidden, slice_length(hidden, variance_size), float(epsilon),
+        HAS_WEIGHT=weight is not None, BLOCK=block, ROWS=rows, num_warps=warps, **LAUNCH_OPTIONS)
 
 
 _fused_add_op = triton_op("fused_add_rms_norm", mutates_args=("x", "x_residual"))(_fused_add_in_place)

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from reference_impl import ir
 from reference_impl.ir.ops.quant import FP8_DTYPE
-from reference_impl.kernels.triton import _env
+from reference_impl.kernels.triton import _env, _launch
 from reference_impl.kernels.triton._host import LAUNCH_OPTIONS, float_tensor_ok, rows_or_copy, triton_op
 
 if _env.HAS_TRITON:
@@ -39,12 +39,16 @@ def _static_supports(x, scale) -> bool:
     return True
 
 
+# Longest row the one-pass per-token kernel holds in one block.
+_MAX_TOKEN_BLOCK = 16384
+
+
 def _launch_quant(x2: Tensor, scale2: Tensor, group_len: int, q2: Tensor) -> None:
     n = x2.shape[1]
-    block = min(_env.next_power_of_2(n), _MAX_BLOCK)
+    block = _launch.column_block(n)
     _jit.quant_kernel[(x2.shape[0], -(-n // block))](
         x2, x2.stride(0), x2.stride(1), n, scale2, scale2.stride(0), scale2.stride(1), group_len,
-        q2, q2.stride(0), BLOCK=block, num_warps=_env.num_warps_for(block), **LAUNCH_OPTIONS)
+        q2, q2.stride(0), BLOCK=block, num_warps=_launch.num_warps(block, x2.element_size()), **LAUNCH_OPTIONS)
 
 
 @triton_op("static_quant_fp8", fake=ir.ops.static_quant_fp8.native_fn)
@@ -86,10 +90,18 @@ def _dynamic_quant(x: Tensor, per_token: bool, scale_ub: Tensor | None) -> tuple
     rows = x2.shape[0]
     ub = scale_ub if scale_ub is not None else x2
     block = min(_env.next_power_of_2(hidden), _MAX_BLOCK)
-    warps = _env.num_warps_for(block)
+    warps = _launch.num_warps(block, x2.element_size())
     if per_token:
         scale = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
         if rows == 0:
+            return q, scale
+        if hidden <= _MAX_TOKEN_BLOCK:
+            row_block = _env.next_power_of_2(hidden)
+            per_program = _launch.rows_per_program(row_block, rows)
+            _jit.token_quant_kernel[(-(-rows // per_program),)](
+                x2, x2.stride(0), x2.stride(1), rows, hidden, q.view(-1, hidden), hidden, scale, ub,
+                HAS_UB=scale_ub is not None, BLOCK=row_block, ROWS=per_program,
+                num_warps=_launch.num_warps(row_block * per_program, x2.element_size()), **LAUNCH_OPTIONS)
             return q, scale
         _jit.row_absmax_kernel[(rows,)](x2, x2.stride(0), x2.stride(1), hidden, scale, ub,
                                        HAS_UB=scale_ub is not None, TO_SCALE=True, BLOCK=block,
@@ -106,7 +118,7 @@ def _dynamic_quant(x: Tensor, per_token: bool, scale_ub: Tensor | None) -> tuple
                                        **LAUNCH_OPTIONS)
     reduce_block = min(_env.next_power_of_2(row_max.numel()), _MAX_BLOCK)
     _jit.reduce_scale_kernel[(1,)](row_max, row_max.numel(), scale, ub, HAS_UB=scale_ub is not None,
-                                   BLOCK=reduce_block, num_warps=_env.num_warps_for(reduce_block),
+                                   BLOCK=reduce_block, num_warps=_launch.num_warps(reduce_block, 4),
                                    **LAUNCH_OPTIONS)
     if rows:
         _launch_quant(x2, scale.view(1, 1).expand(rows, 1), hidden, q.view(-1, hidden))
@@ -141,7 +153,7 @@ def _group_quant(x: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
     _jit.group_quant_kernel[(x2.shape[0], -(-groups // groups_block))](
         x2, x2.stride(0), x2.stride(1), groups, group_size, q.view(-1, hidden), hidden, s2, s2.stride(0),
         GROUPS_BLOCK=groups_block, GROUP_BLOCK=group_block,
-        num_warps=_env.num_warps_for(groups_block * group_block), **LAUNCH_OPTIONS)
+        num_warps=_launch.num_warps(groups_block * group_block, x2.element_size()), **LAUNCH_OPTIONS)
     return q, scale
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from reference_impl import ir
-from reference_impl.kernels.triton import _env
+from reference_impl.kernels.triton import _env, _launch
 from reference_impl.kernels.triton._host import LAUNCH_OPTIONS, float_tensor_ok, triton_op
 
 if _env.HAS_TRITON:
@@ -63,7 +63,8 @@ def _rotate_in_place(positions: Tensor, query: Tensor, key: Tensor | None, head_
         IS_NEOX=bool(is_neox_style), HAS_KEY=k3 is not None,
         Q_HEADS_BLOCK=_env.next_power_of_2(q3.shape[1]), K_HEADS_BLOCK=_env.next_power_of_2(k_arg.shape[1]),
         HALF_BLOCK=_env.next_power_of_2(half),
-        num_warps=_env.num_warps_for(_env.next_power_of_2(q3.shape[1]) * _env.next_power_of_2(half)),
+        num_warps=_launch.num_warps(2 * _env.next_power_of_2(q3.shape[1]) * _env.next_power_of_2(half),
+                                    q3.element_size()),
         **LAUNCH_OPTIONS)
 
 
