@@ -455,3 +455,27 @@ def test_cached_build_is_reused_without_rebuilding(built):
     assert result.returncode == 0, result.stderr
     assert "[0.0, 9.0]" in result.stdout
     assert "building reference C++ CPU kernels" not in result.stderr
+
+
+def test_cuda_rotary_predicate_declines_shapes_its_kernel_refuses():
+    """The CUDA launcher refuses rot_dim/2 > 6144 (shared memory) and heads * rot_dim > 2^30; the predicate
+    must decline them so dispatch falls back to native instead of raising. Checked on meta tensors, which
+    cost nothing, with the device test patched to accept them."""
+    from reference_impl.kernels._cpp_provider import CUDA_MAX_ROTARY_HALF, ArgChecks
+
+    checks = ArgChecks("cuda")
+    checks.on_device = lambda t: isinstance(t, torch.Tensor)
+
+    def args(rot, heads):
+        head = rot
+        pos = torch.empty(2, dtype=torch.int64, device="meta")
+        q = torch.empty(2, heads * head, dtype=torch.bfloat16, device="meta")
+        cache = torch.empty(8, rot, dtype=torch.float32, device="meta")
+        return pos, q, head, cache
+
+    pos, q, head, cache = args(2 * CUDA_MAX_ROTARY_HALF, 1)
+    assert checks.rotary_embedding_query(pos, q, head, cache, True)
+    pos, q, head, cache = args(2 * CUDA_MAX_ROTARY_HALF + 2, 1)
+    assert not checks.rotary_embedding_query(pos, q, head, cache, True)
+    pos, q, head, cache = args(128, (1 << 30) // 128 + 1)
+    assert not checks.rotary_embedding(pos, q, q, head, cache, True)

@@ -29,6 +29,10 @@ OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "mul_and_silu", "gelu_a
        "rotary_embedding", "rotary_embedding_query", "static_quant_fp8", "dynamic_quant_fp8",
        "dynamic_group_quant_fp8")
 INPLACE_OPS = ("fused_add_rms_norm", "rotary_embedding", "rotary_embedding_query")
+# The CUDA rotary kernel keeps one token's cos/sin in 48 KB of shared memory and counts a token's work
+# items in int (csrc/cuda/rotary.cu): larger shapes are declined, so they run native instead of failing.
+CUDA_MAX_ROTARY_HALF = 6144
+CUDA_MAX_ROTARY_HEAD_ELEMENTS = 1 << 30
 
 
 class ArgChecks:
@@ -90,15 +94,23 @@ class ArgChecks:
                 and cos_sin_cache.dim() == 2 and cos_sin_cache.stride(-1) == 1):
             return False
         rot = cos_sin_cache.shape[-1]
+        if self.device_type == "cuda" and rot // 2 > CUDA_MAX_ROTARY_HALF:
+            return False
         return (self._heads_ok(x_query, head_size)
                 and cos_sin_cache.dtype in (x_query.dtype, torch.float32) and rot % 2 == 0 and rot <= head_size)
 
+    def _rope_heads_fit(self, head_size, cos_sin_cache, *xs) -> bool:
+        heads = sum(x.shape[-1] // head_size for x in xs)
+        return self.device_type != "cuda" or heads * cos_sin_cache.shape[-1] <= CUDA_MAX_ROTARY_HEAD_ELEMENTS
+
     def rotary_embedding(self, positions, x_query, x_key, head_size, cos_sin_cache, is_neox_style) -> bool:
         return (self._rope_common(positions, x_query, head_size, cos_sin_cache)
-                and self._heads_ok(x_key, head_size) and x_key.dtype == x_query.dtype)
+                and self._heads_ok(x_key, head_size) and x_key.dtype == x_query.dtype
+                and self._rope_heads_fit(head_size, cos_sin_cache, x_query, x_key))
 
     def rotary_embedding_query(self, positions, x_query, head_size, cos_sin_cache, is_neox_style) -> bool:
-        return self._rope_common(positions, x_query, head_size, cos_sin_cache)
+        return (self._rope_common(positions, x_query, head_size, cos_sin_cache)
+                and self._rope_heads_fit(head_size, cos_sin_cache, x_query))
 
     def static_quant_fp8(self, x, scale) -> bool:
         if not (self.rows_ok(x) and self.on_device(scale) and scale.is_floating_point()
