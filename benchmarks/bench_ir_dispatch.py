@@ -31,8 +31,7 @@ import torch
 from tabulate import tabulate
 from torch.library import Library
 
-from reference_impl import ir
-from reference_impl.ir.op import IrOp
+from reference_impl.ir.op import IrOp   # importing reference_impl.ir declares every op
 from reference_impl.platforms import get_current_platform
 
 

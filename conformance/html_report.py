@@ -8,7 +8,6 @@ and for several files the compatibility matrix. Markdown: each file's report
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
 

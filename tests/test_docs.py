@@ -38,7 +38,6 @@ def test_every_relative_link_of_the_guide_resolves():
                 broken.append(f"{page.relative_to(ROOT)}: links outside the repository: {target}")
                 continue
             path = (page.parent / target).resolve()
-            rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
             if not path.exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target} does not exist")
     assert not broken, "\n".join(broken)

@@ -7,7 +7,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reference_impl import ir
 from reference_impl.ir.op import IrOp
 from reference_impl.ir import strategies
 

@@ -21,7 +21,7 @@ from torch.library import Library, infer_schema
 from reference_impl import config as _config
 from reference_impl import platforms as _platforms
 from reference_impl.ir.cases import OpCase
-from reference_impl.ir.dispatch import IrDispatchError, IrOpImpl, Selector
+from reference_impl.ir.dispatch import IrDispatchError, IrOpImpl, Selector  # noqa: F401 - IrDispatchError re-exported
 
 logger = logging.getLogger("reference_impl.ir")
 

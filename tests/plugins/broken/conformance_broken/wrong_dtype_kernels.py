@@ -1,7 +1,5 @@
 """Fault: returns float32 whatever the input dtype."""
 
-import torch
-
 from conformance_broken.base import good_rms_norm
 from reference_impl import ir
 
