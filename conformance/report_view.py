@@ -113,16 +113,17 @@ def _ratio(r: CheckResult) -> float | None:
 
 
 def verdict_label(doc: dict[str, Any]) -> tuple[str, str]:
-    """The verdict as shown, and its css class: never a plain CONFORMANT for an incomplete or narrowed run."""
-    run, verdict = doc.get("run") or {}, doc.get("verdict")
-    if run and not run.get("complete", True):
-        return (f"INCOMPLETE ({run.get('written_results')} of {run.get('expected_results')} results): "
-                f"{verdict}", "v-bad")
-    selection = run.get("selection") or {}
-    if selection.get("partial"):
-        narrowed = ", ".join(f"{k} {selection[k]}" for k in ("keyword", "markexpr", "shard") if selection.get(k))
-        return f"{verdict} (PARTIAL SELECTION{': ' + narrowed if narrowed else ''})", "v-partial"
-    return str(verdict), "v-good" if verdict == CONFORMANT else "v-bad"
+    """The verdict as shown, and its css class, by the scorecard's rule and wording (`report.verdict_text`):
+    never a plain CONFORMANT for an incomplete or narrowed run, or a file that says nothing of what it covers."""
+    from conformance.report import verdict_text
+    from conformance.schema import run_status
+
+    complete, partial, line = run_status(doc)
+    verdict = str(doc.get("verdict"))
+    text = verdict_text(verdict, complete, partial)
+    if not complete or partial:
+        return f"{text}: {line}", "v-bad" if not complete else "v-partial"
+    return text, "v-good" if verdict == CONFORMANT else "v-bad"
 
 
 def _row_group(label: str) -> int:

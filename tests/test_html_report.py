@@ -116,13 +116,17 @@ def test_same_platform_twice_is_told_apart_by_file_name():
 
 @pytest.mark.parametrize("run, text, css", [
     ({"complete": False, "written_results": 3, "expected_results": 9, "selection": {}},
-     "INCOMPLETE (3 of 9 results): NOT_CONFORMANT", "v-bad"),
+     "NOT_CONFORMANT (INCOMPLETE run: no verdict on the platform): INCOMPLETE: 3 of 9 expected results written; "
+     "the run did not finish", "v-bad"),
     ({"complete": True, "selection": {"partial": True, "keyword": "rms", "shard": None}},
-     "CONFORMANT (PARTIAL SELECTION: keyword rms)", "v-partial"),
+     "CONFORMANT FOR THE SELECTED CHECKS ONLY (PARTIAL SELECTION: not a verdict on the platform): PARTIAL SELECTION "
+     "(-k 'rms'): the verdict covers the selected checks only", "v-partial"),
     ({"complete": True, "selection": {"partial": False}}, "CONFORMANT", "v-good"),
+    (None, "NOT_CONFORMANT (INCOMPLETE run: no verdict on the platform): INCOMPLETE: the file has no run block, so "
+           "nothing says what it covers", "v-bad"),
 ])
 def test_verdict_is_never_plain_conformant_for_incomplete_or_narrowed_runs(run, text, css):
-    doc = _doc("x", [], "NOT_CONFORMANT" if not run["complete"] else "CONFORMANT", run=run)
+    doc = _doc("x", [], "NOT_CONFORMANT" if not (run or {}).get("complete") else "CONFORMANT", run=run)
     assert verdict_label(doc) == (text, css)
 
 
