@@ -19,6 +19,7 @@ case with a batch (dim 0 of the first activation) of at least 2, preferring one 
 platform's first provider accepts.
 
 Usage: python benchmarks/bench_ir_dispatch.py [--rounds N] [--number N] [--ops a,b] [--real-kernels]
+                                              [--python-guard]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from tabulate import tabulate
 from torch.library import Library
 
+from reference_impl.ir import guard
 from reference_impl.ir.op import IrOp   # importing reference_impl.ir declares every op
 from reference_impl.platforms import get_current_platform
 
@@ -86,7 +88,11 @@ def main() -> None:
     parser.add_argument("--number", type=int, default=300, help="calls per round")
     parser.add_argument("--ops", default="", help="comma-separated op names (default: all)")
     parser.add_argument("--real-kernels", action="store_true", help="time the selected kernels, not a stand-in")
+    parser.add_argument("--python-guard", action="store_true",
+                        help="compare repeats with the Python fallback guard, not torch's TensorGuards")
     args = parser.parse_args()
+    if args.python_guard:
+        guard.set_guard_factory(None)
     platform = get_current_platform()
     torch.set_grad_enabled(False)
     names = [n for n in args.ops.split(",") if n] or sorted(IrOp.registry)
@@ -101,7 +107,8 @@ def main() -> None:
                 rows.extend(_measure(op, case_name, call_args, args.rounds, args.number, args.real_kernels))
     body = "the selected kernels" if args.real_kernels else "a stand-in body returning the inputs"
     print(f"platform {platform.device_name}, torch {torch.__version__}, {body}, best of {args.rounds} "
-          f"interleaved rounds of {args.number} calls")
+          f"interleaved rounds of {args.number} calls, "
+          f"{'torch TensorGuards' if guard.uses_torch_guards() else 'the Python fallback guard'}")
     print(tabulate(rows, headers=["op", "case", "form", "provider", "predicate", "direct us", "plain op us",
                                   "IR us", "IR overhead / plain overhead", "target met"]))
     met = sum(r[-1] == "yes" for r in rows)

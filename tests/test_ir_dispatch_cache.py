@@ -12,6 +12,7 @@ from torch import Tensor
 
 from reference_impl import config, ir, platforms
 from reference_impl.config import KernelConfig, RuntimeConfig, set_current_config
+from reference_impl.ir import guard
 from reference_impl.ir.signature import BATCH, static_signature
 from reference_impl.platforms import Platform, PlatformEnum, activate_platform
 
@@ -217,3 +218,106 @@ def test_static_signature_marks_batch_dims_and_keeps_coinciding_sizes():
     assert w8 != w16 and w8[0] == 8
     # Batch 1 is exact, batch 0 too.
     assert BATCH not in static_signature((positions[:1], q[:1], 16, cache, True), 1, acts)
+
+
+@pytest.fixture(params=["torch", "python"])
+def guard_kind(request):
+    """Run with torch's C++ TensorGuards and with the Python fallback guard."""
+    if request.param == "torch":
+        assert guard.uses_torch_guards(), "this torch no longer offers TensorGuards as guard.py uses it"
+        yield request.param
+        return
+    previous = guard.set_guard_factory(None)
+    try:
+        yield request.param
+    finally:
+        guard.set_guard_factory(previous)
+
+
+@pytest.mark.parametrize("change", [
+    "dtype", "hidden size", "strides", "weight present", "weight absent", "empty weight", "weight dtype",
+    "factor value", "factor type", "parameter weight",
+])
+def test_eager_repeats_are_guarded_per_signature(guard_kind, change):
+    """The eager fast path (the latest selection's guard) answers like a fresh selection would."""
+    op, predicate = _scale_op()
+    x, w = torch.ones(4, 8), torch.ones(8)
+    first, other = {
+        "dtype": ((x, w, 2.0), (x.double(), w, 2.0)),
+        "hidden size": ((x, w, 2.0), (torch.ones(4, 6), torch.ones(6), 2.0)),
+        "strides": ((x, w, 2.0), (torch.ones(8, 4).t(), w, 2.0)),
+        "weight present": ((x, w, 2.0), (x, None, 2.0)),
+        "weight absent": ((x, None, 2.0), (x, w, 2.0)),
+        "empty weight": ((torch.ones(4, 0), None, 2.0), (torch.ones(4, 0), torch.empty(0), 2.0)),  # like ABSENT
+        "weight dtype": ((x, w, 2.0), (x, w.half(), 2.0)),
+        "factor value": ((x, w, 2.0), (x, w, 3.0)),
+        "factor type": ((x, w, 2.0), (x, w, 2)),
+        "parameter weight": ((x, w, 2.0), (x, torch.nn.Parameter(w), 2.0)),
+    }[change]
+    with op.set_priority(["fast"]):
+        for _ in range(3):
+            op(*first)
+        assert predicate.calls == 1
+        for _ in range(3):
+            out = op(*other)
+        assert predicate.calls == (1 if change == "parameter weight" else 2)   # a parameter is a tensor
+        fast = change != "dtype"
+        factor, weight = other[2], other[1]
+        expected = other[0] * factor * (1 if weight is None else weight) + (1000 if fast else 0)
+        torch.testing.assert_close(out, expected.detach(), rtol=0, atol=0)
+        op(*first)
+        assert predicate.calls == (1 if change == "parameter weight" else 2)   # found in the map
+
+
+def test_parameter_weights_are_cached_like_tensors(guard_kind):
+    """A layer passes its weights as nn.Parameter: the predicate must not run on every call."""
+    op, predicate = _scale_op()
+    weight = torch.nn.Parameter(torch.ones(8), requires_grad=False)
+    with op.set_priority(["fast"]):
+        for rows in (4, 4, 9, 9):
+            assert op(torch.ones(rows, 8), weight)[0, 0] == 1002
+    assert predicate.calls == 1
+
+
+def test_a_guard_failing_on_a_repeated_signature_is_rebuilt(guard_kind):
+    """torch's guards also check requires_grad and the grad and inference modes; a signature seen
+    under another mode is found in the map, and its guard rebuilt once, not on every call."""
+    op, predicate = _scale_op()
+    x = torch.ones(4, 8)
+    grad_weight = torch.ones(8, requires_grad=True)
+    plain_weight = torch.ones(8)
+    with op.set_priority(["fast"]):
+        op(x, plain_weight)
+        first_guard = op.selector.state[3][1]
+        op(x, grad_weight)
+        rebuilt = op.selector.state[3][1]
+        if guard_kind == "torch":      # the Python guard checks only the signature, so it passes here
+            assert rebuilt is not first_guard
+        with torch.inference_mode():
+            for _ in range(3):
+                assert op(x, plain_weight)[0, 0] == 1002
+        for _ in range(3):
+            op(x, grad_weight)
+        assert op.selector.state[3][1] is op.selector.exact[op.selector.exact_signature((x, grad_weight, 2.0))][1]
+    assert predicate.calls == 1
+
+
+@pytest.mark.parametrize("kind", ["torch", "python"])
+def test_a_guard_passes_only_where_the_signature_repeats(kind):
+    """Both guards may check more than the signature (torch's: type, requires_grad, dispatch keys)
+    but never pass where the signature differs."""
+    if kind == "torch" and not guard.uses_torch_guards():
+        pytest.fail("this torch no longer offers TensorGuards as reference_impl/ir/guard.py uses it")
+    x, w = torch.ones(4, 8), torch.ones(8)
+    variants = [(x, w), (torch.zeros(4, 8), torch.zeros(8)), (x.double(), w), (torch.ones(8, 4).t(), w),
+                (x, torch.ones(9)), (x, torch.nn.Parameter(w)), (x, w.clone().requires_grad_()),
+                (torch.ones(5, 8)[1:], w), (x, None), (x, torch.ones(8, device="meta")),
+                (torch.ones(4, 8, dtype=torch.bfloat16), w)]
+    signature = ir.signature.exact_signature_fn(["tensor", "tensor"])
+    base = guard.make_guard(x, w) if kind == "torch" else guard.PythonGuard(x, w)
+    passed = []
+    for args in variants:
+        if base.check(*args):
+            passed.append(args)
+            assert signature(args) == signature((x, w)), args
+    assert len(passed) >= 3       # the same tensors, equal-metadata tensors, a storage offset

@@ -22,6 +22,7 @@ PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 PRIVATE_APIS = [
     ("torch._C", "_len_torch_dispatch_stack"),             # reference_impl/ir/op.py fast path
     ("torch._C", "_is_torch_function_mode_enabled"),
+    ("torch._C._dynamo.guards", "TensorGuards"),          # reference_impl/ir/guard.py (with a Python fallback)
     ("torch.compiler", "is_compiling"),
     ("torch._dynamo", "mark_dynamic"),                     # conformance/checks/compile.py
     ("torch._dynamo", "maybe_mark_dynamic"),

@@ -18,7 +18,9 @@ import torch
 from torch import Tensor
 
 from reference_impl.config import config_generation
-from reference_impl.ir.signature import argument_kinds, exact_signature_fn, generate, key_source, static_signature
+from reference_impl.ir.guard import make_guard
+from reference_impl.ir.signature import (argument_kinds, exact_signature_fn, generate, key_source, repeat_source,
+                                         static_signature)
 from reference_impl.platforms import get_current_platform, platform_generation
 
 if TYPE_CHECKING:
@@ -113,7 +115,8 @@ class IrOpImpl:
 class Selector:
     """Priority-order selection for one op, with eager selections cached per static signature.
 
-    Two maps: exact signature -> impl (the hot path's key) and batch-free static signature -> impl
+    Two maps: exact signature -> (impl, guard or None) (the hot path's key; the guard checks a
+    repeat of that signature, reference_impl/ir/guard.py) and batch-free static signature -> impl
     (so a new batch size reuses a selection without running predicates). Everything is dropped
     when the config or the platform changes (their public generation counters) or when the op's
     registrations or priority overrides change (`invalidate`).
@@ -130,11 +133,12 @@ class Selector:
 
     def invalidate(self) -> None:
         self.candidates: list[IrOpImpl] = []
-        self.exact: dict[tuple, IrOpImpl] = {}
+        self.exact: dict[tuple, tuple[IrOpImpl, object | None]] = {}
         self.static: dict[tuple, IrOpImpl] = {}
         # What the eager hot path reads, in one tuple: the config and platform generations the
         # candidates were computed for, the unconditional selection (the preferred impl has no
         # predicate) and (impl, *exact signature) of the latest selection.
+        # (impl, guard, *repeat fields) of the latest selection.
         self.state: tuple[int, int, IrOpImpl | None, tuple | None] = (-1, -1, None, None)
 
     def refresh(self) -> None:
@@ -157,32 +161,39 @@ class Selector:
         if unconditional is not None:
             return unconditional
         key = self.exact_signature(args)
-        chosen = self.exact.get(key)     # None is never stored: uncacheable arguments miss
-        return chosen if chosen is not None else self._miss(args, key)
+        entry = self.exact.get(key)     # None is never stored: uncacheable arguments miss
+        return entry[0] if entry is not None else self._miss(args, key)
 
     def eager_miss(self, args: tuple, key: tuple | None) -> IrOpImpl | None:
-        """`eager` past the cache: None for a meta first tensor (the torch op's fake runs), else select."""
+        """`eager` past its fast paths: None for a meta first tensor (the torch op's fake runs), else
+        select. A cacheable signature gets a guard (built here, under the caller's grad and
+        inference modes) and becomes the latest selection, which the next call compares with."""
         if args[0].is_meta:
             return None
         chosen = self._miss(args, key)
         if key is not None and key in self.exact:      # remembered only where it was cached
+            guard = make_guard(*self.guard_tensors(args))
+            self.exact[key] = (chosen, guard)
             config_gen, platform_gen, unconditional, _ = self.state
-            self.state = (config_gen, platform_gen, unconditional, (chosen, *key))
+            self.state = (config_gen, platform_gen, unconditional, (chosen, guard, *self.repeat_fields(args)))
         return chosen
 
     def _miss(self, args: tuple, key: tuple | None) -> IrOpImpl:
         """A new exact signature: reuse the selection of its static (batch-free) signature, or walk
         the candidates. Uncacheable arguments (key None), a meta first tensor and sparse or
-        all-zero-stride tensors are not stored."""
+        all-zero-stride tensors are not stored. Stored entries are (impl, guard or None)."""
+        entry = self.exact.get(key) if key is not None else None
+        if entry is not None:
+            return entry[0]
         first = args[0]
-        if key is None or (type(first) is Tensor and first.is_meta) or not _strided(args):
+        if key is None or (isinstance(first, Tensor) and first.is_meta) or not _strided(args):
             return self._walk(args)
         static_key = static_signature(args, self.batch_arg, self.activations)
         chosen = self.static.get(static_key)
         if chosen is None:
             chosen = self._walk(args)
             _bounded_store(self.static, static_key, chosen)
-        _bounded_store(self.exact, key, chosen)
+        _bounded_store(self.exact, key, (chosen, None))
         return chosen
 
     def _walk(self, args: tuple) -> IrOpImpl:
@@ -219,20 +230,23 @@ def {op_name}({params}):
         _config_gen, _platform_gen, _chosen, _last = _sel.state
     if _chosen is not None:
         return None if {first}.is_meta else _chosen
+    _guard = None
+    if _last is not None:
+        _chosen, _guard, {fields} = _last
+        if {compare}:
+            return _chosen
 {checks}
     try:
-        if _last is not None:
-            _chosen, {fields}, = _last
-            if {compare}:
-                return _chosen
         _key = {expr}
     except RuntimeError:  # a layout without strides (sparse, nested)
         return _sel.eager_miss(({names},), None)
-    _chosen = _sel.exact.get(_key)
-    if _chosen is None:
+    _entry = _sel.exact.get(_key)
+    if _entry is None or _entry[1] is None or _entry[1] is _guard:
+        # new signature, no guard yet, or a guard that failed on a repeated signature (built
+        # under another grad or inference mode, or for a parameter where this is a tensor)
         return _sel.eager_miss(({names},), _key)
-    _sel.state = (_config_gen, _platform_gen, None, (_chosen, *_key))
-    return _chosen
+    _sel.state = (_config_gen, _platform_gen, None, (*_entry, {values}))
+    return _entry[0]
 """
 
 
@@ -240,9 +254,10 @@ def _eager_selector(selector: Selector, kinds: list[str]) -> Callable[..., IrOpI
     """`selector.eager(*args)`: the selection for a direct eager call, or None when the call must
     go through the torch dispatcher (dispatch or function modes, or a first argument that is not a
     plain, non-meta tensor). The hot path of every eager IR call, generated with the op's
-    parameters (and defaults) unrolled: the mode and generation checks, then a comparison with
-    the latest selection's signature (nothing to build or hash when it repeats), then the
-    exact-signature map."""
+    parameters (and defaults) unrolled: the mode and generation checks, then the latest
+    selection's guard (one C++ call over the tensors) and non-tensor values, then the
+    exact-signature map. Also sets `selector.guard_tensors` and `selector.repeat_fields`, the
+    pieces `eager_miss` needs to remember a selection."""
     op = selector.op
     names = list(op.param_names)
     if any(n.startswith("_") for n in names):     # keep clear of the template's own names
@@ -250,11 +265,16 @@ def _eager_selector(selector: Selector, kinds: list[str]) -> Callable[..., IrOpI
     defaults = {f"_default_{n}": d for n, d in zip(names, op._defaults) if d is not inspect.Parameter.empty}
     params = ", ".join(f"{n}=_default_{n}" if f"_default_{n}" in defaults else n for n in names)
     miss = f"return _sel.eager_miss(({', '.join(names)},), None)"
-    checks, expr, fields, compare = key_source(names, kinds, miss)
-    checks = [c for c in checks if c != f"if type({names[0]}) is not Tensor: {miss}"]   # checked first
+    checks, expr = key_source(names, kinds, miss)
+    guarded, fields, values, compare = repeat_source(names, kinds)
     source = _EAGER_TEMPLATE.format(op_name=op.name, params=params, first=names[0], names=", ".join(names),
-                                    expr=expr, fields=", ".join(fields), compare=compare,
-                                    checks="\n".join(f"    {c}" for c in checks))
+                                    expr=expr, fields="".join(f"{f}, " for f in fields), compare=compare,
+                                    values=", ".join(values), checks="\n".join(f"    {c}" for c in checks))
+    unpack = f"    {', '.join(names)}, = args"
+    selector.guard_tensors = generate("guard_tensors", f"def guard_tensors(args):\n{unpack}\n"
+                                      f"    return ({guarded},)", {})
+    selector.repeat_fields = generate("repeat_fields", f"def repeat_fields(args):\n{unpack}\n"
+                                      f"    return ({''.join(v + ', ' for v in values)})", {})
     return generate(op.name, source, {
         "_sel": selector, "config_generation": config_generation, "platform_generation": platform_generation,
         "_dispatch_stack_len": _dispatch_stack_len, "_function_mode_enabled": _function_mode_enabled,
@@ -265,7 +285,7 @@ def _strided(args: tuple) -> bool:
     """Whether no tensor argument is sparse or has only zero strides. A sparse COO tensor reports
     all-zero strides, so neither it nor a dense tensor that looks the same (a broadcast scalar) is
     stored: a signature never tells a predicate's view of one from the other's."""
-    return not any(type(a) is Tensor and (a.layout is not torch.strided or (a.dim() and not any(a.stride())))
+    return not any(isinstance(a, Tensor) and (a.layout is not torch.strided or (a.dim() and not any(a.stride())))
                    for a in args)
 
 

@@ -17,8 +17,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from reference_impl.ir.guard import ABSENT, PLAIN_TENSOR_TYPES
+
 # Non-tensor argument types whose values enter a signature, with the type (True == 1 == 1.0).
 SCALAR_TYPES = frozenset({bool, int, float, str, type(None)})
+# PLAIN_TENSOR_TYPES: tensors whose metadata is a signature, plain tensors and parameters (a
+# layer's weights); subclasses (fake, functional, wrappers) may answer metadata queries their own way.
 
 
 class _BatchDim:
@@ -33,38 +37,55 @@ class _BatchDim:
 BATCH = _BatchDim()
 
 
-def key_source(names: Sequence[str], kinds: Sequence[str], fail: str) -> tuple[list[str], str, list[str], str]:
+def key_source(names: Sequence[str], kinds: Sequence[str], fail: str) -> tuple[list[str], str]:
     """Source pieces computing an exact signature from arguments bound to `names`.
 
     `kinds` holds one entry per parameter: "tensor", "optional_tensor" or "value". Returns the
-    checks (statements running `fail` when an argument is not cacheable), the signature
-    expression (per tensor, exactly `torch.Tensor`: dtype, device, shape and strides; per value:
-    its type and the value), and the field names and expression that compare the arguments with
-    a signature unpacked into those fields without building a new one.
+    checks (statements running `fail` when an argument is not cacheable) and the signature
+    expression: per tensor, exactly `torch.Tensor` or `nn.Parameter`, its dtype, device, shape
+    and strides; per value, its type and the value.
     """
-    checks, parts, fields, compares = [], [], [], []
+    checks, parts = [], []
     for name, kind in zip(names, kinds):
         meta = f"{name}.dtype, {name}.device, {name}.shape, {name}.stride()"
         if kind == "tensor":
-            checks.append(f"if type({name}) is not Tensor: {fail}")
+            checks.append(f"if type({name}) not in PLAIN_TENSOR_TYPES: {fail}")
             parts.append(meta)
-            m = [f"_m_{name}_{p}" for p in ("dtype", "device", "shape", "stride")]
-            compares.append(f"{name}.dtype is {m[0]} and {name}.device == {m[1]} and {name}.shape == {m[2]} "
-                            f"and {name}.stride() == {m[3]}")
         elif kind == "optional_tensor":
-            checks.append(f"if {name} is not None and type({name}) is not Tensor: {fail}")
+            checks.append(f"if {name} is not None and type({name}) not in PLAIN_TENSOR_TYPES: {fail}")
             parts.append(f"({meta}) if {name} is not None else None")
-            m = [f"_m_{name}"]
-            compares.append(f"(({meta}) if {name} is not None else None) == {m[0]}")
         elif kind == "value":
             checks.append(f"if type({name}) not in SCALAR_TYPES: {fail}")
             parts.append(f"type({name}), {name}")
-            m = [f"_m_{name}_type", f"_m_{name}"]
-            compares.append(f"type({name}) is {m[0]} and {name} == {m[1]}")
         else:
             raise ValueError(f"unknown argument kind {kind!r}")
-        fields += m
-    return checks, f"({', '.join(parts)},)", fields, " and ".join(compares)
+    return checks, f"({', '.join(parts)},)"
+
+
+def repeat_source(names: Sequence[str], kinds: Sequence[str]) -> tuple[str, list[str], list[str], str]:
+    """Source pieces telling whether a call repeats the latest selection's signature.
+
+    The tensors go to one guard (reference_impl/ir/guard.py), an absent optional tensor as
+    `ABSENT`; what the guard cannot see is kept beside it as fields: per optional tensor whether
+    it is None, per value its type and the value. Returns the guard's argument list, the field
+    names, the expressions computing the fields from the arguments, and the expression comparing
+    the arguments with fields already unpacked (guard included, bound to `_guard`).
+    """
+    tensors, fields, values, compares = [], [], [], []
+    for name, kind in zip(names, kinds):
+        if kind == "tensor":
+            tensors.append(name)
+        elif kind == "optional_tensor":
+            tensors.append(f"ABSENT if {name} is None else {name}")
+            fields.append(f"_m_{name}_none")
+            values.append(f"{name} is None")
+            compares.append(f"({name} is None) is _m_{name}_none")
+        else:
+            fields += [f"_m_{name}_type", f"_m_{name}"]
+            values += [f"type({name})", name]
+            compares.append(f"type({name}) is _m_{name}_type and {name} == _m_{name}")
+    compares.insert(0, f"_guard.check({', '.join(tensors)})")
+    return ", ".join(tensors), fields, values, " and ".join(compares)
 
 
 def generate(name: str, source: str, namespace: dict):
@@ -73,7 +94,8 @@ def generate(name: str, source: str, namespace: dict):
     Used where a per-op function with its arguments unrolled matters (the eager hot path): a loop
     over the arguments costs about half again as much. namedtuple and dataclasses do the same.
     """
-    namespace = {"Tensor": Tensor, "SCALAR_TYPES": SCALAR_TYPES, **namespace}
+    namespace = {"Tensor": Tensor, "SCALAR_TYPES": SCALAR_TYPES, "PLAIN_TENSOR_TYPES": PLAIN_TENSOR_TYPES,
+                 "ABSENT": ABSENT, **namespace}
     exec(compile(source, f"<generated {name}>", "exec"), namespace)
     return namespace[name]
 
@@ -81,7 +103,7 @@ def generate(name: str, source: str, namespace: dict):
 def exact_signature_fn(kinds: Sequence[str]) -> Callable[[tuple], tuple | None]:
     """A function from an op's completed argument tuple to its exact signature (None: uncacheable)."""
     names = [f"a{i}" for i in range(len(kinds))]
-    checks, expr, _, _ = key_source(names, kinds, "return None")
+    checks, expr = key_source(names, kinds, "return None")
     source = "\n".join([
         "def exact_signature(args):",
         f"    {', '.join(names)}, = args",
@@ -117,7 +139,7 @@ def static_signature(args: tuple, batch_arg: int | None, activations: frozenset[
     batch = 0
     if batch_arg is not None:
         first = args[batch_arg]
-        if type(first) is Tensor and first.dim():
+        if type(first) in PLAIN_TENSOR_TYPES and first.dim():
             batch = first.shape[0]
             if batch < 2:
                 batch = 0
@@ -125,7 +147,7 @@ def static_signature(args: tuple, batch_arg: int | None, activations: frozenset[
     shared = False      # a tensor other than an activation leads with the batch size
     for i, a in enumerate(args):
         cls = type(a)
-        if cls is Tensor:
+        if cls in PLAIN_TENSOR_TYPES:
             shape = a.shape
             stride = a.stride()
             if batch and shape and shape[0] == batch and stride[0]:
@@ -149,7 +171,7 @@ def _batch_recurs(args: tuple, batch: int) -> bool:
     [hidden] weight that a predicate compares with it, so the signature keeps the exact size.
     """
     for a in args:
-        if type(a) is Tensor:
+        if type(a) in PLAIN_TENSOR_TYPES:
             shape = a.shape
             rest = shape[1:] if shape and shape[0] == batch else shape
             if batch in rest or batch in a.stride():
