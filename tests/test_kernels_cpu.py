@@ -111,7 +111,7 @@ def test_kernel_matches_native_on_random_inputs(built, name):
 @needs_build
 def test_fp8_encoding_is_exact_over_the_whole_range(built):
     """Every sampled fp32 in [-448, 448], the midpoints between fp8 codes and NaN encode as torch does."""
-    bits = torch.arange(0, 0x43E00001, 9973, dtype=torch.int64).to(torch.int32)
+    bits = torch.arange(0, 0x43E00001, 997, dtype=torch.int64).to(torch.int32)   # 1.1M patterns
     values = bits.view(torch.float32)
     codes = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
     midpoints = ((codes[:-1] + codes[1:]) / 2).float()

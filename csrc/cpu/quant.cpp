@@ -3,7 +3,7 @@
 //
 // Matches reference_impl/ir/ops/quant.py operation for operation: static and dynamic scales are
 // applied as x * (1 / scale), group scales as x / scale; values are clamped to +-448 (NaN stays
-// NaN) and encoded with round-to-nearest-even, in registers with ATen's AVX512 encoder, or through
+// NaN) and encoded with round-to-nearest-even, in registers with our AVX512 encoder (vec_common.h), or through
 // a small buffer and the portable encoder of vec_common.h elsewhere (and for row tails).
 #include "vec_common.h"
 
@@ -17,8 +17,8 @@ inline fVec clamp_fp8(const fVec& v) { return clamp_keep_nan(v, fVec(-kFp8Max), 
 inline void store_fp8(uint8_t* out, int64_t n, const fVec& a, const fVec& b) {
 #if defined(CPU_CAPABILITY_AVX512)
   if (n == kChunk) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), at::vec::cvtfp32_fp8e4m3(a));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + kF), at::vec::cvtfp32_fp8e4m3(b));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), fp8_e4m3fn_codes(a));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + kF), fp8_e4m3fn_codes(b));
     return;
   }
 #endif
