@@ -148,6 +148,37 @@ def test_fast_gelu_math_is_close_to_float64(built):
 
 
 @needs_build
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_reduced_precision_sigmoid_forms_stay_within_one_ulp_on_16_bit_outputs(built, dtype):
+    """16-bit outputs use a degree-5 exp and the bare 14-bit reciprocal: every 16-bit input gives
+    the exactly rounded result or a neighbour (1 ulp), and most give it exactly."""
+    bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    x = bits.view(dtype)
+    x = x[torch.isfinite(x) & (x.double().abs() <= 20)]
+    x64 = x.double()
+    c = math.sqrt(2 / math.pi)
+    exact = {   # 0.5 (1 + tanh(u)) as sigmoid(2u): no cancellation in float64 either
+        "gelu_new": x64 * torch.sigmoid(2 * c * (x64 + 0.044715 * x64**3)),
+        "gelu_fast": x64 * torch.sigmoid(2 * x64 * 0.7978845608 * (1 + 0.044715 * x64 * x64)),
+        "quick_gelu": x64 * torch.sigmoid(1.702 * x64),
+        "silu_and_mul": x64 * torch.sigmoid(x64),
+    }
+    for name, ref64 in exact.items():
+        if name == "silu_and_mul":
+            got = built.silu_and_mul(torch.cat([x.reshape(1, -1), torch.ones_like(x).reshape(1, -1)], dim=1))
+        else:
+            got = getattr(built, name)(x.reshape(1, -1))
+        # results below 1e-30 (exp's argument past fp32 range) come out 0, as native's do
+        kept = (ref64.abs() > 1e-30) | (ref64 == 0)
+        got = got.flatten().double()[kept]
+        ref = ref64[kept].to(dtype).double()
+        ulp = torch.finfo(dtype).eps * ref.abs().clamp(min=torch.finfo(dtype).tiny)
+        off = (got - ref).abs()
+        assert (off <= ulp).all(), f"{name} {dtype}: more than 1 ulp off at x={x64[kept][(off - ulp).argmax()]}"
+        assert (off == 0).float().mean() > 0.9, f"{name} {dtype}: under 90% exactly rounded"
+
+
+@needs_build
 @pytest.mark.parametrize("group_size", [32, 48, 64, 128, 256])
 def test_group_quant_division_is_exact_over_wide_magnitudes(built, group_size):
     """Group scales span 2^-20..2^20 (and one all-zero group holding -0): codes and scales equal

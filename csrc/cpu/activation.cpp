@@ -11,11 +11,23 @@ namespace {
 inline fVec one() { return fVec(1.0f); }
 inline fVec half() { return fVec(0.5f); }
 
-// sigmoid(v); every caller multiplies it by a value that carries a NaN input through.
-inline fVec sigmoid(const fVec& v) { return div_by_denominator(one(), one() + fast_exp(v.neg())); }
+// Precision of the sigmoid forms per output type: for fp32, the degree-6 exp polynomial and the
+// Newton-refined reciprocal (a few fp32 ulp); for 16-bit outputs, degree 5 and the bare 14-bit
+// reciprocal, whose ~6e-5 relative error is far below the output rounding (2^-11 or coarser).
+// The saved instructions are a quarter of the arithmetic that bounds these kernels on 16-bit rows.
+template <typename T>
+constexpr bool kFullPrecision = std::is_same_v<T, float>;
 
+// v * sigmoid(k v) = v / (1 + exp(-k v)), with nk = -k; the divide carries a NaN v through.
+template <bool kFull>
+inline fVec x_sigmoid(const fVec& v, const fVec& nk) {
+  const fVec denominator = one() + fast_exp<kFull ? 6 : 5>(nk * v);
+  return kFull ? div_by_denominator(v, denominator) : div_by_denominator_16bit(v, denominator);
+}
+
+template <typename T>
 struct Silu {
-  static inline fVec apply(const fVec& v, const fVec&) { return div_by_denominator(v, one() + fast_exp(v.neg())); }
+  static inline fVec apply(const fVec& v, const fVec&) { return x_sigmoid<kFullPrecision<T>>(v, fVec(-1.f)); }
 };
 
 // The GELU forms compute 1 + erf / 1 + tanh, which cancels for large negative inputs. In
@@ -33,34 +45,37 @@ struct GeluErf {
   }
 };
 
-// x * sigmoid(2u) = 0.5 x (1 + tanh(u)).
-inline fVec x_sigmoid_2u(const fVec& x, const fVec& u) {
-  return div_by_denominator(x, one() + fast_exp(fVec(-2.f) * u));
+// x * sigmoid(2u) = 0.5 x (1 + tanh(u)), for u = v * (c + c k v^2): -2u is v * (-2c - 2ck v^2):
+// x_sigmoid with nk = -2c - 2ck v^2.
+template <bool kFull>
+inline fVec x_sigmoid_2u(const fVec& v, float c, float k) {
+  return x_sigmoid<kFull>(v, at::vec::fmadd(fVec(-2.f * c * k), v * v, fVec(-2.f * c)));
 }
 
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): gelu(approximate="tanh") and gelu_new.
-template <bool kTorchMath = false>
+template <typename T, bool kTorchMath = false>
 struct GeluTanh {
   static inline fVec apply(const fVec& v, const fVec&) {
-    const fVec beta(0.7978845608028654f);
-    const fVec kappa(0.044715f);
-    const fVec inner = beta * (v + kappa * v * v * v);
-    if constexpr (kTorchMath) return half() * v * (one() + inner.tanh());
-    return x_sigmoid_2u(v, inner);
+    if constexpr (kTorchMath) {
+      const fVec inner = fVec(0.7978845608028654f) * (v + fVec(0.044715f) * v * v * v);
+      return half() * v * (one() + inner.tanh());
+    }
+    return x_sigmoid_2u<kFullPrecision<T>>(v, 0.7978845608028654f, 0.044715f);
   }
 };
 
 // 0.5 x (1 + tanh(x * 0.7978845608 * (1 + 0.044715 x^2))).
+template <typename T>
 struct GeluFast {
   static inline fVec apply(const fVec& v, const fVec&) {
-    const fVec c(0.7978845608f);
-    const fVec kappa(0.044715f);
-    return x_sigmoid_2u(v, v * c * (one() + kappa * v * v));
+    return x_sigmoid_2u<kFullPrecision<T>>(v, 0.7978845608f, 0.044715f);
   }
 };
 
+// x * sigmoid(1.702 x).
+template <typename T>
 struct QuickGelu {
-  static inline fVec apply(const fVec& v, const fVec&) { return v * sigmoid(fVec(1.702f) * v); }
+  static inline fVec apply(const fVec& v, const fVec&) { return x_sigmoid<kFullPrecision<T>>(v, fVec(-1.702f)); }
 };
 
 struct Relu2 {
@@ -141,13 +156,13 @@ void gated_activation(Gated kind, const T* x, RowIndex x_rows, T* out, int64_t r
                       float param) {
   switch (kind) {
     case Gated::kSiluAndMul:
-      return gated_rows<T, Silu, false>(x, x_rows, out, rows, d, param);
+      return gated_rows<T, Silu<T>, false>(x, x_rows, out, rows, d, param);
     case Gated::kMulAndSilu:
-      return gated_rows<T, Silu, true>(x, x_rows, out, rows, d, param);
+      return gated_rows<T, Silu<T>, true>(x, x_rows, out, rows, d, param);
     case Gated::kGeluAndMul:
       return gated_rows<T, GeluErf<std::is_same_v<T, float>>, false>(x, x_rows, out, rows, d, param);
     case Gated::kGeluTanhAndMul:
-      return gated_rows<T, GeluTanh<std::is_same_v<T, float>>, false>(x, x_rows, out, rows, d, param);
+      return gated_rows<T, GeluTanh<T, std::is_same_v<T, float>>, false>(x, x_rows, out, rows, d, param);
     case Gated::kFatreluAndMul:
       return gated_rows<T, FatRelu, false>(x, x_rows, out, rows, d, param);
   }
@@ -156,7 +171,7 @@ void gated_activation(Gated kind, const T* x, RowIndex x_rows, T* out, int64_t r
 template <typename T>
 void swigluoai_and_mul(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_t d, float alpha,
                        float limit) {
-  const fVec va(alpha), vlim(limit), vneg_lim(-limit);
+  const fVec neg_alpha(-alpha), vlim(limit), vneg_lim(-limit);
   at::parallel_for(0, rows, row_grain(3 * d), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + x_rows(r);
@@ -179,8 +194,8 @@ void swigluoai_and_mul(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_
         g1 = min_keep_nan(g1, vlim);
         u0 = clamp_keep_nan(u0, vneg_lim, vlim);
         u1 = clamp_keep_nan(u1, vneg_lim, vlim);
-        const fVec o0 = (u0 + one()) * (g0 * sigmoid(g0 * va));
-        const fVec o1 = (u1 + one()) * (g1 * sigmoid(g1 * va));
+        const fVec o0 = (u0 + one()) * x_sigmoid<kFullPrecision<T>>(g0, neg_alpha);
+        const fVec o1 = (u1 + one()) * x_sigmoid<kFullPrecision<T>>(g1, neg_alpha);
         store_n(o + j, len, o0, o1);
       }
     }
@@ -191,11 +206,11 @@ template <typename T>
 void unary_activation(Unary kind, const T* x, RowIndex x_rows, T* out, int64_t rows, int64_t hidden) {
   switch (kind) {
     case Unary::kGeluNew:
-      return unary_rows<T, GeluTanh<>>(x, x_rows, out, rows, hidden);
+      return unary_rows<T, GeluTanh<T>>(x, x_rows, out, rows, hidden);
     case Unary::kGeluFast:
-      return unary_rows<T, GeluFast>(x, x_rows, out, rows, hidden);
+      return unary_rows<T, GeluFast<T>>(x, x_rows, out, rows, hidden);
     case Unary::kQuickGelu:
-      return unary_rows<T, QuickGelu>(x, x_rows, out, rows, hidden);
+      return unary_rows<T, QuickGelu<T>>(x, x_rows, out, rows, hidden);
     case Unary::kRelu2:
       return unary_rows<T, Relu2>(x, x_rows, out, rows, hidden);
   }

@@ -260,17 +260,20 @@ inline fVec fast_erf(const fVec& x0) {
 // exp(x) within a few ulp; callers multiply the result into x, so a NaN input may give any value
 // here without losing the NaN. With AVX512: x clamped to [-104, 89] (exp is 0 / inf beyond; a NaN
 // becomes a bound), n = round(x / ln 2), r = x - n ln 2 in two FMA steps (Cody-Waite), e^r by its
-// degree-6 Taylor polynomial (|r| <= ln 2 / 2: error ~1e-7), scaled by 2^n with vscalefps (which
+// degree-6 Taylor polynomial (|r| <= ln 2 / 2: error ~1e-7; kDegree 5: ~2e-6, for 16-bit outputs
+// whose rounding step is 2^-11 or coarser), scaled by 2^n with vscalefps (which
 // saturates to inf and 0): 13 instructions, about half of at::vec's exp_u20, used elsewhere.
+template <int kDegree = 6>
 inline fVec fast_exp(const fVec& x) {
+  static_assert(kDegree == 5 || kDegree == 6, "exp polynomial of degree 5 or 6");
 #if defined(CPU_CAPABILITY_AVX512)
   const __m512 xc = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(89.0f)), _mm512_set1_ps(-104.0f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), xc);  // ln 2, high bits
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.4286068202862268e-06f), r);      // ln 2, the rest
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  __m512 p = _mm512_set1_ps(1.0f / 120.0f);
+  if constexpr (kDegree == 6) p = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 720.0f), r, p);
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
@@ -293,6 +296,17 @@ inline fVec div_by_denominator(const fVec& a, const fVec& b) {
   const __m512 r = _mm512_mask_mov_ps(_mm512_fmadd_ps(e, r0, r0),
                                       _mm512_cmp_ps_mask(r0, _mm512_setzero_ps(), _CMP_EQ_OQ), r0);
   return _mm512_mul_ps(a, r);
+#else
+  return a / b;
+#endif
+}
+
+// a / b within 2^-14 relative (the 14-bit reciprocal, no Newton step), for results rounded to a
+// 16-bit type, whose rounding step (2^-11 or coarser) it moves by at most 1/8: two instructions
+// instead of six. b = inf gives a * 0, as a / inf does; without AVX512 it is the division.
+inline fVec div_by_denominator_16bit(const fVec& a, const fVec& b) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_mul_ps(a, _mm512_rcp14_ps(b));
 #else
   return a / b;
 #endif
