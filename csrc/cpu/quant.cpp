@@ -28,10 +28,24 @@ inline void store_fp8(uint8_t* out, int64_t n, const fVec& a, const fVec& b) {
   encode_fp8(buf, out, n);
 }
 
+// Whether a quantized value needs the clamp to +-448 before encoding. A scale computed from the
+// values' own absmax (dynamic without an upper bound, group) keeps |x / s| within a few ulp of
+// 448, below 464, where fp8_e4m3fn_codes still gives 0x7e unclamped; NaN and the results of an
+// inf scale encode as they would clamped. Static scales and scale_ub can leave the range.
+enum class Clamp : bool { kNo = false, kYes = true };
+
+template <Clamp kClamp>
+inline fVec maybe_clamp_fp8(const fVec& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (kClamp == Clamp::kNo) return v;   // the AVX512 encoder saturates below 464
+#endif
+  return clamp_fp8(v);                              // the portable encoder expects clamped input
+}
+
 // out[0:n) = fp8(clamp(x[0:n) * mul)) (kDivide: x / mul, exactly rounded; through the
 // reciprocal and an FMA correction where mul is finite). `next` (or null) is the same span of
 // the next row, prefetched chunk by chunk so its loads overlap this span's arithmetic.
-template <typename T, bool kDivide>
+template <typename T, bool kDivide, Clamp kClamp = Clamp::kYes>
 inline void quantize_into(const T* x, float mul, uint8_t* out, int64_t n, const T* next) {
   const fVec m(mul);
   const bool via_reciprocal = kDivide && std::isfinite(mul);
@@ -53,12 +67,36 @@ inline void quantize_into(const T* x, float mul, uint8_t* out, int64_t n, const 
       a = a * m;
       b = b * m;
     }
-    store_fp8(out + j, len, clamp_fp8(a), clamp_fp8(b));
+    store_fp8(out + j, len, maybe_clamp_fp8<kClamp>(a), maybe_clamp_fp8<kClamp>(b));
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// max |x| of n 16-bit floats (fp16 or bf16), on their bit patterns: with the sign cleared, larger
+// magnitudes have larger patterns (NaN above inf), so an unsigned 16-bit max over 32 lanes per
+// instruction gives the absmax, NaN included, without widening to fp32 first.
+template <typename T>
+inline float absmax_16bit(const T* x, int64_t n) {
+  const __m512i magnitude = _mm512_set1_epi16(0x7fff);
+  __m512i m = _mm512_setzero_si512();
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) m = _mm512_max_epu16(m, _mm512_and_si512(_mm512_loadu_si512(x + j), magnitude));
+  if (j < n) {  // zero-filled tail: zero never raises an absmax
+    const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (n - j)) - 1);
+    m = _mm512_max_epu16(m, _mm512_and_si512(_mm512_maskz_loadu_epi16(tail, x + j), magnitude));
+  }
+  alignas(64) uint16_t lanes[32];
+  _mm512_store_si512(lanes, m);
+  const uint16_t bits = *std::max_element(lanes, lanes + 32);
+  return static_cast<float>(T(bits, T::from_bits()));
+}
+#endif
+
 template <typename T>
 inline float absmax(const T* x, int64_t n) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (!std::is_same_v<T, float>) return absmax_16bit(x, n);
+#endif
   fVec m0(0.f), m1(0.f);
   for (int64_t j = 0; j < n; j += kChunk) {
     const int64_t len = std::min<int64_t>(kChunk, n - j);
@@ -97,7 +135,7 @@ inline float quantize_group_in_registers(const T* xg, uint8_t* out, const T* nex
   for (int i = 0; i < NC; ++i) {
     const fVec qa = via_reciprocal ? div_exact(a[i], vs, r) : a[i] / vs;
     const fVec qb = via_reciprocal ? div_exact(b[i], vs, r) : b[i] / vs;
-    store_fp8(out + i * kChunk, kChunk, clamp_fp8(qa), clamp_fp8(qb));
+    store_fp8(out + i * kChunk, kChunk, maybe_clamp_fp8<Clamp::kNo>(qa), maybe_clamp_fp8<Clamp::kNo>(qb));
   }
   return s;
 }
@@ -113,7 +151,7 @@ inline float quantize_group(const T* xg, uint8_t* out, int64_t group_size, const
     default: break;
   }
   const float s = dynamic_scale(absmax(xg, group_size), nullptr);
-  quantize_into<T, true>(xg, s, out, group_size, next);
+  quantize_into<T, true, Clamp::kNo>(xg, s, out, group_size, next);
   return s;
 }
 
@@ -161,8 +199,12 @@ void dynamic_quant_fp8(const T* x, RowIndex x_rows, uint8_t* out, float* scale_o
         s = dynamic_scale(absmax(xr, hidden), scale_ub);
         scale_out[r] = s;
       }
-      quantize_into<T, false>(xr, 1.0f / s, out + r * hidden, hidden,
-                              r + 1 < end ? x + x_rows(r + 1) : nullptr);
+      const T* next = r + 1 < end ? x + x_rows(r + 1) : nullptr;
+      if (scale_ub != nullptr) {
+        quantize_into<T, false, Clamp::kYes>(xr, 1.0f / s, out + r * hidden, hidden, next);
+      } else {
+        quantize_into<T, false, Clamp::kNo>(xr, 1.0f / s, out + r * hidden, hidden, next);
+      }
     }
   });
 }
