@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from reference_impl import ir
-from reference_impl.kernels import _build_cuda
+from reference_impl.kernels import _build_cuda, ptx_facts
 
 NVCC = _build_cuda.find_nvcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (set CUDA_HOME or put nvcc on PATH)")
@@ -22,9 +22,79 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (set CUDA_H
 @pytest.fixture(scope="module")
 def objects(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cuda-objects")
-    times = _build_cuda.compile_check(out, ("80", "90"))
+    times = _build_cuda.compile_check(out, ("80", "90"), keep=True)
     assert set(times) == set(_build_cuda.CU_SOURCES)
     return out
+
+
+@pytest.fixture(scope="module")
+def facts(objects) -> list[ptx_facts.KernelFacts]:
+    found = ptx_facts.kernel_facts(objects)
+    assert {(f.source, f.arch) for f in found} == {(s, a) for s in _build_cuda.CU_SOURCES for a in ("80", "90")}
+    return found
+
+
+# Kernels that exist to handle rows or groups not 16-byte aligned: scalar memory operations by design.
+UNALIGNED_FALLBACKS = re.compile(r"group_quant_kernel<[^>]*, false>")
+# Kernels that write no activations or codes (a reduction into a workspace).
+NO_OUTPUT_ROWS = re.compile(r"tensor_absmax_kernel")
+
+
+@needs_nvcc
+def test_no_kernel_spills_or_uses_a_stack_frame(facts):
+    """Registers hold each kernel's working set on sm_80 and sm_90: local memory would cost
+    bandwidth the memory-bound kernels do not have."""
+    for f in facts:
+        assert f.registers > 0, f"{f.name} sm_{f.arch}: no ptxas resource report"
+        assert f.spill_bytes == 0 and f.stack_bytes == 0, (
+            f"{f.name} sm_{f.arch}: {f.spill_bytes} spill bytes, {f.stack_bytes} stack bytes")
+
+
+@needs_nvcc
+def test_aligned_kernels_load_and_store_16_bytes_per_thread(facts):
+    """Every kernel but the unaligned fallbacks reads its rows in 16-byte units; the activation,
+    norm and rotary kernels also write 16 bytes at once, the quant kernels packed codes (4 or 8
+    bytes: the 16 bytes of input they come from)."""
+    for f in facts:
+        if UNALIGNED_FALLBACKS.search(f.name):
+            continue
+        assert f.loads_16b >= 1, f"{f.name} sm_{f.arch}: no 16-byte global load"
+        if NO_OUTPUT_ROWS.search(f.name):
+            continue
+        if f.source == "quant.cu":
+            assert f.packed_stores >= 1, f"{f.name} sm_{f.arch}: fp8 codes stored one byte at a time"
+        else:
+            assert f.stores_16b >= 1, f"{f.name} sm_{f.arch}: no 16-byte global store"
+
+
+@needs_nvcc
+def test_sm90_quant_kernels_use_the_hardware_fp8_conversion(facts):
+    for f in facts:
+        if f.source == "quant.cu" and f.arch == "90" and not NO_OUTPUT_ROWS.search(f.name):
+            assert f.fp8_hw_converts >= 1, f"{f.name}: fp8 encoded in software on sm_90"
+
+
+def test_ptx_facts_parse_entries_vectors_and_resources(tmp_path):
+    """The parser on a hand-written PTX and ptxas log (no nvcc needed): one vectorized kernel, one
+    scalar kernel that spills."""
+    keep = tmp_path / "k.keep"
+    keep.mkdir()
+    (keep / "k.compute_90.ptx").write_text(
+        ".visible .entry _Z4fastPf(\n .param .u64 p)\n{\n ld.global.nc.v4.u32 {%r1,%r2,%r3,%r4}, [%rd1];\n"
+        " st.global.v4.f32 [%rd2], {%f1,%f2,%f3,%f4};\n}\n"
+        ".entry _Z4slowPf(\n .param .u64 p)\n{\n ld.global.f32 %f1, [%rd1];\n st.global.v2.u32 [%rd2], {%r1,%r2};\n"
+        " cvt.rn.satfinite.e4m3x2.f32 %rs1, %f1, %f2;\n}\n")
+    (tmp_path / "k.ptxas.log").write_text(
+        "ptxas info    : Compiling entry function '_Z4fastPf' for 'sm_90'\n"
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\nptxas info    : Used 12 registers\n"
+        "ptxas info    : Compiling entry function '_Z4slowPf' for 'sm_90'\n"
+        "    16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\nptxas info    : Used 255 registers\n")
+    fast, slow = sorted(ptx_facts.kernel_facts(tmp_path), key=lambda f: f.mangled)
+    assert (fast.loads_16b, fast.stores_16b, fast.packed_stores, fast.registers, fast.spill_bytes) == (1, 1, 0, 12, 0)
+    assert (slow.loads_16b, slow.stores_16b, slow.packed_stores, slow.fp8_hw_converts) == (0, 0, 1, 1)
+    assert (slow.registers, slow.stack_bytes, slow.spill_bytes) == (255, 16, 12)
+    assert fast.arch == "90" and fast.source == "k.cu"
+    assert "fast" in ptx_facts.facts_table([fast, slow])
 
 
 @needs_nvcc

@@ -8,6 +8,7 @@ architecture (sm_80 and sm_90 by default), files in parallel:
     python -m reference_impl.kernels._build_cuda            # compile check into a temp dir
     python -m reference_impl.kernels._build_cuda --out DIR --arch 80 --arch 90 --jobs 4
     python -m reference_impl.kernels._build_cuda --binding   # also parse bindings.cpp vs torch headers
+    python -m reference_impl.kernels._build_cuda --facts     # per kernel: vector widths, registers, spills
 
 `load()` (CUDA torch and a GPU only) builds the .cu files plus the torch binding
 `csrc/cuda/bindings.cpp` with `torch.utils.cpp_extension.load` for the local GPU's architecture.
@@ -61,16 +62,18 @@ def gencode_flags(archs: tuple[str, ...] | list[str]) -> list[str]:
     return [f for a in archs for f in ("-gencode", f"arch=compute_{a},code=sm_{a}")]
 
 
-def compile_command(nvcc: str, source: Path, output: Path, archs) -> list[str]:
-    return [nvcc, *NVCC_FLAGS, *gencode_flags(archs), "-c", str(source), "-o", str(output)]
+def compile_command(nvcc: str, source: Path, output: Path, archs, keep_dir: Path | None = None) -> list[str]:
+    keep = ["--keep", "--keep-dir", str(keep_dir), "-Xptxas", "-v"] if keep_dir is not None else []
+    return [nvcc, *NVCC_FLAGS, *gencode_flags(archs), "-c", str(source), "-o", str(output), *keep]
 
 
 def compile_check(out_dir: Path, archs=DEFAULT_ARCHS, jobs: int | None = None,
-                  sources: list[Path] | None = None) -> dict[str, float]:
+                  sources: list[Path] | None = None, keep: bool = False) -> dict[str, float]:
     """Compile every .cu (default: csrc/cuda/*.cu) to an object file for all `archs`.
 
     Returns seconds per source; raises `CudaBuildError` naming each failing source with nvcc's
-    output.
+    output. `keep` also leaves, per source, the PTX of every arch under `<stem>.keep/` and ptxas's
+    resource report in `<stem>.ptxas.log`: what `reference_impl.kernels.ptx_facts` reads.
     """
     nvcc = find_nvcc()
     if nvcc is None:
@@ -80,8 +83,13 @@ def compile_check(out_dir: Path, archs=DEFAULT_ARCHS, jobs: int | None = None,
 
     def build(source: Path) -> tuple[str, float, subprocess.CompletedProcess]:
         start = time.perf_counter()
-        cmd = compile_command(nvcc, source, out_dir / (source.stem + ".o"), archs)
+        keep_dir = out_dir / f"{source.stem}.keep" if keep else None
+        if keep_dir is not None:
+            keep_dir.mkdir(exist_ok=True)
+        cmd = compile_command(nvcc, source, out_dir / (source.stem + ".o"), archs, keep_dir)
         result = subprocess.run(cmd, capture_output=True, text=True)
+        if keep:
+            (out_dir / f"{source.stem}.ptxas.log").write_text(result.stdout + result.stderr)
         return source.name, time.perf_counter() - start, result
 
     jobs = jobs or min(len(sources), os.cpu_count() or 1)
@@ -184,13 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, help="parallel nvcc processes")
     parser.add_argument("--binding", action="store_true",
                         help="also parse bindings.cpp against torch's headers (needs a C++ compiler)")
+    parser.add_argument("--facts", action="store_true",
+                        help="print per kernel and arch: 16-byte global loads/stores, registers, spills")
     args = parser.parse_args(argv)
     archs = tuple(args.arch or DEFAULT_ARCHS)
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp)
         start = time.perf_counter()
         try:
-            times = compile_check(out, archs, args.jobs)
+            times = compile_check(out, archs, args.jobs, keep=args.facts)
             if args.binding:
                 times[f"{BINDING} (syntax only)"] = binding_syntax_check(out)
         except CudaBuildError as exc:
@@ -198,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         for name, seconds in times.items():
             print(f"{name}: {seconds:.1f} s")
+        if args.facts:
+            from reference_impl.kernels.ptx_facts import facts_table, kernel_facts
+            print(facts_table(kernel_facts(out)))
         print(f"compiled {len(CU_SOURCES)} CUDA sources for sm_{', sm_'.join(archs)} in "
               f"{time.perf_counter() - start:.1f} s")
     return 0

@@ -1,0 +1,104 @@
+"""What the compiled CUDA kernels do, read without a GPU: per kernel and architecture, its 16-byte
+global loads and stores (in the PTX), its packed code stores, registers, stack and spills (ptxas's
+resource report).
+
+The GPU speed targets rest on properties the compiler output shows before any GPU runs: 16-byte
+vector memory operations (a warp moves 512 contiguous bytes per instruction), no spills to local
+memory, and the hardware fp8 conversion on sm_90. `tests/test_cuda_build.py` asserts them on the
+objects `_build_cuda.compile_check(keep=True)` leaves; `python -m reference_impl.kernels._build_cuda
+--facts` prints them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+_ENTRY = re.compile(r"^\.(?:visible\s+)?\.?entry\s+(\S+?)\(", re.M)
+_LOAD_16B = re.compile(r"\bld\.global(?:\.nc)?(?:\.L1::no_allocate)?\.(?:v4\.(?:u32|b32|f32|s32)|v2\.(?:u64|b64|f64))\b")
+_STORE_16B = re.compile(r"\bst\.global\.(?:v4\.(?:u32|b32|f32|s32)|v2\.(?:u64|b64|f64))\b")
+_PACKED_STORE = re.compile(r"\bst\.global\.(?:v2\.(?:u32|b32)|u32|b32|u64|b64)\b")
+_FP8_CVT = re.compile(r"\bcvt\.rn\.satfinite\.e4m3x2\.f32\b")
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)' for 'sm_(\d+)'")
+_PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelFacts:
+    """One kernel entry compiled for one architecture."""
+
+    source: str             # the .cu file
+    arch: str               # "80", "90"
+    mangled: str
+    name: str               # demangled where c++filt exists
+    loads_16b: int          # 16-byte global load instructions in its PTX
+    stores_16b: int         # 16-byte global stores
+    packed_stores: int      # 4- and 8-byte global stores (packed fp8 codes)
+    fp8_hw_converts: int    # cvt.rn.satfinite.e4m3x2.f32 (two codes per instruction, sm_89+)
+    registers: int
+    stack_bytes: int
+    spill_bytes: int        # spill stores + spill loads
+
+
+def _demangle(names: list[str]) -> dict[str, str]:
+    """Mangled -> readable C++ names (anonymous namespaces dropped); identity without c++filt."""
+    if not names or shutil.which("c++filt") is None:
+        return {n: n for n in names}
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout.splitlines()
+    tidy = [re.sub(r"\w+::\(anonymous namespace\)::", "", n) for n in out]
+    return dict(zip(names, tidy)) if len(tidy) == len(names) else {n: n for n in names}
+
+
+def _ptx_entries(ptx: str) -> dict[str, str]:
+    """Kernel entry name -> its PTX body (up to the next entry)."""
+    matches = list(_ENTRY.finditer(ptx))
+    return {m.group(1): ptx[m.end():matches[i + 1].start() if i + 1 < len(matches) else len(ptx)]
+            for i, m in enumerate(matches)}
+
+
+def _ptxas_resources(log: str) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """(mangled, arch) -> (registers, stack bytes, spill bytes) from `ptxas -v` output."""
+    found: dict[tuple[str, str], tuple[int, int, int]] = {}
+    current: tuple[str, str] | None = None
+    frame = (0, 0)
+    for line in log.splitlines():
+        if (m := _PTXAS_ENTRY.search(line)):
+            current, frame = (m.group(1), m.group(2)), (0, 0)
+        elif current and (m := _PTXAS_FRAME.search(line)):
+            frame = (int(m.group(1)), int(m.group(2)) + int(m.group(3)))
+        elif current and (m := _PTXAS_REGS.search(line)):
+            found[current] = (int(m.group(1)), *frame)
+            current = None
+    return found
+
+
+def kernel_facts(out_dir: Path) -> list[KernelFacts]:
+    """Facts of every kernel that `compile_check(out_dir, keep=True)` compiled, per arch."""
+    facts = []
+    for log_path in sorted(out_dir.glob("*.ptxas.log")):
+        stem = log_path.name[: -len(".ptxas.log")]
+        resources = _ptxas_resources(log_path.read_text())
+        for ptx_path in sorted((out_dir / f"{stem}.keep").glob(f"{stem}.compute_*.ptx")):
+            arch = ptx_path.suffixes[-2].removeprefix(".compute_")
+            entries = _ptx_entries(ptx_path.read_text())
+            names = _demangle(list(entries))
+            for mangled, body in entries.items():
+                registers, stack, spills = resources.get((mangled, arch), (-1, -1, -1))
+                facts.append(KernelFacts(
+                    source=f"{stem}.cu", arch=arch, mangled=mangled, name=names[mangled],
+                    loads_16b=len(_LOAD_16B.findall(body)), stores_16b=len(_STORE_16B.findall(body)),
+                    packed_stores=len(_PACKED_STORE.findall(body)), fp8_hw_converts=len(_FP8_CVT.findall(body)),
+                    registers=registers, stack_bytes=stack, spill_bytes=spills))
+    return facts
+
+
+def facts_table(facts: list[KernelFacts]) -> str:
+    """One line per kernel and arch."""
+    header = f"{'source':14} {'sm':>3} {'ld16':>5} {'st16':>5} {'st4/8':>6} {'regs':>5} {'spill':>6}  kernel"
+    lines = [header] + [f"{f.source:14} {f.arch:>3} {f.loads_16b:5d} {f.stores_16b:5d} {f.packed_stores:6d} "
+                        f"{f.registers:5d} {f.spill_bytes:6d}  {f.name.split('(')[0]}" for f in facts]
+    return "\n".join(lines)
