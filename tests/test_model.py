@@ -13,9 +13,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from conformance.checks import model as model_check
 from conformance.checks.common import native_only
 from harness_runner import run_harness
+from reference_impl import ir
 from reference_impl.compilation import compile_module
 from reference_impl.config import CompilationConfig, CompilationMode, RuntimeConfig
 from reference_impl.models import DecoderConfig, LlamaForCausalLM, build_model, greedy_generate, random_checkpoint
+from reference_impl.platforms import activate_platform
 
 CONFIG = DecoderConfig()   # the tiny default: hidden 64, 2 layers, vocab 300
 AOT_EAGER = RuntimeConfig(CompilationConfig(mode=CompilationMode.REFERENCE_COMPILE, backend="aot_eager"))
@@ -327,3 +329,39 @@ def test_model_family_passes_at_decode_shapes_on_the_demo_plugin(tmp_path):
     assert units >= {("float32", "eager"), ("float32", "compiled")}
     for r in run.where(check="model"):
         assert "CustomOp replacements: DemoRMSNorm" in r["message"] and "as native" in r["message"], r["message"]
+
+
+@pytest.fixture
+def counting_norm_predicates():
+    """A provider 'probe' first on rms_norm and fused_add_rms_norm whose predicate counts its calls
+    and declines (native runs): the decoder's weights reach it as nn.Parameter."""
+    calls = {"n": 0}
+
+    def declines(*args):
+        calls["n"] += 1
+        return False
+
+    ops = [ir.ops.rms_norm, ir.ops.fused_add_rms_norm]
+    with contextlib.ExitStack() as stack:
+        for op in ops:
+            op.register_impl("probe", supports_args=declines)(op.native_fn)
+            stack.callback(op.remove_impl, "probe")
+            stack.enter_context(op.set_priority(["probe", *op.get_priority()]))
+        yield calls
+
+
+def test_decoder_steps_run_no_predicate_once_their_signatures_are_cached(counting_norm_predicates):
+    """Predicates answer once per static signature, also for parameter weights (every layer's): a
+    repeated forward, and one at another sequence length, ask no predicate again."""
+    calls = counting_norm_predicates
+    with activate_platform("cpu"), torch.no_grad():
+        model = build_model(CONFIG, torch.float32, seed=7)
+        assert isinstance(model.model.norm.weight, torch.nn.Parameter)
+        ids = _prompt(6, seed=1)
+        model(ids, torch.arange(6))
+        first = calls["n"]
+        assert first > 0                                  # the probe is really consulted
+        model(ids, torch.arange(6))
+        longer = _prompt(9, seed=2)
+        model(longer, torch.arange(9))                    # another batch size: the static signature
+        assert calls["n"] == first
