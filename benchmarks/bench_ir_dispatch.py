@@ -19,7 +19,7 @@ case with a batch (dim 0 of the first activation) of at least 2, preferring one 
 platform's first provider accepts.
 
 Usage: python benchmarks/bench_ir_dispatch.py [--rounds N] [--number N] [--ops a,b] [--real-kernels]
-                                              [--python-guard]
+                                              [--parameters] [--python-guard]
 """
 
 from __future__ import annotations
@@ -88,6 +88,9 @@ def main() -> None:
     parser.add_argument("--number", type=int, default=300, help="calls per round")
     parser.add_argument("--ops", default="", help="comma-separated op names (default: all)")
     parser.add_argument("--real-kernels", action="store_true", help="time the selected kernels, not a stand-in")
+    parser.add_argument("--parameters", action="store_true",
+                        help="pass the floating non-activation tensors after the first (weights, scales, caches) "
+                             "as nn.Parameter, as layers pass their weights")
     parser.add_argument("--python-guard", action="store_true",
                         help="compare repeats with the Python fallback guard, not torch's TensorGuards")
     args = parser.parse_args()
@@ -100,6 +103,11 @@ def main() -> None:
     for name in names:
         op = IrOp.registry[name]
         case_name, call_args = _small_case(op)
+        if args.parameters:
+            call_args = tuple(torch.nn.Parameter(a, requires_grad=False)
+                              if isinstance(a, torch.Tensor) and a.is_floating_point() and i > 0
+                              and i not in op.activation_indices else a
+                              for i, a in enumerate(call_args))
         for forced in (None, ["native"]):
             with contextlib.ExitStack() as stack:
                 if forced:
@@ -108,7 +116,8 @@ def main() -> None:
     body = "the selected kernels" if args.real_kernels else "a stand-in body returning the inputs"
     print(f"platform {platform.device_name}, torch {torch.__version__}, {body}, best of {args.rounds} "
           f"interleaved rounds of {args.number} calls, "
-          f"{'torch TensorGuards' if guard.uses_torch_guards() else 'the Python fallback guard'}")
+          f"{'torch TensorGuards' if guard.uses_torch_guards() else 'the Python fallback guard'}"
+          f"{', weights as nn.Parameter' if args.parameters else ''}")
     print(tabulate(rows, headers=["op", "case", "form", "provider", "predicate", "direct us", "plain op us",
                                   "IR us", "IR overhead / plain overhead", "target met"]))
     met = sum(r[-1] == "yes" for r in rows)
