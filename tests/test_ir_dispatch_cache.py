@@ -321,3 +321,19 @@ def test_a_guard_passes_only_where_the_signature_repeats(kind):
             passed.append(args)
             assert signature(args) == signature((x, w)), args
     assert len(passed) >= 3       # the same tensors, equal-metadata tensors, a storage offset
+
+
+@pytest.mark.parametrize("flags", [[], ["--parameters", "--python-guard"]])
+def test_dispatch_benchmark_runs_and_reports_its_target(flags):
+    """benchmarks/bench_ir_dispatch.py end to end on two ops (a smoke test, not a timing)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_ir_dispatch.py"
+    result = subprocess.run([sys.executable, str(script), "--ops", "rms_norm,rotary_embedding", "--rounds", "2",
+                             "--number", "20", *flags], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "target met on" in result.stdout and "of 6 rows" in result.stdout
+    guard_kind = "the Python fallback guard" if "--python-guard" in flags else "torch TensorGuards"
+    assert guard_kind in result.stdout.splitlines()[0]
