@@ -223,7 +223,10 @@ def _ratio(num: float, den: float) -> str:
     return f"{num / den:.2f}" if num == num and den == den else "-"
 
 
-def run_cuda(ops: list[str], dtypes: list[torch.dtype], quick: bool, inductor: bool) -> list[list]:
+def run_cuda(ops: list[str], dtypes: list[torch.dtype], quick: bool, inductor: bool,
+             device: str = "cuda") -> list[list]:
+    """One row per op and dtype (CUDA_HEADERS). `device` is "cuda" but for the CPU test of this
+    table's code, which also replaces `cuda_ms` and `_cuda_impls`."""
     rows = []
     for spec in specs():
         if spec.op not in ops:
@@ -231,9 +234,9 @@ def run_cuda(ops: list[str], dtypes: list[torch.dtype], quick: bool, inductor: b
         op = getattr(ir.ops, spec.op)
         impls = _cuda_impls(op)
         for dtype in dtypes:
-            args = spec.make_args(dtype, "cuda")
+            args = spec.make_args(dtype, device)
             nbytes = spec.nbytes(args)
-            fns = {"copy": copy_fn(nbytes, allocate=False, device="cuda"), "eager": lambda: op.native_fn(*args)}
+            fns = {"copy": copy_fn(nbytes, allocate=False, device=device), "eager": lambda: op.native_fn(*args)}
             if inductor:
                 compiled = _inductor(op)
                 fns["inductor"] = lambda: compiled(*args)

@@ -1,4 +1,5 @@
-"""benchmarks/bench_kernels.py: the CUDA mode refuses with one line where no CUDA device exists."""
+"""benchmarks/bench_kernels.py: the CUDA mode refuses with one line where no CUDA device exists, and its
+table code runs on the CPU with stand-ins."""
 
 from __future__ import annotations
 
@@ -26,3 +27,40 @@ def test_cuda_mode_without_a_cuda_device_fails_with_one_line():
     assert lines[0].startswith("bench_kernels.py --device cuda: torch ")
     assert "CUDA" in lines[0] and "run it on a machine with a CUDA GPU" in lines[0]
 
+
+
+def test_cuda_table_code_runs_on_the_cpu_with_stand_ins(monkeypatch):
+    """The GPU table's own code (specs, copy, providers' predicates, GB/s and ratios) on the CPU,
+    with the cpp kernels standing in for cuda and triton and a wall-clock timer for CUDA events, so
+    a mistake in it shows here and not first on a GPU machine."""
+    import importlib.util
+    import time
+
+    from reference_impl import ir
+    from reference_impl.kernels import _cpp_build
+    from reference_impl.kernels import cpu as _registers_cpp  # noqa: F401  (registers the "cpp" provider)
+
+    if _cpp_build.toolchain_problem():
+        pytest.skip(f"the cpp kernels stand in for the GPU ones: {_cpp_build.toolchain_problem()}")
+    spec = importlib.util.spec_from_file_location("bench_kernels_under_test", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)      # dataclasses look their module up there
+    spec.loader.exec_module(bench)
+
+    def wall_ms(fn, quick):
+        fn()
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    monkeypatch.setattr(bench, "cuda_ms", wall_ms)
+    monkeypatch.setattr(bench, "_cuda_impls", lambda op: {p: op.impls["cpp"] for p in bench.CUDA_PROVIDERS})
+    ops = ["rms_norm", "dynamic_group_quant_fp8"]
+    rows = bench.run_cuda(ops, [torch.bfloat16], quick=True, inductor=False, device="cpu")
+    assert [r[0] for r in rows] == ops
+    for row in rows:
+        assert len(row) == len(bench.CUDA_HEADERS)
+        cells = dict(zip(bench.CUDA_HEADERS, row))
+        assert cells["dtype"] == "bfloat16" and cells["inductor GB/s"] == "-"
+        assert float(cells["cuda GB/s"]) > 0 and float(cells["triton GB/s"]) > 0 and float(cells["copy GB/s"]) > 0
+    assert ir.ops.rms_norm.impls["cpp"].supported
