@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k largest logits (0: all)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--stop-token-ids", metavar="IDS",
+                   help="comma-separated ids ending a sequence (default: a checkpoint's eos_token_id, if any)")
+    p.add_argument("--ignore-eos", action="store_true", help="generate --max-new-tokens tokens, never stopping early")
     p.add_argument("--json", metavar="PATH", help="also write tokens, providers and timings as JSON")
     return p
 
@@ -110,6 +113,8 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[
         parser.error("--temperature and --top-k must be >= 0")
     if args.prompt_ids is None and args.batch_file is None:
         parser.error("give --prompt-ids or --batch-file")
+    if args.stop_token_ids is not None and args.ignore_eos:
+        parser.error("--stop-token-ids and --ignore-eos contradict each other; give one")
     if args.platform is not None:
         from reference_impl.platforms import load_platform
 
@@ -124,8 +129,12 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[
         if args.batch_file is not None:
             prompts.extend(_read_batch_file(args.batch_file))
         config = _config(args)
+        stop_ids = stop_token_ids(args)
     except ValueError as exc:
         parser.error(str(exc).splitlines()[0])
+    bad = sorted(t for t in stop_ids if not 0 <= t < config.vocab_size)
+    if bad:
+        parser.error(f"stop token ids {bad} are outside the vocabulary [0, {config.vocab_size})")
     for i, ids in enumerate(prompts):
         bad = [t for t in ids if not 0 <= t < config.vocab_size]
         if bad:
@@ -191,17 +200,18 @@ def run(args: argparse.Namespace, prompts: list[list[int]], rank: int = 0) -> di
             from tqdm import tqdm
 
             bar = tqdm(total=args.max_new_tokens, desc="generating", unit="step", file=sys.stderr, leave=False)
+        stop_ids = stop_token_ids(args)
         result = generate(runner, prompts, args.max_new_tokens, cache=cache, sampler=sampler, device=device,
-                          on_step=(lambda _: bar.update(1)) if bar is not None else None)
+                          on_step=(lambda _: bar.update(1)) if bar is not None else None, stop_token_ids=stop_ids)
         if bar is not None:
             bar.close()
         if backend is not None:
             providers = compiled_providers(backend)
         paths = custom_op_paths(model)
-    decode_tokens = len(prompts) * (args.max_new_tokens - 1)
+    decode_tokens = result.decode_tokens
     report = {
         "platform": platform_name(args, platform), "device": device, "dtype": args.dtype, "tp": args.tp,
-        "compiled": bool(args.compile), "tokens": result.tokens,
+        "compiled": bool(args.compile), "tokens": result.tokens, "stop_token_ids": sorted(stop_ids),
         "ir_providers": {k: sorted(v) for k, v in sorted(providers.items())},
         "custom_op_paths": {k: sorted(v) for k, v in sorted(paths.items())},
         "prefill_tokens": result.prompt_tokens, "prefill_seconds": result.prefill_seconds,
@@ -213,6 +223,19 @@ def run(args: argparse.Namespace, prompts: list[list[int]], rank: int = 0) -> di
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def stop_token_ids(args) -> set[int]:
+    """--stop-token-ids, else the checkpoint's `eos_token_id`; none with --ignore-eos."""
+    if args.ignore_eos:
+        return set()
+    if args.stop_token_ids:
+        return set(_parse_ids(args.stop_token_ids, "--stop-token-ids"))
+    if args.checkpoint:
+        from reference_impl.models.checkpoint import read_eos_token_ids
+
+        return set(read_eos_token_ids(args.checkpoint))
+    return set()
 
 
 def platform_name(args, platform) -> str:
@@ -236,10 +259,13 @@ def _print(args, config: DecoderConfig, prompts, report, providers, paths) -> No
     print(f"CustomOp paths: {describe(paths)}")
     for i, (prompt, tokens) in enumerate(zip(prompts, report["tokens"])):
         print(f"sequence {i}: prompt {prompt} -> {tokens}")
+    if report["stop_token_ids"]:
+        ended = sum(bool(t) and t[-1] in report["stop_token_ids"] for t in report["tokens"])
+        print(f"stop tokens {report['stop_token_ids']}: {ended} of {len(prompts)} sequences ended on one")
     print(f"prefill: {report['prefill_tokens']} tokens in {report['prefill_seconds']:.3f} s "
-          f"({_rate(report['prefill_tokens'], report['prefill_seconds'])}); decode: {len(prompts)} sequences x "
-          f"{args.max_new_tokens - 1} steps in {report['decode_seconds']:.3f} s "
-          f"({_rate(report['decode_tokens'], report['decode_seconds'])})")
+          f"({_rate(report['prefill_tokens'], report['prefill_seconds'])}); decode: {report['decode_tokens']} "
+          f"tokens of {len(prompts)} sequences (up to {args.max_new_tokens - 1} steps) in "
+          f"{report['decode_seconds']:.3f} s ({_rate(report['decode_tokens'], report['decode_seconds'])})")
 
 
 def _rank_main(rank: int, args: argparse.Namespace, prompts: list[list[int]], init_file: str) -> None:

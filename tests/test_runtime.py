@@ -239,7 +239,8 @@ def test_command_end_to_end(tmp_path):
         assert f"sequence {s}: prompt {prompt} -> {tokens}" in run.stdout
     assert "IR providers selected: fused_add_rms_norm: cpp, rms_norm: cpp" in run.stdout
     assert "RMSNorm: forward_cpu" in run.stdout and report["custom_op_paths"]["RMSNorm"] == ["forward_cpu"]
-    assert "prefill: 14 tokens in" in run.stdout and "decode: 3 sequences x 3 steps in" in run.stdout
+    assert "prefill: 14 tokens in" in run.stdout and "decode: 9 tokens of 3 sequences (up to 3 steps) in" in run.stdout
+    assert report["stop_token_ids"] == [] and "stop tokens" not in run.stdout
     assert report["prefill_tokens"] == 14 and report["decode_tokens"] == 9 and report["decode_seconds"] > 0
 
 
@@ -270,7 +271,14 @@ def test_command_tp2_gives_the_single_process_tokens(tmp_path):
      "does not exist (only local directories are read; nothing is downloaded)"),
     (["--random", "tiny", "--checkpoint", "x", "--prompt-ids", "1", "--max-new-tokens", "2"], "not allowed with"),
     (["--random", "tiny", "--batch-file", "/nonexistent.jsonl", "--max-new-tokens", "2"], "--batch-file"),
-], ids=["ids", "vocab", "tokens", "prompt", "platform", "tp", "checkpoint", "exclusive", "batch-file"])
+    (["--random", "tiny", "--prompt-ids", "1", "--max-new-tokens", "2", "--stop-token-ids", "2,y"],
+     "--stop-token-ids: '2,y' is not a comma"),
+    (["--random", "tiny", "--prompt-ids", "1", "--max-new-tokens", "2", "--stop-token-ids", "7,999"],
+     "stop token ids [999] are outside the vocabulary"),
+    (["--random", "tiny", "--prompt-ids", "1", "--max-new-tokens", "2", "--stop-token-ids", "7", "--ignore-eos"],
+     "--stop-token-ids and --ignore-eos contradict"),
+], ids=["ids", "vocab", "tokens", "prompt", "platform", "tp", "checkpoint", "exclusive", "batch-file", "stop-ids",
+        "stop-vocab", "stop-and-ignore"])
 def test_command_bad_arguments_give_one_line(capsys, args, message):
     from reference_impl.generate import main
 
@@ -280,3 +288,60 @@ def test_command_bad_arguments_give_one_line(capsys, args, message):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("python -m reference_impl.generate: error: "), err
     assert message in err
+
+
+# ----- end of sequence ----------------------------------------------------------------------------
+def test_sequences_end_at_their_first_stop_token_and_the_batch_at_the_last():
+    model = build_model(DENSE, torch.float32, seed=11)
+    full = generate(model, PROMPTS, 6, cache=model.allocate_kv_cache(4, 16))
+    stop = full.tokens[0][2]                       # sequence 0 ends at its third token
+    out = generate(model, PROMPTS, 6, cache=model.allocate_kv_cache(4, 16), stop_token_ids={stop})
+    for s, tokens in enumerate(full.tokens):
+        cut = tokens.index(stop) + 1 if stop in tokens else len(tokens)
+        assert out.tokens[s] == tokens[:cut], s
+        torch.testing.assert_close(out.sequence_logits(s), full.sequence_logits(s)[:len(PROMPTS[s]) + cut - 1])
+    assert out.decode_tokens == sum(len(t) - 1 for t in out.tokens)
+    assert out.step_logits.shape[0] == max(len(t) for t in out.tokens)
+
+
+def test_generation_stops_early_once_every_sequence_has_ended():
+    model = build_model(DENSE, torch.float32, seed=11)
+    first = [t[0] for t in generate(model, PROMPTS, 1, cache=model.allocate_kv_cache(4, 16)).tokens]
+    calls = []
+
+    def counting(*args):
+        calls.append(args[0].shape[0])
+        return model(*args)
+
+    out = generate(counting, PROMPTS, 8, cache=model.allocate_kv_cache(4, 16), stop_token_ids=set(first))
+    assert out.tokens == [[t] for t in first] and len(calls) == 1      # the prefill only
+    assert out.step_logits.shape == (1, 3, DENSE.vocab_size) and out.decode_tokens == 0
+
+
+def test_command_stops_at_the_checkpoints_eos_unless_told_not_to(tmp_path):
+    directory = write_random_checkpoint(tmp_path / "ckpt", DENSE, seed=31)
+    model = load_checkpoint(directory)
+    full = generate(model, PROMPTS[:1], 5, cache=model.allocate_kv_cache(1, 16)).tokens[0]
+    _edit_config(directory, eos_token_id=[full[1]])
+    prompt = ",".join(map(str, PROMPTS[0]))
+    stopped = _command("--checkpoint", str(directory), "--platform", "cpu", "--prompt-ids", prompt,
+                       "--max-new-tokens", "5", "--json", str(tmp_path / "a.json"))
+    assert stopped.returncode == 0, stopped.stderr
+    report = json.loads((tmp_path / "a.json").read_text())
+    assert report["tokens"] == [full[:full.index(full[1]) + 1]] and report["stop_token_ids"] == [full[1]]
+    assert f"stop tokens [{full[1]}]: 1 of 1 sequences ended on one" in stopped.stdout
+    ignored = _command("--checkpoint", str(directory), "--platform", "cpu", "--prompt-ids", prompt,
+                       "--max-new-tokens", "5", "--ignore-eos", "--json", str(tmp_path / "b.json"))
+    assert ignored.returncode == 0, ignored.stderr
+    assert json.loads((tmp_path / "b.json").read_text())["tokens"] == [full]
+
+
+def test_a_malformed_eos_token_id_names_the_key(tmp_path, capsys):
+    from reference_impl.generate import main
+
+    directory = write_random_checkpoint(tmp_path / "ckpt", DENSE, seed=31)
+    _edit_config(directory, eos_token_id="2")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--checkpoint", str(directory), "--prompt-ids", "1", "--max-new-tokens", "2"])
+    assert exit_info.value.code == 2
+    assert "key 'eos_token_id' must be a non-negative integer or a list of them, got '2'" in capsys.readouterr().err

@@ -139,6 +139,22 @@ def read_config(directory: str | Path) -> DecoderConfig:
     return config_from_hf(doc)
 
 
+def read_eos_token_ids(directory: str | Path) -> list[int]:
+    """`eos_token_id` of a checkpoint's config.json (an id, a list of ids, or absent / null: none)."""
+    path = _existing(directory) / CONFIG_FILE
+    try:
+        value = json.loads(path.read_text()).get("eos_token_id")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return []          # read_config, called first, names what is wrong with the file
+    ids = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+    if ids is None:
+        return []
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise CheckpointError(f"{path}: key 'eos_token_id' must be a non-negative integer or a list of them, "
+                              f"got {value!r}")
+    return ids
+
+
 def _existing(directory: str | Path) -> Path:
     path = Path(directory)
     if not path.is_dir():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 
@@ -94,9 +94,10 @@ class Sampler:
 # ----- batched generation with a KV cache ----------------------------------------------------------
 @dataclasses.dataclass
 class BatchGeneration:
-    """`tokens[s]`: sequence s's generated ids; `prompt_logits[s]`: `[len(prompt s), vocab]`;
-    `step_logits[i]`: `[seqs, vocab]`, the logits that chose every sequence's token i (step 0 is the
-    prompt's last position); times in seconds (device synchronized)."""
+    """`tokens[s]`: sequence s's generated ids (up to and including its first stop token);
+    `prompt_logits[s]`: `[len(prompt s), vocab]`; `step_logits[i]`: `[seqs, vocab]`, the logits that
+    chose every sequence's token i (step 0 is the prompt's last position; a batch runs until its
+    last sequence stops); times in seconds (device synchronized)."""
 
     tokens: list[list[int]]
     prompt_logits: list[torch.Tensor]
@@ -108,9 +109,14 @@ class BatchGeneration:
     def prompt_tokens(self) -> int:
         return sum(p.shape[0] for p in self.prompt_logits)
 
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens the decode steps produced for sequences still running (all tokens but each first)."""
+        return sum(len(t) - 1 for t in self.tokens)
+
     def sequence_logits(self, s: int) -> torch.Tensor:
         """Logits of sequence s's positions 0 .. P+G-2: its prompt's, then every step's but the last."""
-        return torch.cat([self.prompt_logits[s], self.step_logits[1:, s]])
+        return torch.cat([self.prompt_logits[s], self.step_logits[1:len(self.tokens[s]), s]])
 
 
 def _synchronize(device: torch.device) -> None:
@@ -134,11 +140,14 @@ def _as_prompts(prompts: Sequence[Sequence[int] | torch.Tensor]) -> list[list[in
 
 def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int] | torch.Tensor],
              max_new_tokens: int, *, cache: KVCache, sampler: Sampler | None = None,
-             device: torch.device | str = "cpu", on_step: Callable[[int], None] | None = None) -> BatchGeneration:
-    """Prefill `prompts` (packed, varlen) then decode `max_new_tokens - 1` steps of one token each.
+             device: torch.device | str = "cpu", on_step: Callable[[int], None] | None = None,
+             stop_token_ids: Collection[int] = ()) -> BatchGeneration:
+    """Prefill `prompts` (packed, varlen) then decode up to `max_new_tokens - 1` steps of one token each.
 
     `model(input_ids, positions, cu_seqlens, seq_lens)` runs against `cache` (rows 0..seqs-1 are
-    overwritten); `on_step(i)` is called after every step (progress bars).
+    overwritten); `on_step(i)` is called after every step (progress bars). A sequence that samples
+    one of `stop_token_ids` (end of sequence) ends there, that token included; the batch keeps its
+    shape (one compiled graph) and stops early once every sequence has ended.
     """
     prompts_ = _as_prompts(prompts)
     if max_new_tokens < 1:
@@ -168,18 +177,32 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
         generated = [next_ids]
         if on_step is not None:
             on_step(0)
+        stop = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.int64, device=device)
+        ended = torch.isin(next_ids, stop)
         decode_cu = torch.arange(seqs + 1, dtype=torch.int64, device=device)
         start = time.perf_counter()
         for i in range(1, max_new_tokens):
+            if stop.numel() and bool(ended.all()):
+                break
             positions = lens
             lens = lens + 1
             logits = model(next_ids, positions, decode_cu, lens)
             next_ids = sampler(logits)
             steps.append(logits)
             generated.append(next_ids)
+            if stop.numel():
+                ended |= torch.isin(next_ids, stop)
             if on_step is not None:
                 on_step(i)
         _synchronize(device)
         decode_seconds = time.perf_counter() - start
-    tokens = torch.stack(generated, dim=1).tolist()
+    tokens = [_up_to_stop(row, stop_token_ids) for row in torch.stack(generated, dim=1).tolist()]
     return BatchGeneration(tokens, prompt_logits, torch.stack(steps), prefill_seconds, decode_seconds)
+
+
+def _up_to_stop(tokens: list[int], stop_token_ids: Collection[int]) -> list[int]:
+    """`tokens` up to and including the first stop token."""
+    for i, t in enumerate(tokens):
+        if t in stop_token_ids:
+            return tokens[:i + 1]
+    return tokens
