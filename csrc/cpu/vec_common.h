@@ -363,23 +363,26 @@ inline uint8_t fp8_e4m3fn_code(float v) {
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
-// fp8_e4m3fn_code for 16 lanes at once, in 11 branch-free instructions: the same integer rounding
-// (normal range) and FPU rounding (subnormals), then NaN folded in by an unsigned min: a clamped
-// finite value gives at most 0x7e, any NaN a larger code, so min(code, 0x7f) leaves the one and
-// makes the other 0x7f. ATen's cvtfp32_fp8e4m3 also handles unclamped inputs, with masks and
-// data-dependent branches: about twice the instructions, which bound the 16-bit quant kernels.
+// fp8_e4m3fn_code for 16 lanes at once, branch-free, for inputs clamped to [-448, 448] (or with
+// |v| < 464) and NaN. One FP addition rounds |v| onto the fp8 grid, normal and subnormal alike:
+// M = 2^(e + 20), e = max(exponent of |v|, -6), has an ulp equal to the fp8 spacing of |v|'s
+// binade (2^(e-3); 2^-9 below 2^-6), so |v| + M is M plus |v| rounded to nearest-even, and the
+// sum's mantissa bits count fp8 steps above M: the code is that count plus 8 (e + 6). A NaN sum
+// gives a count above 0x7f, so an unsigned min with 0x7f makes every NaN 0x7f (finite inputs give
+// at most 0x7e). 13 instructions with the sign and the packing; ATen's cvtfp32_fp8e4m3 handles
+// unclamped inputs with masks and data-dependent branches in about twice that, which bounded the
+// 16-bit quant kernels.
 inline __m128i fp8_e4m3fn_codes(const __m512& v) {
   const __m512i f = _mm512_castps_si512(v);
   const __m512i a = _mm512_and_si512(f, _mm512_set1_epi32(0x7fffffff));
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
-  const __m512i rebias = _mm512_set1_epi32(static_cast<int32_t>((static_cast<uint32_t>(7 - 127) << 23) + 0x7ffffu));
-  const __m512i normal = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, rebias), odd), 20);
-  const __m512i magic = _mm512_set1_epi32(141 << 23);  // 2^14
-  const __m512i sub = _mm512_sub_epi32(
-      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(magic))), magic);
-  const __mmask16 small = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(121 << 23));
-  __m512i code = _mm512_min_epu32(_mm512_mask_mov_epi32(normal, small, sub), _mm512_set1_epi32(0x7f));
-  code = _mm512_or_si512(code, _mm512_srli_epi32(_mm512_andnot_si512(_mm512_set1_epi32(0x7fffffff), f), 24));
+  const __m512i exponent = _mm512_max_epu32(_mm512_and_si512(a, _mm512_set1_epi32(0x7f800000)),
+                                            _mm512_set1_epi32(121 << 23));             // 2^e, e >= -6
+  const __m512i m = _mm512_add_epi32(exponent, _mm512_set1_epi32(20 << 23));            // M = 2^(e + 20)
+  const __m512i sum = _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(m)));
+  const __m512i steps = _mm512_sub_epi32(sum, m);                                       // fp8 steps above M
+  const __m512i base = _mm512_srli_epi32(_mm512_sub_epi32(exponent, _mm512_set1_epi32(121 << 23)), 20);
+  __m512i code = _mm512_min_epu32(_mm512_add_epi32(steps, base), _mm512_set1_epi32(0x7f));
+  code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(f, 24), _mm512_set1_epi32(0x80), 0xF8);  // | sign
   return _mm512_cvtepi32_epi8(code);
 }
 #endif
