@@ -1,5 +1,6 @@
 """The Triton provider: every implementation against native, in-place behaviour, registration
-facts, import without triton, and that every kernel compiles for a CUDA target.
+facts, import without triton, that every kernel compiles for a CUDA target, and that at the
+benchmark shapes every kernel moves 16 bytes per thread in its sm_90 PTX.
 
 Triton decides when a kernel module is imported whether `@triton.jit` compiles or interprets
 (TRITON_INTERPRET), and any earlier test may already have imported the provider, so the kernel
@@ -303,7 +304,65 @@ def child_no_triton(out_path: str) -> None:
     Path(out_path).write_text(json.dumps(result))
 
 
-CHILDREN = {"numerics": child_numerics, "compile": child_compile, "no_triton": child_no_triton}
+def child_vectors(out_path: str) -> None:
+    """Compile the kernels the benchmark's shapes launch (64 rows of them) for an sm_90 target as a
+    real launch would: Triton's own argument specialization (16-byte-aligned pointers, sizes
+    divisible by 16) through its warmup path, with a stand-in driver reporting that target; then
+    record the widths of each kernel's global loads and stores in its PTX. Nothing runs."""
+    import importlib.util
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver as triton_driver
+
+    from reference_impl.kernels import ptx_facts
+    from reference_impl.kernels.triton import _env
+
+    class Sm90Driver:
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    compiled = []
+    run = triton.runtime.jit.JITFunction.run
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+        compiled.append((self.fn.__name__, kernel))
+        return kernel
+
+    triton.runtime.jit.JITFunction.run = compile_only
+    triton_driver.set_active(Sm90Driver())
+    _env.require = lambda: None
+
+    spec = importlib.util.spec_from_file_location("bench_kernels_shapes", HERE.parents[1] / "benchmarks" / "bench_kernels.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    bench.TOKENS = 64
+    results = {}
+    for s in bench.specs():
+        for dtype in (torch.float32, torch.bfloat16):
+            key = f"vectors::{s.op}::{_dtype_name(dtype)}"
+            start = len(compiled)
+            try:
+                getattr(ir.ops, s.op).impls["triton"].impl_fn(*s.make_args(dtype, "cpu"))
+                kernels = [(name, ptx_facts.memory_ops(k.asm["ptx"]), k.metadata.num_warps)
+                           for name, k in compiled[start:]]
+                results[key] = {"ok": bool(kernels), "message": "" if kernels else "no kernel compiled",
+                                "kernels": kernels}
+            except Exception as exc:
+                results[key] = {"ok": False, "message": f"{type(exc).__name__}: {exc}"[:2000], "kernels": []}
+    Path(out_path).write_text(json.dumps(results))
+
+
+CHILDREN = {"numerics": child_numerics, "compile": child_compile, "no_triton": child_no_triton,
+            "vectors": child_vectors}
 
 
 # ----- parent side --------------------------------------------------------------------------------
@@ -336,6 +395,7 @@ def child_results():
             "no_triton": {"TRITON_INTERPRET": None}}
     if not ON_GPU:
         jobs["compile"] = {"TRITON_INTERPRET": None}
+        jobs["vectors"] = {"TRITON_INTERPRET": None, "TRITON_DEFAULT_FP_FUSION": "1"}
     with tempfile.TemporaryDirectory() as tmp, concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         futures = {mode: pool.submit(_spawn, mode, env, Path(tmp)) for mode, env in jobs.items()}
         return {mode: f.result() for mode, f in futures.items()}
@@ -452,3 +512,32 @@ def test_triton_is_not_in_the_cpu_default_priority():
 
 if __name__ == "__main__":
     CHILDREN[sys.argv[1]](sys.argv[2])
+
+
+# Ops whose Triton kernels write fp8 codes: a thread's 16 bytes of input become 4 or 8 bytes of codes.
+FP8_OPS = ("static_quant_fp8", "dynamic_quant_fp8", "dynamic_group_quant_fp8")
+VECTOR_CHECKS = [(op, dtype) for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "mul_and_silu",
+                                        "gelu_and_mul", "fatrelu_and_mul", "swigluoai_and_mul", "gelu_new",
+                                        "gelu_fast", "quick_gelu", "relu2", "rotary_embedding", *FP8_OPS)
+                 for dtype in ("float32", "bfloat16")]
+
+
+@pytest.mark.skipif(ON_GPU, reason="needs the stand-in driver; on a GPU the kernels run for real")
+@pytest.mark.parametrize("op,dtype", VECTOR_CHECKS, ids=[f"{o}-{d}" for o, d in VECTOR_CHECKS])
+def test_kernels_move_16_bytes_per_thread_at_benchmark_shapes(child_results, op, dtype):
+    """On sm_90, at the benchmark's row sizes, every kernel an op launches reads its rows with
+    16-byte loads and writes 16-byte stores (fp8 codes: 4- or 8-byte packed stores). A scalar
+    access pattern (strided loads, unprovable alignment) shows here before any GPU run."""
+    key = f"vectors::{op}::{dtype}"
+    _check(child_results["vectors"], key)
+    for name, ops, warps in child_results["vectors"][key]["kernels"]:
+        if name in ("reduce_scale_kernel",):       # reads one scale per row, writes one per tensor
+            continue
+        assert ops["loads_16b"] >= 1, f"{op} {dtype}: {name} has no 16-byte global load"
+        if name == "row_absmax_kernel":            # writes one absmax per row
+            continue
+        if op in FP8_OPS:
+            assert ops["packed_stores"] + ops["stores_16b"] >= 1, f"{op} {dtype}: {name} stores codes bytewise"
+        else:
+            assert ops["stores_16b"] >= 1, f"{op} {dtype}: {name} has no 16-byte global store"
+        assert 1 <= warps <= 16

@@ -18,9 +18,10 @@ import subprocess
 from pathlib import Path
 
 _ENTRY = re.compile(r"^\.(?:visible\s+)?\.?entry\s+(\S+?)\(", re.M)
-_LOAD_16B = re.compile(r"\bld\.global(?:\.nc)?(?:\.L1::no_allocate)?\.(?:v4\.(?:u32|b32|f32|s32)|v2\.(?:u64|b64|f64))\b")
-_STORE_16B = re.compile(r"\bst\.global\.(?:v4\.(?:u32|b32|f32|s32)|v2\.(?:u64|b64|f64))\b")
-_PACKED_STORE = re.compile(r"\bst\.global\.(?:v2\.(?:u32|b32)|u32|b32|u64|b64)\b")
+# A global load or store instruction: `ld.global[.qualifiers][.v2|.v4].<type><bits>`, where the
+# qualifiers (.nc, cache and eviction hints) vary by compiler.
+_GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global((?:\.[\w:]+)+)")
+_TYPE_BITS = re.compile(r"^[bufs](8|16|32|64)$")
 _FP8_CVT = re.compile(r"\bcvt\.rn\.satfinite\.e4m3x2\.f32\b")
 _PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)' for 'sm_(\d+)'")
 _PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -42,6 +43,28 @@ class KernelFacts:
     registers: int
     stack_bytes: int
     spill_bytes: int        # spill stores + spill loads
+
+
+def global_accesses(ptx: str) -> list[tuple[str, int]]:
+    """("ld" or "st", bytes per thread) of every global load and store instruction in `ptx`."""
+    found = []
+    for kind, suffix in _GLOBAL_ACCESS.findall(ptx):
+        parts = suffix.split(".")[1:]
+        bits = _TYPE_BITS.match(parts[-1])
+        if bits is None:
+            continue
+        lanes = int(parts[-2][1:]) if len(parts) > 1 and parts[-2] in ("v2", "v4", "v8") else 1
+        found.append((kind, lanes * int(bits.group(1)) // 8))
+    return found
+
+
+def memory_ops(ptx: str) -> dict[str, int]:
+    """Counts in a kernel's PTX: 16-byte global loads and stores, 4- and 8-byte global stores
+    (packed fp8 codes), and hardware fp8 conversions."""
+    accesses = global_accesses(ptx)
+    return {"loads_16b": accesses.count(("ld", 16)), "stores_16b": accesses.count(("st", 16)),
+            "packed_stores": accesses.count(("st", 4)) + accesses.count(("st", 8)),
+            "fp8_hw_converts": len(_FP8_CVT.findall(ptx))}
 
 
 def _demangle(names: list[str]) -> dict[str, str]:
@@ -88,11 +111,9 @@ def kernel_facts(out_dir: Path) -> list[KernelFacts]:
             names = _demangle(list(entries))
             for mangled, body in entries.items():
                 registers, stack, spills = resources.get((mangled, arch), (-1, -1, -1))
-                facts.append(KernelFacts(
-                    source=f"{stem}.cu", arch=arch, mangled=mangled, name=names[mangled],
-                    loads_16b=len(_LOAD_16B.findall(body)), stores_16b=len(_STORE_16B.findall(body)),
-                    packed_stores=len(_PACKED_STORE.findall(body)), fp8_hw_converts=len(_FP8_CVT.findall(body)),
-                    registers=registers, stack_bytes=stack, spill_bytes=spills))
+                facts.append(KernelFacts(source=f"{stem}.cu", arch=arch, mangled=mangled, name=names[mangled],
+                                         **memory_ops(body), registers=registers, stack_bytes=stack,
+                                         spill_bytes=spills))
     return facts
 
 

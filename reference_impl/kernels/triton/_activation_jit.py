@@ -56,8 +56,12 @@ def gated_kernel(x_ptr, x_row_stride, x_col_stride, out_ptr, out_row_stride, n_r
     DT: tl.constexpr = out_ptr.dtype.element_ty
     base = x_ptr + row * x_row_stride
     if ACT == SWIGLUOAI_AND_MUL:
-        a = tl.load(base + (2 * cols) * x_col_stride, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(base + (2 * cols + 1) * x_col_stride, mask=mask, other=0.0).to(tl.float32)
+        # gate/up interleaved: one contiguous load of the 2*BLOCK features (16-byte vectors, where
+        # two strided loads would be scalar), then split into the even and odd ones in registers
+        pair_cols = tl.program_id(1) * (2 * BLOCK) + tl.arange(0, 2 * BLOCK)[None, :]
+        pairs = tl.load(base + pair_cols * x_col_stride, mask=(row < n_rows) & (pair_cols < 2 * d),
+                        other=0.0).to(tl.float32)
+        a, b = tl.split(tl.reshape(pairs, (ROWS, BLOCK, 2)))
     else:
         a = tl.load(base + cols * x_col_stride, mask=mask, other=0.0).to(tl.float32)
         b = tl.load(base + (cols + d) * x_col_stride, mask=mask, other=0.0).to(tl.float32)
