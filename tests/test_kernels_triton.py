@@ -345,13 +345,16 @@ def child_vectors(out_path: str) -> None:
     sys.modules[spec.name] = bench
     spec.loader.exec_module(bench)
     bench.TOKENS = 64
+    calls = [(s.op, s.op, s.make_args) for s in bench.specs()]
+    rope = next(s for s in bench.specs() if s.op == "rotary_embedding")      # (..., is_neox=True)
+    calls.append(("rotary_embedding_gptj", "rotary_embedding", lambda dt, dev: (*rope.make_args(dt, dev)[:-1], False)))
     results = {}
-    for s in bench.specs():
+    for label, op_name, make_args in calls:
         for dtype in (torch.float32, torch.bfloat16):
-            key = f"vectors::{s.op}::{_dtype_name(dtype)}"
+            key = f"vectors::{label}::{_dtype_name(dtype)}"
             start = len(compiled)
             try:
-                getattr(ir.ops, s.op).impls["triton"].impl_fn(*s.make_args(dtype, "cpu"))
+                getattr(ir.ops, op_name).impls["triton"].impl_fn(*make_args(dtype, "cpu"))
                 kernels = [(name, ptx_facts.memory_ops(k.asm["ptx"]), k.metadata.num_warps)
                            for name, k in compiled[start:]]
                 results[key] = {"ok": bool(kernels), "message": "" if kernels else "no kernel compiled",
@@ -518,7 +521,8 @@ if __name__ == "__main__":
 FP8_OPS = ("static_quant_fp8", "dynamic_quant_fp8", "dynamic_group_quant_fp8")
 VECTOR_CHECKS = [(op, dtype) for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "mul_and_silu",
                                         "gelu_and_mul", "fatrelu_and_mul", "swigluoai_and_mul", "gelu_new",
-                                        "gelu_fast", "quick_gelu", "relu2", "rotary_embedding", *FP8_OPS)
+                                        "gelu_fast", "quick_gelu", "relu2", "rotary_embedding",
+                                        "rotary_embedding_gptj", *FP8_OPS)
                  for dtype in ("float32", "bfloat16")]
 
 

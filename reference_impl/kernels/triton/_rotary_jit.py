@@ -11,22 +11,30 @@ def _rotate_heads(x_ptr, tok, s_tok, s_head, s_dim, num_heads, cos, sin, half,
                   IS_NEOX: tl.constexpr, HEADS_BLOCK: tl.constexpr, HALF_BLOCK: tl.constexpr):
     DT: tl.constexpr = x_ptr.dtype.element_ty
     heads = tl.arange(0, HEADS_BLOCK)[:, None]
-    idx = tl.arange(0, HALF_BLOCK)[None, :]
-    mask = (heads < num_heads) & (idx < half)
-    if IS_NEOX:
-        first, second = idx, idx + half
-    else:
-        first, second = 2 * idx, 2 * idx + 1
     base = x_ptr + tok * s_tok + heads * s_head
-    p1 = base + first * s_dim
-    p2 = base + second * s_dim
-    x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(p2, mask=mask, other=0.0).to(tl.float32)
+    if IS_NEOX:
+        idx = tl.arange(0, HALF_BLOCK)[None, :]
+        mask = (heads < num_heads) & (idx < half)
+        p1 = base + idx * s_dim
+        p2 = base + (idx + half) * s_dim
+        x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(p2, mask=mask, other=0.0).to(tl.float32)
+    else:
+        # GPT-J pairs (2i, 2i+1) are adjacent: one contiguous load of the 2*half features, split in
+        # registers (two strided loads would compile to scalar accesses), joined again to store.
+        pair_idx = tl.arange(0, 2 * HALF_BLOCK)[None, :]
+        pair_mask = (heads < num_heads) & (pair_idx < 2 * half)
+        pairs = base + pair_idx * s_dim
+        x1, x2 = tl.split(tl.reshape(tl.load(pairs, mask=pair_mask, other=0.0).to(tl.float32),
+                                     (HEADS_BLOCK, HALF_BLOCK, 2)))
     # Native: o1 = x1 * cos - x2 * sin, o2 = x2 * cos + x1 * sin, each op rounded to x's dtype.
     o1 = round_to(round_to(x1 * cos, DT) - round_to(x2 * sin, DT), DT)
     o2 = round_to(round_to(x2 * cos, DT) + round_to(x1 * sin, DT), DT)
-    tl.store(p1, o1.to(DT), mask=mask)
-    tl.store(p2, o2.to(DT), mask=mask)
+    if IS_NEOX:
+        tl.store(p1, o1.to(DT), mask=mask)
+        tl.store(p2, o2.to(DT), mask=mask)
+    else:
+        tl.store(pairs, tl.reshape(tl.join(o1, o2), (HEADS_BLOCK, 2 * HALF_BLOCK)).to(DT), mask=pair_mask)
 
 
 @triton.jit
