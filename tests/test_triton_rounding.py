@@ -88,8 +88,10 @@ def child(out_path: str) -> None:
             "f16": torch.empty_like(x), "e4m3": torch.empty_like(x), "fp8": torch.empty_like(x),
             "fp8_store": torch.empty(n, dtype=torch.float8_e4m3fn, device=device)}
     block = 8192
+    from reference_impl.kernels.triton._env import hardware_fp8
+
     rounding_kernel[(triton.cdiv(n, block),)](x, outs["bf16"], outs["bf16_store"], outs["f16"], outs["e4m3"],
-                                              outs["fp8"], outs["fp8_store"], n, BLOCK=block)
+                                              outs["fp8"], outs["fp8_store"], n, BLOCK=block, HW_FP8=hardware_fp8())
     torch.save({k: v.cpu() for k, v in outs.items()}, out_path)
 
 
@@ -100,8 +102,9 @@ def child_compile(out_path: str) -> None:
 
     signature = {"x_ptr": "*fp32", "bf16_ptr": "*fp32", "bf16_store_ptr": "*bf16", "f16_ptr": "*fp32",
                  "e4m3_ptr": "*fp32", "fp8_ptr": "*fp32", "fp8_store_ptr": "*fp8e4nv", "n": "i32",
-                 "BLOCK": "constexpr"}
-    compiled = triton.compile(ASTSource(fn=rounding_kernel, signature=signature, constexprs={"BLOCK": 1024}),
+                 "BLOCK": "constexpr", "HW_FP8": "constexpr"}
+    compiled = triton.compile(ASTSource(fn=rounding_kernel, signature=signature,
+                                        constexprs={"BLOCK": 1024, "HW_FP8": True}),
                               target=GPUTarget("cuda", 90, 32))
     Path(out_path).write_text("cubin" if "cubin" in compiled.asm else "no cubin")
 
@@ -195,7 +198,7 @@ def test_e4m3_rounding_equals_torch_within_its_domain(results):
 
 
 def test_fp8_quantize_step_equals_torch_everywhere(results):
-    """The kernels' clamp-then-round step (`_to_fp8`): native's `x.clamp(-448, 448).to(float8_e4m3fn)`
+    """The kernels' clamp-then-round step (`round_to_e4m3(clamp_fp8(x))`): native's `x.clamp(-448, 448).to(float8_e4m3fn)`
     for every input, Inf and NaN included."""
     x = input_bits().view(torch.float32)
     _check(results["fp8"], x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float())
@@ -226,11 +229,11 @@ if __name__ == "__main__":
     import triton.language as tl
 
     from reference_impl.kernels.triton._jit_common import round_to, round_to_e4m3
-    from reference_impl.kernels.triton._quant_jit import _to_fp8
+    from reference_impl.kernels.triton._quant_jit import clamp_fp8, store_fp8
 
     @triton.jit
     def rounding_kernel(x_ptr, bf16_ptr, bf16_store_ptr, f16_ptr, e4m3_ptr, fp8_ptr, fp8_store_ptr, n,
-                        BLOCK: tl.constexpr):
+                        BLOCK: tl.constexpr, HW_FP8: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         x = tl.load(x_ptr + offs, mask=mask, other=0.0)
@@ -239,8 +242,7 @@ if __name__ == "__main__":
         tl.store(bf16_store_ptr + offs, bf.to(tl.bfloat16), mask=mask)
         tl.store(f16_ptr + offs, round_to(x, tl.float16), mask=mask)
         tl.store(e4m3_ptr + offs, round_to_e4m3(x), mask=mask)
-        q = _to_fp8(x)
-        tl.store(fp8_ptr + offs, q, mask=mask)
-        tl.store(fp8_store_ptr + offs, q.to(tl.float8e4nv), mask=mask)
+        tl.store(fp8_ptr + offs, round_to_e4m3(clamp_fp8(x)), mask=mask)
+        store_fp8(fp8_store_ptr + offs, x, mask, HW_FP8)
 
     {"run": child, "compile": child_compile}[sys.argv[1]](sys.argv[2])

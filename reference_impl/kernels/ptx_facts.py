@@ -58,6 +58,18 @@ def global_accesses(ptx: str) -> list[tuple[str, int]]:
     return found
 
 
+def instructions_per_byte(ptx: str) -> float:
+    """PTX instructions per byte of global memory a thread moves: a proxy for whether a kernel is
+    memory-bound. An H100 issues about 29.6e12 thread-instructions/s against 3.35e12 bytes/s of
+    HBM, so a kernel above ~8.8 runs out of issue slots before bandwidth (PTX counts an expanding
+    instruction such as div.rn.f32 once, so the proxy flatters kernels that use them)."""
+    body = ptx[ptx.index("{"):] if "{" in ptx else ptx
+    count = sum(1 for line in body.splitlines()
+                if line.strip().endswith(";") and not line.strip().startswith((".reg", ".shared", ".loc", "//")))
+    moved = sum(nbytes for _, nbytes in global_accesses(ptx))
+    return count / moved if moved else float("inf")
+
+
 def memory_ops(ptx: str) -> dict[str, int]:
     """Counts in a kernel's PTX: 16-byte global loads and stores, 4- and 8-byte global stores
     (packed fp8 codes), and hardware fp8 conversions."""

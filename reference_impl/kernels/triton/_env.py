@@ -7,6 +7,7 @@ triton imports and either a CUDA/ROCm device is present or the interpreter is on
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -60,3 +61,19 @@ def device_ok(t: torch.Tensor) -> bool:
 
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=None)
+def hardware_fp8() -> bool:
+    """Whether compiled kernels convert float32 to float8_e4m3fn in hardware: NVIDIA sm_89 and
+    newer (cvt.rn.satfinite.e4m3x2.f32: nearest-even, NaN kept). Never under the interpreter,
+    whose float8 conversion mis-rounds; there the kernels round with integer arithmetic."""
+    if INTERPRET or not HAS_TRITON:
+        return False
+    try:
+        from triton.runtime import driver
+
+        target = driver.active.get_current_target()
+    except Exception:  # no GPU driver: nothing is launched either
+        return False
+    return target.backend == "cuda" and int(target.arch) >= 89

@@ -48,7 +48,8 @@ def _launch_quant(x2: Tensor, scale2: Tensor, group_len: int, q2: Tensor) -> Non
     block = _launch.column_block(n)
     _jit.quant_kernel[(x2.shape[0], -(-n // block))](
         x2, x2.stride(0), x2.stride(1), n, scale2, scale2.stride(0), scale2.stride(1), group_len,
-        q2, q2.stride(0), BLOCK=block, num_warps=_launch.num_warps(block, x2.element_size()), **LAUNCH_OPTIONS)
+        q2, q2.stride(0), BLOCK=block, HW_FP8=_env.hardware_fp8(), num_warps=_launch.num_warps(block, x2.element_size()),
+        **LAUNCH_OPTIONS)
 
 
 @triton_op("static_quant_fp8", fake=ir.ops.static_quant_fp8.native_fn)
@@ -100,7 +101,7 @@ def _dynamic_quant(x: Tensor, per_token: bool, scale_ub: Tensor | None) -> tuple
             per_program = _launch.rows_per_program(row_block, rows)
             _jit.token_quant_kernel[(-(-rows // per_program),)](
                 x2, x2.stride(0), x2.stride(1), rows, hidden, q.view(-1, hidden), hidden, scale, ub,
-                HAS_UB=scale_ub is not None, BLOCK=row_block, ROWS=per_program,
+                HAS_UB=scale_ub is not None, BLOCK=row_block, ROWS=per_program, HW_FP8=_env.hardware_fp8(),
                 num_warps=_launch.num_warps(row_block * per_program, x2.element_size()), **LAUNCH_OPTIONS)
             return q, scale
         _jit.row_absmax_kernel[(rows,)](x2, x2.stride(0), x2.stride(1), hidden, scale, ub,
@@ -152,7 +153,7 @@ def _group_quant(x: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
     s2 = scale.view(-1, groups)
     _jit.group_quant_kernel[(x2.shape[0], -(-groups // groups_block))](
         x2, x2.stride(0), x2.stride(1), groups, group_size, q.view(-1, hidden), hidden, s2, s2.stride(0),
-        GROUPS_BLOCK=groups_block, GROUP_BLOCK=group_block,
+        GROUPS_BLOCK=groups_block, GROUP_BLOCK=group_block, HW_FP8=_env.hardware_fp8(),
         num_warps=_launch.num_warps(groups_block * group_block, x2.element_size()), **LAUNCH_OPTIONS)
     return q, scale
 
