@@ -137,8 +137,7 @@ class Selector:
         self.static: dict[tuple, IrOpImpl] = {}
         # What the eager hot path reads, in one tuple: the config and platform generations the
         # candidates were computed for, the unconditional selection (the preferred impl has no
-        # predicate) and (impl, *exact signature) of the latest selection.
-        # (impl, guard, *repeat fields) of the latest selection.
+        # predicate) and (impl, guard, *repeat fields) of the latest selection.
         self.state: tuple[int, int, IrOpImpl | None, tuple | None] = (-1, -1, None, None)
 
     def refresh(self) -> None:
@@ -266,6 +265,7 @@ def _eager_selector(selector: Selector, kinds: list[str]) -> Callable[..., IrOpI
     params = ", ".join(f"{n}=_default_{n}" if f"_default_{n}" in defaults else n for n in names)
     miss = f"return _sel.eager_miss(({', '.join(names)},), None)"
     checks, expr = key_source(names, kinds, miss)
+    checks = [c for c in checks if c != f"if type({names[0]}) not in PLAIN_TENSOR_TYPES: {miss}"]  # checked first
     guarded, fields, values, compare = repeat_source(names, kinds)
     source = _EAGER_TEMPLATE.format(op_name=op.name, params=params, first=names[0], names=", ".join(names),
                                     expr=expr, fields="".join(f"{f}, " for f in fields), compare=compare,

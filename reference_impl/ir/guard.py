@@ -17,7 +17,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-# Tensor types a signature covers (reference_impl/ir/signature.py).
+# Tensor types a signature covers (reference_impl/ir/signature.py): plain tensors and parameters
+# (a layer's weights); subclasses (fake, functional, wrappers) may answer metadata queries their own way.
 PLAIN_TENSOR_TYPES = frozenset({Tensor, torch.nn.Parameter})
 # Stands in for an absent optional tensor (None) in a guard; the eager path also compares the
 # None-ness of each optional argument itself, so a real tensor like this one never matches it.

@@ -21,8 +21,6 @@ from reference_impl.ir.guard import ABSENT, PLAIN_TENSOR_TYPES
 
 # Non-tensor argument types whose values enter a signature, with the type (True == 1 == 1.0).
 SCALAR_TYPES = frozenset({bool, int, float, str, type(None)})
-# PLAIN_TENSOR_TYPES: tensors whose metadata is a signature, plain tensors and parameters (a
-# layer's weights); subclasses (fake, functional, wrappers) may answer metadata queries their own way.
 
 
 class _BatchDim:

@@ -1,12 +1,13 @@
-"""What the compiled CUDA kernels do, read without a GPU: per kernel and architecture, its 16-byte
-global loads and stores (in the PTX), its packed code stores, registers, stack and spills (ptxas's
-resource report).
+"""What the compiled GPU kernels do, read without a GPU: per kernel and architecture, its 16-byte
+global loads and stores (in the PTX), its packed code stores, instructions per byte moved, and for
+the CUDA kernels registers, stack and spills (ptxas's resource report).
 
 The GPU speed targets rest on properties the compiler output shows before any GPU runs: 16-byte
 vector memory operations (a warp moves 512 contiguous bytes per instruction), no spills to local
-memory, and the hardware fp8 conversion on sm_90. `tests/test_cuda_build.py` asserts them on the
-objects `_build_cuda.compile_check(keep=True)` leaves; `python -m reference_impl.kernels._build_cuda
---facts` prints them.
+memory, the hardware fp8 conversion on sm_90, and arithmetic under the memory's pace.
+`tests/test_cuda_build.py` asserts them on the objects `_build_cuda.compile_check(keep=True)`
+leaves (`python -m reference_impl.kernels._build_cuda --facts` prints them);
+`tests/test_kernels_triton.py` on the Triton kernels' sm_90 PTX.
 """
 
 from __future__ import annotations

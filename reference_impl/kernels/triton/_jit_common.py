@@ -6,9 +6,10 @@ native bit for bit wherever float32 arithmetic agrees. Compiled for a GPU, `roun
 hardware conversion (cvt.rn: nearest, ties to even, NaN stays NaN). Under the interpreter, which
 truncates float32 -> bfloat16, bfloat16 rounding is integer arithmetic on the float32 bits; it
 costs about eight instructions where the conversion costs one or two, which made the bfloat16
-GELU kernels compute-bound on an H100 (about 95 PTX instructions per element for gelu_new). The
-float8 rounding stays integer arithmetic everywhere (the interpreter mis-rounds float8). Integer
-tricks must leave NaN a NaN whatever its payload: NVIDIA GPUs produce 0x7FFFFFFF, where adding a
+GELU kernels compute-bound on an H100 (about 95 PTX instructions per element for gelu_new).
+`round_to_e4m3` is integer arithmetic (the interpreter mis-rounds float8); the quant kernels use it
+where the GPU has no fp8 conversion (see _quant_jit). Integer tricks must leave NaN a NaN whatever
+its payload: NVIDIA GPUs produce 0x7FFFFFFF, where adding a
 rounding bias carries into the exponent and sign (NaN would become -0 or Inf).
 """
 
