@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from conformance.collect.units import DEFAULT_SEED, LEVELS
 from conformance.exit_codes import ExitCode
 from conformance.exit_codes import table as exit_code_table
-from conformance.units import DEFAULT_SEED, LEVELS
 
 
 class UsageError(Exception):
@@ -35,10 +35,11 @@ def check_names() -> list[str]:
 
 def find_unit(inventory, family: str, check: str, fields: dict[str, str | None]):
     """The catalog unit with these fields (at level full); UsageError naming the first value that matches none."""
-    from conformance.units import Unit
+    from conformance.checks import units
+    from conformance.collect.units import Unit
 
     unit = Unit(family, check, **fields)
-    catalog = inventory.units(family, check, "full")
+    catalog = units(inventory, family, check, "full")
     if unit in catalog:
         return unit
     candidates = catalog
@@ -58,9 +59,9 @@ def find_unit(inventory, family: str, check: str, fields: dict[str, str | None])
 
 def _repro(args) -> int:
     from conformance.checks import CheckContext, run_unit
-    from conformance.tool_state import redirect_tool_state
-    from conformance.inventory import PlatformSetupError, activate
-    from conformance.results import Outcome
+    from conformance.collect.inventory import PlatformSetupError, activate
+    from conformance.results.result import Outcome
+    from conformance.run.tool_state import redirect_tool_state
 
     if args.check not in check_names():
         raise UsageError(f"unknown --check {args.check!r}; valid: {', '.join(check_names())}")
@@ -82,7 +83,7 @@ def _repro(args) -> int:
 
 
 def _load(path: str) -> dict:
-    from conformance.results import ResultsFileError, load_results
+    from conformance.results.result import ResultsFileError, load_results
 
     try:
         return load_results(path)
@@ -91,8 +92,8 @@ def _load(path: str) -> dict:
 
 
 def _report(args) -> int:
-    from conformance.html_report import format_for, render
-    from conformance.results import validate_document
+    from conformance.report.html import format_for, render
+    from conformance.results.schema import validate
 
     fmt = format_for(args.output)
     if fmt is None:
@@ -101,7 +102,7 @@ def _report(args) -> int:
     try:
         text = render(files, fmt)
     except (KeyError, TypeError, ValueError, AttributeError):
-        bad = next(((path, validate_document(doc)) for path, doc in files if validate_document(doc)), None)
+        bad = next(((path, validate(doc)) for path, doc in files if validate(doc)), None)
         path, problems = bad if bad else (", ".join(args.results), ["its fields are not those of a results file"])
         raise UsageError(f"{path}: cannot render it: {problems[0]}"
                          + (f" (and {len(problems) - 1} more problems: run conformance validate)"
@@ -118,11 +119,10 @@ def _report(args) -> int:
 
 
 def _validate(args) -> int:
-    from conformance.results import validate_document
-    from conformance.schema import run_status
+    from conformance.results.schema import run_status, validate
 
     doc = _load(args.results)
-    errors = validate_document(doc)
+    errors = validate(doc)
     for e in errors:
         print(e)
     if errors:
@@ -141,7 +141,7 @@ def _publish(args) -> int:
     import os
     import subprocess
 
-    from conformance.report import render_markdown
+    from conformance.report.scorecard import render_markdown
 
     os.makedirs(args.dir, exist_ok=True)
     json_path = os.path.join(args.dir, f"{args.platform}.json")
@@ -153,7 +153,7 @@ def _publish(args) -> int:
         return rc or ExitCode.USAGE_ERROR
     with open(os.path.join(args.dir, f"{args.platform}.md"), "w") as fh:
         fh.write(render_markdown(_load(json_path)))
-    from conformance.html_report import render_html
+    from conformance.report.html import render_html
 
     with open(os.path.join(args.dir, f"{args.platform}.html"), "w") as fh:
         fh.write(render_html([(json_path, _load(json_path))]))
@@ -161,15 +161,45 @@ def _publish(args) -> int:
 
 
 def _merge(args) -> int:
-    from conformance.merge_cli import run_merge
+    """Join the shards' files (conformance.gate.merge); a file that cannot be read, or shards that cannot be
+    merged, exit USAGE_ERROR (nothing was judged) and nothing is written."""
+    from conformance.gate.merge import MergeError, merge_documents
+    from conformance.results.result import ResultsFileError, load_results, write_json_atomically
 
-    return run_merge(args.results, args.output)
+    try:
+        docs = [(p, load_results(p)) for p in args.results]
+        merged = merge_documents(docs)
+    except ResultsFileError as exc:
+        print(f"conformance merge: {exc}", file=sys.stderr)
+        return ExitCode.USAGE_ERROR
+    except MergeError as exc:
+        print(f"conformance merge: not merged, {len(exc.problems)} problems:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return ExitCode.USAGE_ERROR
+    write_json_atomically(args.output, merged)
+    summary = ", ".join(f"{v} {k}" for k, v in merged["summary"].items()) or "no results"
+    print(f"merged {len(args.results)} shards into {args.output}: {len(merged['results'])} results ({summary}); "
+          f"verdict {merged['verdict']}")
+    return ExitCode.OK
 
 
 def _compare(args) -> int:
-    from conformance.merge_cli import run_compare
+    """What changed between two files (conformance.gate.compare); FAILED when there are regressions."""
+    from conformance.gate.compare import compare, render_markdown, render_text
+    from conformance.results.result import ResultsFileError, load_results
 
-    return run_compare(args.old, args.new, args.markdown)
+    try:
+        old, new = load_results(args.old), load_results(args.new)
+    except ResultsFileError as exc:
+        print(f"conformance compare: {exc}", file=sys.stderr)
+        return ExitCode.USAGE_ERROR
+    result = compare(old, new, args.old, args.new)
+    print(render_text(result))
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(render_markdown(result))
+    return ExitCode.FAILED if result.regressions else ExitCode.OK
 
 
 class _Parser(argparse.ArgumentParser):

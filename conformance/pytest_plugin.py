@@ -3,7 +3,7 @@
 Inert without `--platform`. With it: activates the platform (one clear line and exit 4 when that
 fails), collects the shipped `suites/` when no paths are given, parametrises the suite bodies over
 the catalog, runs each check in the kernel worker (a provider that hung or crashed twice is not run
-again, see conformance.poison), records one result per test, carries results from xdist workers to
+again, see conformance.run.poison), records one result per test, carries results from xdist workers to
 the controller, writes the results file incrementally with a `run` block that says what it covers,
 and ends with the scorecard and the verdict (non-zero exit when NOT_CONFORMANT). Exit codes:
 conformance.exit_codes.
@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from conformance.collect import environment
+from conformance.collect.units import DEFAULT_SEED, LEVELS, Unit, repro_command
 from conformance.exit_codes import ExitCode
 from conformance.exit_codes import one_line as exit_codes_line
-from conformance.results import CheckResult, Outcome, ResultsFile, RunInfo, environment, verdict
-from conformance.run_dir import WORKERINPUT_KEY, RunDir
-from conformance.run_scope import (configuration_notes, gate_description, is_empty_parameter_set, selection_of,
+from conformance.results.result import CheckResult, Outcome, ResultsFile, RunInfo, verdict
+from conformance.run.run_dir import WORKERINPUT_KEY, RunDir
+from conformance.run.scope import (configuration_notes, gate_description, is_empty_parameter_set, selection_of,
                                    unit_of, unused_waiver_notes)
-from conformance.units import DEFAULT_SEED, LEVELS, Unit, repro_command
 
 RESULT_PROPERTY = "conformance_result"
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
@@ -63,9 +64,9 @@ class ConformanceRun:
     """Per-process state of one conformance run."""
 
     def __init__(self, config: pytest.Config):
-        from conformance.inventory import PlatformSetupError, activate
-        from conformance.poison import PoisonBook
-        from conformance.waivers import WaiverFileError, load_baseline, load_waivers
+        from conformance.collect.inventory import PlatformSetupError, activate
+        from conformance.gate.waivers import WaiverFileError, load_baseline, load_waivers
+        from conformance.run.poison import PoisonBook
 
         self.config = config
         self.name = config.getoption("platform")
@@ -89,7 +90,7 @@ class ConformanceRun:
         self.run_info = RunInfo(self.level, self.seed, selection_of(config, SUITES_DIR))
         self.complete = False
         self.deselected_units = 0
-        from conformance.shard import install
+        from conformance.run.shard import install
 
         self.shard = install(config, config.getoption("conformance_shard"))
         if self.shard:
@@ -101,13 +102,13 @@ class ConformanceRun:
         self.results_file = None
         json_path = config.getoption("conformance_json")
         if json_path and not self.is_xdist_worker:
-            env = environment(self.seed, self.name, self.inventory.platform)
+            env = environment.collect(self.seed, self.name, self.inventory.platform)
             self.results_file = ResultsFile(json_path, self.inventory.platform_info(), env, run=self.run_info)
 
     # ----- running one unit ------------------------------------------------------------------
     def execute(self, unit: Unit, nodeid: str) -> CheckResult:
         from conformance.checks.common import sanitize
-        from conformance.waivers import apply_waivers
+        from conformance.gate.waivers import apply_waivers
 
         defaults = [(op, p) for op, providers in self.inventory.defaults.items() for p in providers if p != "native"]
         poisoned = self.poison.check(unit, defaults)
@@ -127,7 +128,7 @@ class ConformanceRun:
 
     def _run_in_worker(self, unit: Unit) -> dict:
         if self.worker is None:
-            from conformance.worker import KernelWorker
+            from conformance.run.worker import KernelWorker
 
             self.worker = KernelWorker(self.name, self.seed, self.level)
         try:
@@ -137,7 +138,7 @@ class ConformanceRun:
 
     # ----- collecting results (controller or single process) ------------------------------------
     def add(self, result: CheckResult) -> None:
-        from conformance.waivers import regression
+        from conformance.gate.waivers import regression
 
         self.results.append(result)
         if self.baseline is not None:
@@ -207,7 +208,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance(family, check): a conformance suite body (set by suites/)")
     if not config.getoption("platform", None):
         return
-    from conformance.tool_state import redirect_tool_state
+    from conformance.run.tool_state import redirect_tool_state
 
     redirect_tool_state(config.option)  # no .hypothesis/ or .benchmarks/ in the vendor's directory
     state = ConformanceRun(config)
@@ -254,8 +255,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("conformance_unit", [pytest.param(None, marks=pytest.mark.skip(
             reason="conformance suites run only with --platform=NAME"))])
         return
+    from conformance.checks import units as catalog_units
+
     family, check = marker.args
-    units = state.inventory.units(family, check, state.level)
+    units = catalog_units(state.inventory, family, check, state.level)
     metafunc.parametrize("conformance_unit", units, ids=[u.id for u in units])
 
 
@@ -314,7 +317,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    from conformance.report import render_scorecard
+    from conformance.report.scorecard import render_scorecard
 
     state = _state(config)
     if state is None or state.is_xdist_worker:

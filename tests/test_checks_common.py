@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from conformance.checks.common import OVERRIDE_FACTOR, Verdict, compare_outputs, error_from, sanitize
-from conformance.results import Outcome
+from conformance.results.result import Outcome
 
 HINT = "ir.ops.rms_norm.override_tolerance(torch.float32, atol={atol:.2g}, rtol={rtol:g})"
 

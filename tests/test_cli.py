@@ -12,7 +12,7 @@ import pytest
 
 from conformance.cli import main
 from conformance.exit_codes import ExitCode, markdown_table
-from conformance.results import RunInfo
+from conformance.results.result import RunInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBCOMMANDS = ("repro", "report", "validate", "publish")

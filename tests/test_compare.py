@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from conformance.cli import main
-from conformance.compare import compare, render_markdown
+from conformance.gate.compare import compare, render_markdown
 
 
 def _r(op, outcome, case="c1", check="numerics", test="test_ir_case", provider="p", dtype="float32", message=None):

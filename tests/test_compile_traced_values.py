@@ -12,10 +12,9 @@ import pytest
 import torch
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from conformance.checks import CheckContext, run_unit
-from conformance.checks import tracing
-from conformance.results import Outcome
-from conformance.units import Unit
+from conformance.checks import CheckContext, run_unit, tracing
+from conformance.collect.units import Unit
+from conformance.results.result import Outcome
 from reference_impl import ir
 from reference_impl.platforms import CpuPlatform, activate_platform
 

@@ -60,7 +60,7 @@ def test_no_project_file_refers_outside_the_repository():
 
 
 def test_catalog_page_names_every_ir_op_and_layer():
-    from conformance.inventory import import_catalog
+    from conformance.collect.inventory import import_catalog
     from reference_impl.custom_op import CustomOp
     from reference_impl.ir.op import IrOp
 

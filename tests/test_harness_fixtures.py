@@ -6,16 +6,16 @@ import dataclasses
 import re
 
 import pytest
-
-from conformance.results import validate_document
 from harness_runner import run_harness
+
+from conformance.results import schema
 
 BLOCKING = {"FAIL", "ERROR", "CRASH", "TIMEOUT", "XPASS"}
 
 
 def _assert_valid(run):
     assert run.doc is not None, run.output[-3000:]
-    assert validate_document(run.doc) == []
+    assert schema.validate(run.doc) == []
     for r in run.results:
         if r["outcome"] != "PASS":
             assert r["message"] and r["repro"].startswith("python -m conformance repro"), r

@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from conformance.exit_codes import ExitCode
-from conformance.results import CheckResult, Outcome, ResultsFile, RunInfo, validate_document, verdict
-from conformance.waivers import WaiverFileError, apply_waivers, load_waivers, regression
+from conformance.gate.waivers import WaiverFileError, apply_waivers, load_waivers, regression
+from conformance.results import schema
+from conformance.results.result import CheckResult, Outcome, ResultsFile, RunInfo, verdict
 from harness_runner import PLUGINS, run_harness
 
 
@@ -41,7 +42,7 @@ def test_waivers_turn_failures_into_xfail_and_stale_ones_into_xpass(tmp_path):
                        '[[waiver]]\nop = "no_such_op"\nreason = "typo"\n')
     run = run_harness(tmp_path, "broken_odd_numerics", f"--conformance-waivers={waivers}", "-k",
                       "numerics and ir_case and float32", dist="broken")
-    assert validate_document(run.doc) == []
+    assert schema.validate(run.doc) == []
     assert run.outcomes(case="tokens=7,hidden=769") == {"XFAIL"}
     assert run.outcomes(case="tokens=1,hidden=128") == {"XPASS"}
     assert run.doc["verdict"] == "NOT_CONFORMANT" and run.returncode == 1   # strict gate on XPASS
@@ -101,7 +102,7 @@ def test_report_renders_markdown(tmp_path):
            "summary": {"FAIL": 1}, "verdict": "NOT_CONFORMANT"}
     path = tmp_path / "r.json"
     path.write_text(json.dumps(doc))
-    assert validate_document(doc) == []
+    assert schema.validate(doc) == []
     out = subprocess.run([sys.executable, "-m", "conformance", "report", str(path)], capture_output=True,
                          text=True, check=True).stdout
     assert "# Compatibility report: `p`" in out and "**NOT_CONFORMANT**" in out and "| rms_norm" in out
@@ -110,7 +111,7 @@ def test_report_renders_markdown(tmp_path):
 def test_schema_validation_names_problems():
     doc = {"schema_version": 2, "platform": {}, "environment": {}, "results": [{"check": "speed"}],
            "summary": {"PASS": 1}, "verdict": "MAYBE"}
-    problems = "\n".join(validate_document(doc))
+    problems = "\n".join(schema.validate(doc))
     for fragment in ("schema_version", "platform", "environment", "results[0]", "speed", "verdict"):
         assert fragment in problems
 
@@ -121,12 +122,12 @@ def test_results_file_is_valid_while_running_and_gates_until_finished(tmp_path):
                      run=RunInfo("quick", 1, expected_results=1))
     rf.add(CheckResult("n", "numerics", "op", "p", "float32", "c", Outcome.PASS))
     partial = json.loads((tmp_path / "r.json").read_text())
-    assert validate_document(partial) == [] and partial["verdict"] == "NOT_CONFORMANT"
+    assert schema.validate(partial) == [] and partial["verdict"] == "NOT_CONFORMANT"
     assert partial["run"]["complete"] is False and partial["run"]["written_results"] == 1
     rf.write(final=True)
     final = json.loads((tmp_path / "r.json").read_text())
     assert final["verdict"] == "CONFORMANT" and final["run"]["complete"] is True
-    assert validate_document(final) == []
+    assert schema.validate(final) == []
 
 
 def test_verdict_rules():
@@ -185,7 +186,7 @@ def test_waivers_file_of_the_wrong_shape_is_an_error_naming_it(tmp_path, name, c
     ({"results": [{"check": "numerics", "outcome": "GOOD"}]}, "results[0] is not a result"),
 ])
 def test_baseline_of_the_wrong_shape_is_an_error_naming_it(tmp_path, content, fragment):
-    from conformance.waivers import load_baseline
+    from conformance.gate.waivers import load_baseline
 
     path = tmp_path / "baseline.json"
     path.write_text(json.dumps(content))

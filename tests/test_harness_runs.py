@@ -12,7 +12,7 @@ import sys
 import time
 
 from conformance.exit_codes import ExitCode
-from conformance.results import validate_document
+from conformance.results import schema
 from harness_runner import harness_command, harness_env, run_harness
 
 LIMIT = 2.0
@@ -22,7 +22,7 @@ def test_hanging_provider_costs_two_limits_and_every_check_is_still_reported(tmp
     run = run_harness(tmp_path, "broken_hangs", f"--conformance-timeout={LIMIT:g}", "-n", "2", dist="broken",
                       env={"TMPDIR": str(tmp_path)})
     assert run.doc is not None, run.output[-3000:]
-    assert validate_document(run.doc) == []
+    assert schema.validate(run.doc) == []
     assert run.returncode == ExitCode.FAILED and run.doc["verdict"] == "NOT_CONFORMANT"
     meta = run.doc["run"]
     assert meta["complete"] and meta["written_results"] == meta["expected_results"] == len(run.results)
@@ -65,7 +65,7 @@ def test_run_killed_with_sigkill_leaves_an_incomplete_file(tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     doc = json.loads(out.read_text())
-    assert validate_document(doc) == []
+    assert schema.validate(doc) == []
     assert doc["run"]["complete"] is False and doc["verdict"] == "NOT_CONFORMANT"
     assert doc["run"]["written_results"] < doc["run"]["expected_results"]
     cli = [sys.executable, "-m", "conformance"]

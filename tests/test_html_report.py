@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conformance.cli import main
-from conformance.html_report import render_html, render_markdown
-from conformance.report import render_markdown as file_markdown
-from conformance.report_view import platform_view, verdict_label
+from conformance.report.html import render_html, render_markdown
+from conformance.report.scorecard import render_markdown as file_markdown
+from conformance.report.view import platform_view, verdict_label
 from reference_impl.ir.op import IrOp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,7 +154,7 @@ def test_published_cpu_reports_are_rendered_from_the_published_results():
 
 def test_tolerances_come_from_the_op_the_layer_or_the_model():
     from conformance.checks.model import MODEL_TOLERANCES
-    from conformance.tolerances import tolerance
+    from conformance.judge.tolerances import tolerance
     from reference_impl.layers.cases import conformance_of
     from reference_impl.layers.layernorm import RMSNorm
 

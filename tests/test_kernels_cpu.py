@@ -20,7 +20,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.oracle import assert_matches_native
+from conformance.judge.oracle import assert_matches_native
 from reference_impl import ir
 from reference_impl.ir.ops.rotary import compute_cos_sin_cache
 from reference_impl.ir.strategies import conformance_settings

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance.oracle import judge
-from conformance.results import Outcome
+from conformance.judge.oracle import judge
+from conformance.results.result import Outcome
 from reference_impl import ir
 
 HERE = Path(__file__).resolve()

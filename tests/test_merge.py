@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conformance.cli import main
-from conformance.merge import MergeError, merge_documents
+from conformance.gate.merge import MergeError, merge_documents
 
 
 def _r(op, outcome="PASS", case="c1"):

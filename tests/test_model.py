@@ -181,7 +181,7 @@ def test_fixed_model_greedy_margins_exceed_twice_the_tolerance(dtype):
 def _run(dtype: str, case: str):
     """The model family's unit on the built-in cpu platform, activated whatever this machine's default is."""
     from conformance.checks import CheckContext, run_unit
-    from conformance.units import Unit
+    from conformance.collect.units import Unit
     from reference_impl.platforms import CpuPlatform, activate_platform
 
     with activate_platform(CpuPlatform()) as platform:
@@ -228,13 +228,14 @@ def test_model_family_builds_every_tensor_on_the_platform_device(default_device_
 
 
 def test_model_family_units_per_level():
-    from conformance.inventory import Inventory
+    from conformance.checks import units
+    from conformance.collect.inventory import Inventory
     from reference_impl.platforms import CpuPlatform
 
     inv = Inventory("cpu", CpuPlatform(), {}, {}, {})
-    quick = {(u.dtype, u.case) for u in inv.units("model", "decoder", "quick")}
+    quick = {(u.dtype, u.case) for u in units(inv, "model", "decoder", "quick")}
     assert quick == {("float32", "eager"), ("float16", "eager"), ("bfloat16", "eager"), ("float32", "compiled")}
-    standard = inv.units("model", "decoder", "standard")
+    standard = units(inv, "model", "decoder", "standard")
     assert {(u.dtype, u.case) for u in standard} == {(d, c) for d in ("float32", "float16", "bfloat16")
                                                       for c in ("eager", "compiled")}
     assert {(u.op, u.provider) for u in standard} == {("decoder", None)}
@@ -285,8 +286,8 @@ def test_model_family_fails_on_wrong_logits_and_on_other_tokens(negated_rms_norm
 
 
 def test_scorecard_shows_the_model_column():
-    from conformance.report import render_scorecard
-    from conformance.results import CheckResult
+    from conformance.report.scorecard import render_scorecard
+    from conformance.results.result import CheckResult
 
     results = [CheckResult("suites/test_model.py::test_decoder[decoder-float32-eager]", "model", "decoder", None,
                            "float32", "eager", "PASS"),

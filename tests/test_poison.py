@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.poison import PoisonBook
-from conformance.results import Outcome
-from conformance.run_dir import RunDir
-from conformance.units import Unit
+from conformance.collect.units import Unit
+from conformance.results.result import Outcome
+from conformance.run.poison import PoisonBook
+from conformance.run.run_dir import RunDir
 
 
 @pytest.fixture

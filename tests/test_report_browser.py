@@ -9,9 +9,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-
 from _browser import console_messages, ensure_chromium, load
-from conformance.html_report import render_html
+
+from conformance.report.html import render_html
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts" / "browser"   # ignored by git; CI can upload it

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from conformance.environment import collect
-from conformance.results import (CheckResult, Outcome, ResultsFile, ResultsFileError, RunInfo, Selection,
-                                 load_results, validate_document)
-from conformance.schema import run_status
+from conformance.collect.environment import collect
+from conformance.results import schema
+from conformance.results.result import (CheckResult, Outcome, ResultsFile, ResultsFileError, RunInfo, Selection,
+                                       load_results)
+from conformance.results.schema import run_status
 
 PLATFORM = {"name": "p", "class": "m.P", "device_type": "cpu"}
 ENV = {"python": "3.11", "torch": "2.13.0", "reference_impl": "0.1.0", "seed": 7}
@@ -40,7 +41,7 @@ def test_run_block_records_level_seed_selection_and_counts(tmp_path):
                                         "paths": ["suites/test_numerics.py"], "shard": None},
                           "expected_results": 2, "written_results": 1, "complete": False,
                           "unmatched_waivers": []}
-    assert validate_document(doc) == []
+    assert schema.validate(doc) == []
     rf.add(_result())
     rf.write(final=True)
     doc = _read(tmp_path)
@@ -62,7 +63,7 @@ def test_final_write_of_a_run_that_stopped_early_is_incomplete_and_not_conforman
     assert doc["run"]["complete"] is False and doc["verdict"] == "NOT_CONFORMANT"
     complete, partial, line = run_status(doc)
     assert not complete and not partial and line.startswith("INCOMPLETE: 3 of 3 expected results written")
-    assert validate_document(doc) == []
+    assert schema.validate(doc) == []
 
 
 @pytest.mark.parametrize("edit, fragment", [
@@ -84,9 +85,9 @@ def test_validate_checks_the_run_block_and_environment(tmp_path, edit, fragment)
     rf = _file(tmp_path, expected=2)
     rf.add(_result())
     doc = _read(tmp_path)
-    assert validate_document(doc) == []
+    assert schema.validate(doc) == []
     edit(doc)
-    problems = validate_document(doc)
+    problems = schema.validate(doc)
     assert any(fragment in p for p in problems), problems
 
 
@@ -98,7 +99,7 @@ def test_environment_optional_keys_are_accepted_and_collected():
     doc = {"schema_version": 1, "platform": PLATFORM, "environment": {**env, "plugin": {"distribution": "d",
                                                                                         "version": "1"}},
            "run": RunInfo("quick", 3).to_json(0, True), "results": [], "summary": {}, "verdict": "CONFORMANT"}
-    assert validate_document(doc) == []
+    assert schema.validate(doc) == []
 
 
 @pytest.mark.parametrize("content, fragment", [

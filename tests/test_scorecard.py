@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.hints import case_traits, cause_hint
-from conformance.report import pytest_counts, render_markdown, render_scorecard, scorecard_rows, verdict_text
-from conformance.results import CheckResult, Outcome, RunInfo, Selection
+from conformance.judge.hints import case_traits, cause_hint
+from conformance.report.scorecard import pytest_counts, render_markdown, render_scorecard, scorecard_rows, verdict_text
+from conformance.results.result import CheckResult, Outcome, RunInfo, Selection
 
 DTYPES = ("float32", "float16", "bfloat16")
 NORM_CASES = ("tokens=1,hidden=128", "tokens=7,hidden=769", "tokens=5,hidden=1000,row_strided",

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from conformance.shard import Shard, ShardSpecError, item_cost, plan
+from conformance.run.shard import Shard, ShardSpecError, item_cost, plan
 
 
 def _items():

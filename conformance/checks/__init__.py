@@ -1,20 +1,34 @@
-"""Reusable check bodies, one module per docs/checks.md family, each declared once with `record.check`, and
-`run_unit` that runs one by name."""
+"""Checks: the bodies, one module per docs/checks.md family, each declared once with `record.check`; `records`
+gathers them, `units` lists a check's units on a platform and `run_unit` runs one by name."""
 
 from __future__ import annotations
 
 import time
 
 from conformance.checks.common import CheckContext, KernelRaised, Verdict, error_from
-from conformance.results import Outcome
-from conformance.units import Unit
+from conformance.checks.record import CheckRecord, declared
+from conformance.collect.units import Unit
+from conformance.results.result import Outcome
+
+
+def records() -> dict[str, CheckRecord]:
+    """'family.name' -> record, for every check the harness has (importing the family modules registers them)."""
+    from conformance.checks import aliasing, compile, dispatch, model, numerics, oot  # noqa: F401 - they register
+
+    return declared()
 
 
 def registry() -> dict[str, object]:
     """'family.check' -> body(ctx, unit) -> Verdict, derived from the check records."""
-    from conformance.checks.record import records
-
     return {key: record.body for key, record in records().items()}
+
+
+def units(inventory, family: str, check: str, level: str) -> list[Unit]:
+    """The units of check `family.check` at `level` on `inventory`, enumerated by the function its record names."""
+    record = records().get(f"{family}.{check}")
+    if record is None:
+        raise ValueError(f"no check record for {family}.{check}: declare it with @check beside its body")
+    return record.units(inventory, family, check, level)
 
 
 def run_unit(ctx: CheckContext, unit: Unit) -> tuple[Verdict, float]:
@@ -33,4 +47,4 @@ def run_unit(ctx: CheckContext, unit: Unit) -> tuple[Verdict, float]:
     return verdict, time.perf_counter() - start
 
 
-__all__ = ["CheckContext", "Verdict", "registry", "run_unit"]
+__all__ = ["CheckContext", "Verdict", "records", "registry", "run_unit", "units"]

@@ -29,9 +29,9 @@ from conformance.checks.common import (
 )
 from conformance.checks.numerics import supports
 from conformance.checks.record import check
-from conformance.inventory import Inventory
-from conformance.results import Outcome
-from conformance.units import Unit, dtype_name
+from conformance.collect.inventory import Inventory
+from conformance.collect.units import Unit, dtype_name
+from conformance.results.result import Outcome
 
 
 def _name(op, i: int) -> str:

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from conformance.results import Outcome
-from conformance.units import LEVELS, Unit, dtype_from_name, dtype_name, generator, unit_seed
+from conformance.collect.units import LEVELS, Unit, dtype_from_name, dtype_name, generator, unit_seed
+from conformance.results.result import Outcome
 
 # A tolerance override is offered only when the worst error is at most this many times the allowed
 # error (atol + rtol*|native|). A correct kernel differs from native by rounding alone (another

@@ -16,6 +16,7 @@ import functools
 import torch
 
 from conformance.checks import lookup, tracing
+from conformance.checks.batch import with_batch
 from conformance.checks.common import (
     CheckContext,
     KernelRaised,
@@ -28,12 +29,11 @@ from conformance.checks.common import (
     not_supported,
     passed,
 )
-from conformance.checks.batch import with_batch
 from conformance.checks.dispatch import case_inputs, platform_dtypes, raw_supports
 from conformance.checks.record import check
-from conformance.inventory import Inventory
-from conformance.results import Outcome
-from conformance.units import Unit, dtype_from_name, dtype_name
+from conformance.collect.inventory import Inventory
+from conformance.collect.units import Unit, dtype_from_name, dtype_name
+from conformance.results.result import Outcome
 
 
 @functools.lru_cache(maxsize=1)

@@ -22,9 +22,9 @@ from conformance.checks.common import (
     passed,
 )
 from conformance.checks.record import check
-from conformance.inventory import Inventory
-from conformance.results import Outcome
-from conformance.units import Unit, dtype_from_name, dtype_name, generator, unit_seed
+from conformance.collect.inventory import Inventory
+from conformance.collect.units import Unit, dtype_from_name, dtype_name, generator, unit_seed
+from conformance.results.result import Outcome
 
 
 def platform_dtypes(ctx: CheckContext, op) -> list[torch.dtype]:

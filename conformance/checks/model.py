@@ -38,9 +38,9 @@ from conformance.checks.common import (
     unit_dtype,
 )
 from conformance.checks.record import check
-from conformance.inventory import Inventory
-from conformance.results import Outcome
-from conformance.units import Unit, dtype_name
+from conformance.collect.inventory import Inventory
+from conformance.collect.units import Unit, dtype_name
+from conformance.results.result import Outcome
 
 MODEL_NAME = "decoder"
 CASES = ("eager", "compiled")
@@ -158,7 +158,14 @@ def _recompiled(runner, batch, device) -> str | None:
             "(tokens and sequences are dynamic dimensions: a guard on their sizes recompiles every step)")
 
 
-@check("model", "decoder", units=Inventory.model_units)
+def model_units(inventory: Inventory, family: str, check: str, level: str) -> list[Unit]:
+    """Per dtype the model declares a tolerance for: eager and compiled (quick: compiled in the first only)."""
+    dtypes = inventory.dtypes_for(MODEL_TOLERANCES)
+    return [Unit(family, check, MODEL_NAME, None, dtype_name(d), case) for i, d in enumerate(dtypes)
+            for case in CASES if case == "eager" or level != "quick" or i == 0]
+
+
+@check("model", "decoder", units=model_units)
 def decoder(ctx: CheckContext, unit: Unit) -> Verdict:
     from reference_impl.config import CompilationConfig, CompilationMode, RuntimeConfig
     from reference_impl.models import build_model, random_checkpoint

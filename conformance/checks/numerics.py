@@ -27,9 +27,9 @@ from conformance.checks.common import (
     unit_dtype,
 )
 from conformance.checks.record import check
-from conformance.inventory import Inventory
-from conformance.results import Outcome
-from conformance.units import PROPERTY_EXAMPLES, Unit, dtype_name, generator, unit_seed
+from conformance.collect.inventory import Inventory
+from conformance.collect.units import PROPERTY_EXAMPLES, Unit, dtype_name, generator, unit_seed
+from conformance.results.result import Outcome
 
 
 def supports(impl, args) -> tuple[bool, str]:
@@ -57,7 +57,7 @@ def _impl_args(impl, op, args) -> tuple:
 
 def compare_ir(ctx: CheckContext, op, impl, args, dtype: torch.dtype, compare_nan: bool) -> Comparison:
     """Run the implementation on copies of `args` and judge it with the oracle (native, float64 golden)."""
-    from conformance.oracle import judge
+    from conformance.judge.oracle import judge
 
     out = call_impl(f"provider '{impl.provider}' of {op.name}", impl.impl_fn, *_impl_args(impl, op, args))
     return judge(op, args, out, dtype, compare_nan=compare_nan)

@@ -19,9 +19,9 @@ from conformance.checks import lookup
 from conformance.checks.common import CheckContext, Verdict, call_impl, clone_args, failed, passed
 from conformance.checks.numerics import build_layer_pair, enabled_forward
 from conformance.checks.record import check
-from conformance.inventory import Inventory
-from conformance.results import Outcome
-from conformance.units import Unit, dtype_from_name
+from conformance.collect.inventory import Inventory
+from conformance.collect.units import Unit, dtype_from_name
+from conformance.results.result import Outcome
 
 _MACHINERY = (torch.nn.Module, object)
 

@@ -8,10 +8,10 @@ import pkgutil
 import pytest
 
 import suites
-from conformance.checks import registry
-from conformance.checks.record import check, records
-from conformance.inventory import Inventory
-from conformance.results import FAMILIES
+from conformance.checks import records, registry, units
+from conformance.checks.record import check
+from conformance.collect.inventory import Inventory
+from conformance.results.result import FAMILIES
 
 
 def suite_bodies() -> dict[tuple[str, str], str]:
@@ -52,7 +52,7 @@ def test_records_feed_the_worker_registry_and_the_suites_parametrisation():
 def test_a_check_without_a_record_is_refused_at_parametrisation():
     inventory = Inventory("cpu", object(), {}, {}, {})
     with pytest.raises(ValueError, match="no check record for numerics.no_such_check"):
-        inventory.units("numerics", "no_such_check", "quick")
+        units(inventory, "numerics", "no_such_check", "quick")
 
 
 def test_declaring_a_check_twice_or_in_an_unknown_family_is_refused():

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conformance.checks import CheckContext, run_unit
-from conformance.inventory import activate
-from conformance.results import Outcome
+from conformance.collect.inventory import activate
+from conformance.results.result import Outcome
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.op import IrOp
 from reference_impl.platforms import CpuPlatform, activate_platform
@@ -83,7 +83,7 @@ def plugin(dist: str, module: str):
 
 def run_family(name: str, make_platform, family: str, dtype: str | None) -> list[tuple]:
     """(unit, verdict) for every quick-level unit of `family` the platform brings (one dtype)."""
-    from conformance.checks.record import records
+    from conformance.checks import records
 
     inventory = activate(name, make_platform)
     ctx = CheckContext(name, inventory.platform, seed=1234, level="quick")

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conformance.checks.common import compare_outputs
-from conformance.oracle import assert_matches_native, judge
-from conformance.results import Outcome
+from conformance.judge.oracle import assert_matches_native, judge
+from conformance.results.result import Outcome
 from reference_impl import ir
 
 HINT = "override(atol={atol:.2g}, rtol={rtol:g})"

@@ -24,8 +24,8 @@ import tempfile
 import time
 from typing import Any
 
-from conformance.results import Outcome
-from conformance.units import Unit
+from conformance.collect.units import Unit
+from conformance.results.result import Outcome
 
 _HEADER = struct.Struct("!I")
 
@@ -60,7 +60,7 @@ def serve(platform: str, seed: int, level: str) -> int:
         torch.set_num_threads(int(os.environ["CONFORMANCE_WORKER_THREADS"]))
     try:
         from conformance.checks import CheckContext, run_unit
-        from conformance.inventory import activate
+        from conformance.collect.inventory import activate
 
         inventory = activate(platform)
         ctx = CheckContext(platform, inventory.platform, seed=seed, level=level)
@@ -123,7 +123,7 @@ class KernelWorker:
             env.setdefault("OMP_NUM_THREADS", threads)
             env.setdefault("CONFORMANCE_WORKER_THREADS", threads)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "conformance.worker", "--platform", self.platform, "--seed", str(self.seed),
+            [sys.executable, "-m", "conformance.run.worker", "--platform", self.platform, "--seed", str(self.seed),
              "--level", self.level],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, env=env, start_new_session=True)
         os.close(fd)

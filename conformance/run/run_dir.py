@@ -2,7 +2,7 @@
 
 The controller (or a lone pytest process) creates it and hands its path to each xdist worker
 through `workerinput`. Workers append what every process must know (providers that hung or
-crashed, see `conformance.poison`) and record their collection (how many results the run will
+crashed, see `conformance.run.poison`) and record their collection (how many results the run will
 write, whether something was deselected), so the controller can fill the results file's `run`
 block. Appends are single `write` calls of one short line on an O_APPEND descriptor: atomic on
 POSIX, no lock needed.

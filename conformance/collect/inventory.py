@@ -2,8 +2,8 @@
 
 `activate(name)` snapshots the IR providers and CustomOp replacements, makes the platform current
 (which imports its kernels and, for a plugin, runs the general plugins of its distribution), and
-diffs: what appeared is what the platform brings. `Inventory.units(family, check, level)` is the
-catalog the suites are parametrised over.
+diffs: what appeared is what the platform brings. The `Inventory`'s unit enumerators list the units
+each check runs over; a check's record (conformance.checks.record) names its enumerator.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from conformance.units import Unit, dtype_name
+from conformance.collect.units import Unit, dtype_name
 
 
 class PlatformSetupError(RuntimeError):
@@ -89,15 +89,6 @@ class Inventory:
         return out
 
     # ----- the catalog ------------------------------------------------------------------------
-    def units(self, family: str, check: str, level: str) -> list[Unit]:
-        """The units of check `family.check` at `level`, enumerated by the function its record names."""
-        from conformance.checks.record import records
-
-        record = records().get(f"{family}.{check}")
-        if record is None:
-            raise ValueError(f"no check record for {family}.{check}: declare it with @check beside its body")
-        return record.units(self, family, check, level)
-
     # Unit enumerators, named by the check records (conformance.checks.record) of the checks that use them.
 
     def _provided(self, supported_only: bool = True):
@@ -183,14 +174,6 @@ class Inventory:
             dtypes = (self.dtypes_for(record.tolerances) if record else []) or [torch.float32]
             units.append(Unit(family, check, name, rep.__qualname__, dtype_name(dtypes[0])))
         return units
-
-    def model_units(self, family, check, level):
-        """Per dtype the model declares a tolerance for: eager and compiled (quick: compiled in the first only)."""
-        from conformance.checks.model import CASES, MODEL_NAME, MODEL_TOLERANCES
-
-        dtypes = self.dtypes_for(MODEL_TOLERANCES)
-        return [Unit(family, check, MODEL_NAME, None, dtype_name(d), case) for i, d in enumerate(dtypes)
-                for case in CASES if case == "eager" or level != "quick" or i == 0]
 
 
 def activate(name: str, platform=None) -> Inventory:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from conformance.results import CheckResult, Outcome
+from conformance.results.result import CheckResult, Outcome
 
 FAILED = frozenset({Outcome.FAIL, Outcome.ERROR})
 PASSED = frozenset({Outcome.PASS, Outcome.QUALITY_WARNING})

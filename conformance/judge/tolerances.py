@@ -18,7 +18,7 @@ def _catalog():
     """(IR ops by name, in-tree CustomOp classes by registered name, model tolerances), or None."""
     try:
         from conformance.checks.model import MODEL_TOLERANCES
-        from conformance.inventory import import_catalog
+        from conformance.collect.inventory import import_catalog
         from reference_impl.custom_op import CustomOp
         from reference_impl.ir.op import IrOp
 

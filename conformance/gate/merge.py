@@ -13,8 +13,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from conformance.casekey import case_key, describe
-from conformance.results import CONFORMANT, NOT_CONFORMANT, SCHEMA_VERSION, CheckResult, summarize, verdict
+from conformance.results.result import (CONFORMANT, NOT_CONFORMANT, SCHEMA_VERSION, CheckResult, case_key, describe,
+                                       summarize, verdict)
 
 MAX_LISTED = 10
 

@@ -1,9 +1,9 @@
 """`conformance report A.json [B.json ...] -o report.html|.md`: the report of one or several results files.
 
-HTML: one self-contained page (conformance.html_template) with, per platform, the verdict, the
+HTML: one self-contained page (conformance.report.html_template) with, per platform, the verdict, the
 scorecard, the heatmap, the worst cases with their repro commands, coverage and the environment,
 and for several files the compatibility matrix. Markdown: each file's report
-(conformance.report.render_markdown) and, for several files, the matrix. Deterministic output.
+(conformance.report.scorecard.render_markdown) and, for several files, the matrix. Deterministic output.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 
 import jinja2
 
-from conformance.html_template import CSS, TEMPLATE
-from conformance.matrix import matrix, render_markdown as matrix_markdown, totals
-from conformance.report import LEGEND, render_markdown as file_markdown
-from conformance.report_view import labels, outcome_css, platform_view
-from conformance.results import Outcome
+from conformance.report.html_template import CSS, TEMPLATE
+from conformance.report.matrix import matrix, render_markdown as matrix_markdown, totals
+from conformance.report.scorecard import LEGEND, render_markdown as file_markdown
+from conformance.report.view import labels, outcome_css, platform_view
+from conformance.results.result import Outcome
 
 COVERAGE_PARTS = [("implemented (providers)", "implemented"), ("native fallback", "fallback"),
                   ("replaced layers", "replaced"), ("layers left to the in-tree class", "not_replaced")]
@@ -49,7 +49,7 @@ def render_markdown(files: Sequence[tuple[str, dict[str, Any]]]) -> str:
     parts = [file_markdown(doc) for _, doc in files]
     if len(files) == 1:
         return parts[0]
-    from conformance.results import CheckResult
+    from conformance.results.result import CheckResult
 
     platforms = [(label, [CheckResult.from_json(r) for r in doc["results"]])
                  for label, (_, doc) in zip(labels(list(files)), files)]

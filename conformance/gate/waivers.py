@@ -11,7 +11,7 @@ import dataclasses
 import fnmatch
 import json
 
-from conformance.results import BLOCKING, CheckResult, Outcome
+from conformance.results.result import BLOCKING, CheckResult, Outcome
 
 MATCH_FIELDS = ("check", "op", "provider", "dtype", "case")
 

@@ -3,7 +3,8 @@
 The results file is rewritten atomically (write to a temporary file, then rename) so a run that
 is killed leaves a valid document with what it had; its `run` block says what the run covers
 (level, seed, selection, results expected and written, complete). Until the run has completed
-its verdict reads `NOT_CONFORMANT`, so a CI gate never passes on an incomplete file.
+its verdict reads `NOT_CONFORMANT`, so a CI gate never passes on an incomplete file. `case_key` is
+the identity of a result across files, what merge and compare match results by.
 """
 
 from __future__ import annotations
@@ -100,20 +101,6 @@ def summarize(results: Iterable[CheckResult]) -> dict[str, int]:
     """Outcome name -> count, in severity order, outcomes that occurred only."""
     counts = Counter(r.outcome for r in results)
     return {o.value: counts[o] for o in Outcome if counts[o]}
-
-
-def environment(seed: int, platform_name: str | None = None, platform: Any = None) -> dict[str, Any]:
-    """The results file's `environment` object (see conformance.environment)."""
-    from conformance.environment import collect
-
-    return collect(seed, platform_name, platform)
-
-
-def validate_document(doc: Any) -> list[str]:
-    """Problems with `doc` against the results-file schema (see conformance.schema); empty when it conforms."""
-    from conformance.schema import validate
-
-    return validate(doc)
 
 
 @dataclasses.dataclass
@@ -228,3 +215,28 @@ def load_results(path: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ResultsFileError(f"{path}: a results file is a JSON object, this is a {type(doc).__name__}")
     return doc
+
+
+# ----- the identity of one result across files -------------------------------------------------------
+# (check, test, op, provider, dtype, case): the suite test's name is part of it because two dispatch
+# checks can share the other fields (priority and supports_args of one provider; coverage of an IR op
+# and of the CustomOp of the same name). The nodeid's path is not: it depends on where pytest ran.
+CaseKey = tuple
+
+
+def suite_function(nodeid: str | None) -> str:
+    """'suites/test_dispatch.py::test_priority[rms_norm-cpp]' -> 'test_priority'."""
+    return (nodeid or "").rpartition("::")[2].partition("[")[0]
+
+
+def case_key(result: dict[str, Any]) -> CaseKey:
+    """The key merge and compare match a results-file entry by."""
+    return (result.get("check"), suite_function(result.get("nodeid")), result.get("op"), result.get("provider"),
+            result.get("dtype"), result.get("case"))
+
+
+def describe(key: CaseKey) -> str:
+    """'numerics.test_ir_case rms_norm cpp float32 tokens=7,hidden=769' (absent fields left out)."""
+    check, test, *rest = key
+    head = f"{check}.{test}" if test else str(check)
+    return " ".join([head, *(str(x) for x in rest if x is not None)])

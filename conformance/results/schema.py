@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from conformance.results import CONFORMANT, FAMILIES, NOT_CONFORMANT, SCHEMA_VERSION, Outcome
+from conformance.results.result import CONFORMANT, FAMILIES, NOT_CONFORMANT, SCHEMA_VERSION, Outcome, Selection
 
 TOP_LEVEL_KEYS = ("schema_version", "platform", "environment", "run", "results", "summary", "verdict")
 _NONE = type(None)
@@ -63,7 +63,7 @@ def _environment(env: Any) -> list[str]:
 
 
 def _run(run: Any, results: list) -> list[str]:
-    from conformance.units import LEVELS
+    from conformance.collect.units import LEVELS
 
     if not isinstance(run, dict):
         return [f"run must be an object with {sorted(_RUN_FIELDS)}, got {type(run).__name__}"]
@@ -159,8 +159,6 @@ def run_status(doc: dict) -> tuple[bool, bool, str]:
         parts.append(f"INCOMPLETE: {run.get('written_results')} of {run.get('expected_results')} expected results "
                      "written; the run did not finish")
     if partial:
-        from conformance.results import Selection
-
         what = Selection(**{k: sel.get(k) for k in ("partial", "keyword", "markexpr", "shard")},
                          paths=list(sel.get("paths") or [])).describe()
         parts.append(f"PARTIAL SELECTION ({what}): the verdict covers the selected checks only")

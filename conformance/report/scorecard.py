@@ -2,7 +2,7 @@
 
 Both say prominently when the run is INCOMPLETE or a PARTIAL SELECTION (never a plain CONFORMANT
 then), keep one row per thing the platform brings (what it does not implement is one coverage
-line), and give a cause hint per provider and op in the worst-cases list (conformance.hints).
+line), and give a cause hint per provider and op in the worst-cases list (conformance.judge.hints).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 
 from tabulate import tabulate
 
-from conformance.hints import cause_hint
-from conformance.results import CONFORMANT, CheckResult, Outcome, summarize, verdict
+from conformance.judge.hints import cause_hint
+from conformance.results.result import CONFORMANT, CheckResult, Outcome, summarize, verdict
 
 FAMILY_COLUMNS = ("numerics", "aliasing", "compile", "dispatch", "model")
 ABBREV = {
@@ -121,7 +121,7 @@ def worst_groups(results: Sequence[CheckResult], n: int = 8) -> list[tuple[str, 
 def run_banner(run: dict | None) -> tuple[bool, bool, str | None]:
     """(complete, partial, banner line or None) for a `run` block; None (a file without one) is INCOMPLETE,
     since nothing says what it covers."""
-    from conformance.schema import run_status
+    from conformance.results.schema import run_status
 
     if run is None:
         return False, False, "INCOMPLETE: the results carry no run block, so nothing says what they cover"

@@ -1,8 +1,8 @@
 """What the HTML report shows of one results file: verdict, heatmap, worst cases, coverage, environment.
 
-Plain data built from the results (no markup here); `conformance.html_report` renders it. The
+Plain data built from the results (no markup here); `conformance.report.html` renders it. The
 heatmap has one row per (op, provider), one column per (family, dtype); a cell holds the worst
-outcome, the outcome counts and the worst error-to-tolerance ratio (`conformance.tolerances`).
+outcome, the outcome counts and the worst error-to-tolerance ratio (`conformance.judge.tolerances`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import dataclasses
 from collections import Counter, defaultdict
 from typing import Any
 
-from conformance.report import FAMILY_COLUMNS, is_layer_result, row_label, scorecard_rows
-from conformance.results import CONFORMANT, CheckResult, Outcome, summarize
-from conformance.tolerances import error_ratio
+from conformance.judge.tolerances import error_ratio
+from conformance.report.scorecard import FAMILY_COLUMNS, is_layer_result, row_label, scorecard_rows
+from conformance.results.result import CONFORMANT, CheckResult, Outcome, summarize
 
 DTYPE_ORDER = ("float32", "float16", "bfloat16")
 NO_DTYPE = "-"
@@ -30,7 +30,7 @@ def outcome_css(outcome: Outcome) -> str:
 class Cell:
     outcome: Outcome             # the worst outcome that judged an implementation, if any did
     counts: dict[str, int]
-    ratio: float | None          # worst error-to-tolerance ratio (conformance.tolerances.error_ratio)
+    ratio: float | None          # worst error-to-tolerance ratio (conformance.judge.tolerances.error_ratio)
     abs_err: float | None        # worst max_abs_err, shown where no tolerance is known
 
     @property
@@ -115,8 +115,8 @@ def _ratio(r: CheckResult) -> float | None:
 def verdict_label(doc: dict[str, Any]) -> tuple[str, str]:
     """The verdict as shown, and its css class, by the scorecard's rule and wording (`report.verdict_text`):
     never a plain CONFORMANT for an incomplete or narrowed run, or a file that says nothing of what it covers."""
-    from conformance.report import verdict_text
-    from conformance.schema import run_status
+    from conformance.report.scorecard import verdict_text
+    from conformance.results.schema import run_status
 
     complete, partial, line = run_status(doc)
     verdict = str(doc.get("verdict"))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.results import Outcome, Selection
-from conformance.units import Unit
+from conformance.collect.units import Unit
+from conformance.results.result import Outcome, Selection
 
 
 def selection_of(config: pytest.Config, suites_dir: Path) -> Selection:

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from conformance.checks.common import Comparison, clone_args, compare_outputs, to_golden
-from conformance.results import Outcome
-from conformance.units import dtype_name
+from conformance.collect.units import dtype_name
+from conformance.results.result import Outcome
 
 
 def judge(op, args: tuple, out: Any, dtype: torch.dtype, *, compare_nan: bool = True) -> Comparison:

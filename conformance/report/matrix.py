@@ -11,10 +11,9 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 
-from conformance.report import row_label
-from conformance.results import CheckResult, Outcome
-
-from conformance.report_view import NOT_JUDGED, outcome_css
+from conformance.report.scorecard import row_label
+from conformance.report.view import NOT_JUDGED, outcome_css
+from conformance.results.result import CheckResult, Outcome
 
 
 @dataclasses.dataclass

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from conformance.results import Outcome
-from conformance.run_dir import RunDir
-from conformance.units import Unit
+from conformance.collect.units import Unit
+from conformance.results.result import Outcome
+from conformance.run.run_dir import RunDir
 
 RECORDS = "poisoned.jsonl"
 LIMIT = 2   # real TIMEOUTs (or CRASHes) of one provider and op before its other checks are not run

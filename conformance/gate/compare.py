@@ -1,6 +1,6 @@
 """`conformance compare OLD.json NEW.json`: what changed between two results files, for a CI gate and a PR comment.
 
-Results are matched by `conformance.casekey.case_key`. A regression is a case that passed before
+Results are matched by `conformance.results.result.case_key`. A regression is a case that passed before
 and is anything else now, or a case that blocks conformance now (FAIL, ERROR, TIMEOUT, CRASH, or
 XPASS) and did not before, new cases included. An improvement is the reverse. Cases only in one
 file are listed as added or removed.
@@ -11,8 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from conformance.casekey import CaseKey, case_key, describe
-from conformance.results import Outcome
+from conformance.results.result import CaseKey, Outcome, case_key, describe
 
 BAD = frozenset({Outcome.FAIL, Outcome.ERROR, Outcome.TIMEOUT, Outcome.CRASH, Outcome.XPASS})
 MAX_LISTED = 50

@@ -1,0 +1,1 @@
+"""Report: results for people: the terminal scorecard, markdown and HTML reports, the matrix across platforms."""
