@@ -241,6 +241,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         f"conformance: native fallback ({len(fallback)} ops): {', '.join(fallback) or 'none'}",
         f"conformance: default priorities: {inv.defaults or '{}'}",
         f"conformance: seed {state.seed}, level {state.level}, per-check timeout {state.timeout:g} s",
+        *getattr(inv.platform, "conformance_header", list)(),   # what a bridged platform translates
         gate_description(state),
         *(f"conformance: WARNING: {note}" for note in configuration_notes(state)),
     ]

@@ -1,4 +1,5 @@
-"""dispatch: coverage, priority resolution, counted calls, defaults, supports_args, register_oot."""
+"""dispatch: coverage (and what a bridged runtime has that is not covered), priority resolution, counted calls,
+defaults, supports_args, register_oot."""
 
 import pytest
 
@@ -10,6 +11,11 @@ def test_coverage(conformance_unit, conformance_check):
 
 @pytest.mark.conformance("dispatch", "layer_coverage")
 def test_layer_coverage(conformance_unit, conformance_check):
+    conformance_check(conformance_unit)
+
+
+@pytest.mark.conformance("dispatch", "not_covered")
+def test_not_covered(conformance_unit, conformance_check):
     conformance_check(conformance_unit)
 
 

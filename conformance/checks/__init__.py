@@ -13,7 +13,7 @@ from conformance.results.result import Outcome
 
 def records() -> dict[str, CheckRecord]:
     """'family.name' -> record, for every check the harness has (importing the family modules registers them)."""
-    from conformance.checks import aliasing, compile, dispatch, model, numerics, oot  # noqa: F401 - they register
+    from conformance.checks import aliasing, compile, dispatch, layer_compile, model, numerics, oot  # noqa: F401
 
     return declared()
 

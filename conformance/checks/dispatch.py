@@ -77,6 +77,14 @@ def layer_coverage(ctx: CheckContext, unit: Unit) -> Verdict:
                    f"({unit.op}); the in-tree class runs")
 
 
+@check("dispatch", "not_covered", units=Inventory.not_covered_units)
+def not_covered(ctx: CheckContext, unit: Unit) -> Verdict:
+    """An op or layer a bridged runtime has and the reference catalog cannot grade (unit.case: its kind)."""
+    reasons = {(n.name, n.kind): n.reason for n in ctx.platform.conformance_not_covered()}
+    reason = reasons.get((unit.op, unit.case), f"{unit.case} {unit.op} is no longer listed by the platform")
+    return Verdict(Outcome.SKIP, f"not covered: {reason}; nothing is graded")
+
+
 # ----- IR priority and selection -----------------------------------------------------------------
 def _expected(op, order: list[str], args) -> str:
     for provider in order:

@@ -77,7 +77,9 @@ def symbolic(op, args: Sequence[Any], *, every_dim: bool = False) -> FakeArgs:
         if not isinstance(a, torch.Tensor):
             out.append(a)
             continue
-        dims = [DimDynamic.DYNAMIC if every_dim or (i in batched and d == 0) else DimDynamic.STATIC
+        # the batch dims are one symbol (duck sized), as in a compiled program where every activation
+        # derives from the same token count: `x.shape == x_residual.shape` is no guard on the batch
+        dims = [DimDynamic.DUCK if i in batched and d == 0 else DimDynamic.DYNAMIC if every_dim else DimDynamic.STATIC
                 for d in range(a.ndim)]
         fake = mode.from_tensor(a, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
         out.append(fake)

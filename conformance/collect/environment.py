@@ -1,7 +1,8 @@
 """The results file's `environment`: versions, the device and driver, and the plugin distribution tested.
 
 Required keys are python, torch, reference_impl and seed; triton, device_name, driver and plugin are
-recorded where known and null otherwise, so two files can be told apart by more than their date.
+recorded where known and null otherwise, so two files can be told apart by more than their date. A
+bridged platform adds its runtime's version (`vllm` for `--platform=vllm`).
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ def collect(seed: int, platform_name: str | None = None, platform: Any = None) -
     from reference_impl.plugins import platform_distribution
 
     device_name, driver = device_and_driver(str(getattr(platform, "device_type", "")) or None)
-    return {"python": _pyplatform.python_version(), "torch": torch.__version__.split("+")[0],
+    bridged = getattr(platform, "conformance_plugin", None)   # a bridged platform names the distribution it tests
+    extra = getattr(platform, "conformance_environment", dict)()   # a bridge adds its runtime's version
+    return {**extra, "python": _pyplatform.python_version(), "torch": torch.__version__.split("+")[0],
             "reference_impl": reference_impl.__version__, "seed": seed, "triton": triton_version(),
             "device_name": device_name, "driver": driver,
-            "plugin": platform_distribution(platform_name) if platform_name else None}
+            "plugin": bridged or (platform_distribution(platform_name) if platform_name else None)}

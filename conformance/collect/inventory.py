@@ -22,6 +22,19 @@ class PlatformSetupError(RuntimeError):
     """The named platform could not be activated; the message is one line naming plugin and cause."""
 
 
+# Platforms of other runtimes, translated into ours by a bridge: --platform name -> factory (module:function)
+BRIDGES = {"vllm": "conformance.vllm:make_platform"}
+
+
+def bridge_factory(name: str):
+    """The factory of bridged platform `name`, or None; its module (and runtime) is imported only here."""
+    target = BRIDGES.get(name)
+    if target is None:
+        return None
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def import_catalog() -> None:
     """Import every declared IR op and every in-tree layer module, so the snapshot sees them all."""
     import reference_impl.ir.ops  # noqa: F401
@@ -42,6 +55,9 @@ class Inventory:
     # ----- description -------------------------------------------------------------------------
     @property
     def platform_class(self) -> str:
+        bridged = getattr(self.platform, "conformance_class", None)   # a bridge names the class it translates
+        if isinstance(bridged, str):
+            return bridged
         cls = type(self.platform)
         return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -140,12 +156,29 @@ class Inventory:
                         units.append(Unit(family, check, name, rep.__qualname__, dtype_name(dtype), case.name))
         return units
 
+    def layer_compile_units(self, family, check, level):
+        """Per replaced layer and dtype (quick: the first dtype only): one compiled-against-eager unit."""
+        from reference_impl.layers.cases import conformance_of
+
+        units = []
+        for name, (cls, rep) in self.replaced_layers().items():
+            record = conformance_of(cls)
+            dtypes = self.dtypes_for(record.tolerances) if record is not None else []
+            units += [Unit(family, check, name, rep.__qualname__, dtype_name(d))
+                      for d in (dtypes[:1] if level == "quick" else dtypes)]
+        return units
+
     def coverage_units(self, family, check, level):
         return [Unit(family, check, name) for name in self.native_fallback_ops()]
 
     def layer_coverage_units(self, family, check, level):
         replaced = self.replaced_layers()
         return [Unit(family, check, name) for name in self.in_tree_layers() if name not in replaced]
+
+    def not_covered_units(self, family, check, level):
+        """What a bridged platform's runtime has that the catalog cannot grade (op: its name, case: its kind)."""
+        listed = getattr(self.platform, "conformance_not_covered", list)()
+        return [Unit(family, check, item.name, None, None, item.kind) for item in listed]
 
     def provider_units(self, family, check, level):
         """One unit per provider the platform brings, supported=False ones included."""
@@ -186,6 +219,8 @@ def activate(name: str, platform=None) -> Inventory:
     from reference_impl.ir.op import IrOp
     from reference_impl.platforms import set_current_platform
 
+    if platform is None:
+        platform = bridge_factory(name)
     import_catalog()
     before_ir = {op_name: set(op.impls) for op_name, op in IrOp.registry.items()}
     before_oot = dict(CustomOp.op_registry_oot)
@@ -207,7 +242,7 @@ def activate(name: str, platform=None) -> Inventory:
 def _one_line(name: str, exc: BaseException) -> str:
     from reference_impl.plugins import PLATFORM_PLUGINS_GROUP, PluginLoadError
 
-    if isinstance(exc, PluginLoadError):
+    if isinstance(exc, (PlatformSetupError, PluginLoadError)):
         text = str(exc)
     else:
         text = f"{type(exc).__name__}: {exc}"

