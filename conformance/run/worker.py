@@ -28,6 +28,9 @@ from conformance.collect.units import Unit
 from conformance.results.result import Outcome
 
 _HEADER = struct.Struct("!I")
+# first lines of crash reports in a worker's log: faulthandler's, and the handlers some kernel
+# libraries install (vLLM's CPU library prints the second)
+CRASH_REPORT_MARKERS = ("Fatal Python error", "Segfault encountered")
 
 
 def _send(stream, obj: Any) -> None:
@@ -166,8 +169,13 @@ class KernelWorker:
                 text = fh.read().decode(errors="replace")
         except OSError:
             return ""
-        lines = [ln for ln in text.splitlines() if not ln.startswith("--- conformance worker:")]
-        return "\n".join(lines)[-limit:].strip()
+        text = "\n".join(ln for ln in text.splitlines() if not ln.startswith("--- conformance worker:"))
+        # a crash report (faulthandler's, or a library's own handler's) starts with the crashing frames;
+        # the stacks of other threads that may follow it are cut, not the frames that say where it died
+        starts = [i for i in (text.find(m) for m in CRASH_REPORT_MARKERS) if i >= 0]
+        if starts:
+            return text[min(starts):min(starts) + limit].strip()
+        return text[-limit:].strip()
 
     def _log_size(self) -> int:
         try:

@@ -8,8 +8,11 @@ are found first, with vLLM's own plugin groups and its `VLLM_PLUGINS` allowlist,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
+from collections.abc import Iterator
 from importlib.metadata import EntryPoint, entry_points, packages_distributions
 from typing import Any
 
@@ -50,21 +53,60 @@ def import_vllm():
     try:
         import vllm
     except ModuleNotFoundError as exc:
-        if exc.name and exc.name.split(".")[0] == "vllm":
+        if exc.name and exc.name.split(".")[0] == "vllm" and sys.modules.get("vllm") is None:
             raise VllmBridgeError(f"vLLM is not installed in this environment: {INSTALL_HINT}") from None
-        raise VllmBridgeError(f"vLLM is installed but `import vllm` fails: {_line(exc)} (torchvision, torchaudio or "
-                              "torchcodec builds that do not match torch break it; remove them or pin matching "
-                              "builds)") from exc
+        raise _import_failure(exc) from exc
     except Exception as exc:  # noqa: BLE001 - any import failure is one line
-        raise VllmBridgeError(f"vLLM is installed but `import vllm` fails: {_line(exc)} (torchvision, torchaudio or "
-                              "torchcodec builds that do not match torch break it; remove them or pin matching "
-                              "builds)") from exc
+        raise _import_failure(exc) from exc
     version = str(getattr(vllm, "__version__", "unknown"))
     if ".".join(version.split(".")[:2]) not in KNOWN_VERSIONS:
         raise VllmBridgeError(f"vLLM {version} is not a version the bridge knows ({', '.join(KNOWN_VERSIONS)}: "
                               "0.32 tested, 0.33 has the same ir/, custom_op.py and plugins/); install vLLM 0.32 "
                               "or 0.33")
     return vllm
+
+
+def import_vllm_config() -> None:
+    """`import vllm.config`, which resolves vLLM's platform and pulls in transformers (and torchvision)."""
+    try:
+        import vllm.config  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        raise _import_failure(exc) from exc
+
+
+def _import_failure(exc: BaseException) -> VllmBridgeError:
+    return VllmBridgeError(f"vLLM is installed but importing it fails: {_line(exc)}{_mismatched_hint()}")
+
+
+@contextlib.contextmanager
+def preserved_environment() -> Iterator[None]:
+    """Undo the environment variables vLLM sets for its own engine processes (at import, and while its CPU
+    platform builds a config), so the harness's processes keep theirs; vLLM's settings already read stay."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _mismatched_hint() -> str:
+    """'; installed here: torchvision X, ...: remove them' when wheels that often break `import vllm` are there."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    found = []
+    for name in ("torchvision", "torchaudio", "torchcodec"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            pass
+    if not found:
+        return ""
+    names = " ".join(f.split()[0] for f in found)
+    return (f"; installed here next to torch {torch.__version__}: {', '.join(found)}, whose builds must match torch "
+            f"or be absent (vLLM does not need them for this): pip uninstall -y {names}")
 
 
 def _line(exc: BaseException) -> str:
@@ -132,15 +174,22 @@ def vllm_distribution() -> dict[str, str]:
 
 def resolve() -> ResolvedPlatform:
     """Import vLLM, check its plugins, resolve its current platform and run its general plugins."""
+    with preserved_environment():
+        return _resolve()
+
+
+def _resolve() -> ResolvedPlatform:
     vllm = import_vllm()
     active = check_plugins()
     import vllm.platforms as platforms
-    from vllm.plugins import load_general_plugins
 
     try:
         platform = platforms.current_platform
     except Exception as exc:  # noqa: BLE001 - vLLM's own resolution error, as one line
         raise VllmBridgeError(f"vLLM could not resolve its platform: {_line(exc)}") from exc
+    import_vllm_config()
+    from vllm.plugins import load_general_plugins
+
     cls = type(platform)
     qualname = f"{cls.__module__}.{cls.__qualname__}"
     plugin = next(iter(active), None)   # vLLM's rule: the one active platform plugin wins over the built-ins

@@ -9,8 +9,6 @@ layer replacements, so the harness's snapshot sees them as what the platform bri
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from conformance.vllm import NAME
@@ -42,14 +40,11 @@ class VllmPlatform(Platform):
         if self.ir is not None:
             return
         from conformance.vllm import ir_bridge, layer_bridge, worker_setup
+        from conformance.vllm.discover import preserved_environment
 
-        self.resolved.platform.import_ir_kernels()
-        environ = dict(os.environ)
-        try:
-            worker_setup.vllm_config()   # vLLM's CPU platform sets engine-process variables while it builds
-        finally:                         # its config; the harness's own processes keep theirs
-            os.environ.clear()
-            os.environ.update(environ)
+        with preserved_environment():   # vLLM's CPU platform sets engine-process variables in its config
+            self.resolved.platform.import_ir_kernels()
+            worker_setup.vllm_config()
         problem = worker_setup.install_ir_priorities()
         if problem:
             self.notes.append(problem)
