@@ -190,3 +190,26 @@ def test_example_vllm_plugin_mistake_is_caught_in_numerics(tmp_path):
     assert run.outcomes(check="dispatch", **mine) == {"PASS"}
     assert run.outcomes(provider="vllm:MyCpuSiluAndMul") == {"PASS"}
     assert run.doc["platform"]["name"] == "vllm"
+
+
+def test_not_covered_results_are_the_coverage_line_not_rows():
+    """dispatch.not_covered SKIPs list every name on one line (scorecard and Markdown), never a table row."""
+    from conformance.report import render_markdown, render_scorecard
+    from conformance.results import CheckResult, Outcome
+
+    def skip(name, kind):
+        return CheckResult(f"suites/test_dispatch.py::test_not_covered[{name}-{kind}]", "dispatch", name, None, None,
+                           kind, Outcome.SKIP, f"not covered: {name} has no counterpart; nothing is graded")
+
+    graded = CheckResult("suites/test_numerics.py::test_layer_case[rms_norm-vllm:RMSNorm-float32-c]", "numerics",
+                         "rms_norm", "vllm:RMSNorm", "float32", "c", Outcome.PASS, None)
+    results = [graded, skip("mhc_pre", "custom_op"), skip("gelu_and_mul_sparse", "ir_op")]
+    card = render_scorecard(results, platform="vllm (vllm.platforms.cpu.CpuPlatform)")
+    assert ("not covered (no reference counterpart to grade against, one SKIP each): 2: custom_op: mhc_pre; "
+            "ir_op: gelu_and_mul_sparse") in card
+    assert not any(line.startswith(("mhc_pre", "gelu_and_mul_sparse")) for line in card.splitlines())
+    doc = {"platform": {"name": "vllm", "class": "vllm.platforms.cpu.CpuPlatform", "device_type": "cpu"},
+           "environment": {"python": "3.11", "torch": "2.13.0", "reference_impl": "0.1.0", "seed": 1234,
+                           "vllm": "0.32.0"},
+           "results": [r.to_json() for r in results], "summary": {"PASS": 1, "SKIP": 2}, "verdict": "CONFORMANT"}
+    assert "- not covered (no reference counterpart" in render_markdown(doc)

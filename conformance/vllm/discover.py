@@ -1,9 +1,10 @@
 """Find the vLLM platform under test the way vLLM itself does, with one clear line for every failure.
 
-This is the only module that imports `vllm`, and only when `--platform=vllm` is asked for. vLLM's
-own discovery logs and drops a plugin whose import or `register()` raises and then falls back to
-its built-in platform; the bridge would then grade a platform nobody asked about, so those cases
-are found first, with vLLM's own plugin groups and its `VLLM_PLUGINS` allowlist, and stop the run.
+vLLM is first imported here, and only when `--platform=vllm` is asked for (the other modules of the
+bridge import its submodules after this one found it usable). vLLM's own discovery logs and drops
+a plugin whose import or `register()` raises and then falls back to its built-in platform; the
+bridge would then grade a platform nobody asked about, so those cases are found first, with vLLM's
+own plugin groups and its `VLLM_PLUGINS` allowlist, and stop the run.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from importlib.metadata import EntryPoint, entry_points, packages_distributions
 from typing import Any
@@ -174,7 +176,8 @@ def vllm_distribution() -> dict[str, str]:
 
 def resolve() -> ResolvedPlatform:
     """Import vLLM, check its plugins, resolve its current platform and run its general plugins."""
-    with preserved_environment():
+    with preserved_environment(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)   # vLLM's dependencies' import-time notices
         return _resolve()
 
 
