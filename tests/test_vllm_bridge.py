@@ -30,7 +30,7 @@ CRASH_CASE = "tokens=5,heads=2/1,head=64,rot=40,neox"   # rotary_dim / 2 = 20: v
 
 # ----- one clear line for bad input ------------------------------------------------------------------
 def _activate_error(monkeypatch, vllm_module) -> str:
-    from conformance.inventory import PlatformSetupError, activate
+    from conformance.collect.inventory import PlatformSetupError, activate
 
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")   # the bridge sets it; restored after the test
     monkeypatch.setitem(sys.modules, "vllm", vllm_module)
@@ -55,7 +55,7 @@ def test_an_unknown_vllm_version_stops_the_run(monkeypatch):
 
 
 def test_vllm_is_imported_only_for_platform_vllm(tmp_path):
-    code = ("import sys; from conformance.inventory import activate; activate('cpu'); "
+    code = ("import sys; from conformance.collect.inventory import activate; activate('cpu'); "
             "print('vllm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=harness_env(), capture_output=True,
                          text=True, timeout=300)
@@ -110,7 +110,7 @@ def test_reference_impl_and_vllm_load_side_by_side(tmp_path):
     code = """
 import json, os, torch
 before = dict(os.environ)
-from conformance.inventory import activate
+from conformance.collect.inventory import activate
 inv = activate("vllm")
 from reference_impl import ir as ours
 import vllm.ir as theirs
@@ -194,8 +194,8 @@ def test_example_vllm_plugin_mistake_is_caught_in_numerics(tmp_path):
 
 def test_not_covered_results_are_the_coverage_line_not_rows():
     """dispatch.not_covered SKIPs list every name on one line (scorecard and Markdown), never a table row."""
-    from conformance.report import render_markdown, render_scorecard
-    from conformance.results import CheckResult, Outcome
+    from conformance.report.scorecard import render_markdown, render_scorecard
+    from conformance.results.result import CheckResult, Outcome
 
     def skip(name, kind):
         return CheckResult(f"suites/test_dispatch.py::test_not_covered[{name}-{kind}]", "dispatch", name, None, None,
