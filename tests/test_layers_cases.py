@@ -24,8 +24,9 @@ MODULES = (activation, layernorm, mamba, rotary_embedding, quantization, conv, a
 GOLDEN_SLACK = 4.0
 
 LAYERS = sorted({cls for module in MODULES for cls in vars(module).values()
-                 if isinstance(cls, type) and issubclass(cls, CustomOp) and cls.__module__ == module.__name__
-                 and "name" in vars(cls)},  # registered classes, not shared bases (ConvLayerBase)
+                 if isinstance(cls, type) and issubclass(cls, CustomOp)
+                 and (cls.__module__ == module.__name__ or cls.__module__.startswith(module.__name__ + "."))
+                 and "name" in vars(cls)},  # registered classes (subpackages too), not shared bases (ConvLayerBase)
                 key=lambda c: c.__name__)
 
 
