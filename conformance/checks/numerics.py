@@ -163,12 +163,12 @@ def build_layer_pair(ctx: CheckContext, unit: Unit, dtype: torch.dtype):
     """(in-tree reference instance, replacement instance, inputs) with equal seeded parameters."""
     in_tree, replacement = lookup.layer_classes(unit.op)
     case = lookup.layer_case(unit.op, unit.case)
-    kwargs = case.make_kwargs(dtype)
-    with lookup.without_replacement(in_tree):
-        ref = in_tree(**kwargs)
-    rep = call_impl(f"constructing {replacement.__qualname__}", lambda: in_tree(**kwargs))
-    if not isinstance(rep, replacement):
-        rep = call_impl(f"constructing {replacement.__qualname__}", lambda: replacement(**kwargs))
+    with case.constructing(dtype) as kwargs:
+        with lookup.without_replacement(in_tree):
+            ref = in_tree(**kwargs)
+        rep = call_impl(f"constructing {replacement.__qualname__}", lambda: in_tree(**kwargs))
+        if not isinstance(rep, replacement):
+            rep = call_impl(f"constructing {replacement.__qualname__}", lambda: replacement(**kwargs))
     seed = unit_seed(ctx.seed, unit.op, unit.case, unit.dtype)
     if case.init_params is not None:
         case.init_params(ref, generator(seed))

@@ -10,8 +10,9 @@ with equal parameters.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -27,6 +28,11 @@ class LayerCase:
     init_params: Callable[[torch.nn.Module, torch.Generator], None] | None = None
     level: str = "quick"
     dtypes: tuple[torch.dtype, ...] | None = None
+    # Build the layer with torch's default dtype set to the run dtype, as vLLM's model loader does
+    # (`set_default_torch_dtype`), for constructors that take no dtype argument (vLLM's do not).
+    default_dtype: bool = False
+    # Why this case asks for more than vLLM 0.32 does (see OpCase.beyond_vllm); None when it does not.
+    beyond_vllm: str | None = None
 
     def __post_init__(self):
         if self.level not in LEVELS:
@@ -34,6 +40,25 @@ class LayerCase:
 
     def runs_at(self, level: str) -> bool:
         return LEVELS.index(self.level) <= LEVELS.index(level)
+
+    @contextlib.contextmanager
+    def constructing(self, dtype: torch.dtype) -> Iterator[dict[str, Any]]:
+        """The constructor kwargs for `dtype`, with the default dtype this case builds its layers under."""
+        kwargs = self.make_kwargs(dtype)
+        if not self.default_dtype:
+            yield kwargs
+            return
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            yield kwargs
+        finally:
+            torch.set_default_dtype(previous)
+
+    def build(self, cls: type, dtype: torch.dtype) -> torch.nn.Module:
+        """`cls` constructed for this case in `dtype`."""
+        with self.constructing(dtype) as kwargs:
+            return cls(**kwargs)
 
 
 def randomize_parameters(layer: torch.nn.Module, gen: torch.Generator, scale: float = 0.1,

@@ -23,13 +23,13 @@ class Mixer2RMSNormGated(CustomOp):
     """Mamba2's gated RMS norm: `g = x * silu(gate)` in float32, RMS-normalized per group of
     `full_hidden_size / full_n_groups` features, cast to x's dtype, times `weight`.
 
-    `use_rms_norm=False` returns the gated `g` cast to x's dtype (no weight). `dtype` (not in
-    vLLM, which uses the default dtype) sets the weight's dtype; the output dtype is the
-    promotion of the weight's and x's, as in vLLM's `weight * x.to(input_dtype)`.
+    `use_rms_norm=False` returns the gated `g` cast to x's dtype (no weight). The weight takes
+    torch's default dtype, as in vLLM (whose model loader sets it to the model's dtype); the output
+    dtype is the promotion of the weight's and x's, as in vLLM's `weight * x.to(input_dtype)`.
     """
 
     def __init__(self, full_hidden_size: int, full_n_groups: int, use_rms_norm: bool = True, eps: float = 1e-6,
-                 *, dtype: torch.dtype | None = None, enforce_enable: bool = False):
+                 *, enforce_enable: bool = False):
         super().__init__(enforce_enable=enforce_enable)
         if full_n_groups <= 0 or full_hidden_size % full_n_groups:
             raise ValueError(f"Mixer2RMSNormGated: full_n_groups={full_n_groups} must be positive and divide "
@@ -42,8 +42,7 @@ class Mixer2RMSNormGated(CustomOp):
         self.variance_epsilon = eps
         self.use_rms_norm = use_rms_norm
         if use_rms_norm:
-            weight = torch.ones(full_hidden_size, dtype=dtype or torch.get_default_dtype())
-            self.weight = nn.Parameter(weight, requires_grad=False)
+            self.weight = nn.Parameter(torch.ones(full_hidden_size), requires_grad=False)
         else:
             self.register_parameter("weight", None)
 
@@ -65,7 +64,10 @@ class Mixer2RMSNormGated(CustomOp):
                 f"use_rms_norm={self.use_rms_norm}, eps={self.variance_epsilon}")
 
 
-def _mixer2_case(name, tokens, hidden, groups, *, level="quick", layout=None, **kwargs):
+def _mixer2_case(name, tokens, hidden, groups, *, level="quick", layout=None, float32_weight=False, dtypes=None,
+                 **kwargs):
+    """The weight in the run dtype (built under that default dtype, like a vLLM model), or in float32
+    (`float32_weight`: the default dtype outside a model, which promotes the output to float32)."""
     def make_inputs(dtype, device, gen):
         x = randn((tokens, hidden), dtype, device, gen)
         gate = randn((tokens, hidden), dtype, device, gen)
@@ -73,9 +75,9 @@ def _mixer2_case(name, tokens, hidden, groups, *, level="quick", layout=None, **
             x = row_strided(x)
         return (x, gate)
 
-    return LayerCase(name, lambda dtype: {"full_hidden_size": hidden, "full_n_groups": groups, "dtype": dtype,
-                                          **kwargs},
-                     make_inputs, init_params=randomize_parameters, level=level)
+    return LayerCase(name, lambda dtype: {"full_hidden_size": hidden, "full_n_groups": groups, **kwargs},
+                     make_inputs, init_params=randomize_parameters, level=level, dtypes=dtypes,
+                     default_dtype=not float32_weight)
 
 
 declare_cases(Mixer2RMSNormGated, tolerances=NORM_TOLERANCES, cases=[
@@ -84,5 +86,7 @@ declare_cases(Mixer2RMSNormGated, tolerances=NORM_TOLERANCES, cases=[
     _mixer2_case("tokens=5,hidden=300,groups=3,row_strided", 5, 300, 3, layout="row_strided"),
     _mixer2_case("tokens=4,hidden=256,groups=4,no_norm", 4, 256, 4, use_rms_norm=False),
     _mixer2_case("tokens=1,hidden=2,groups=2", 1, 2, 2),
+    _mixer2_case("tokens=6,hidden=256,groups=4,weight=float32", 6, 256, 4, float32_weight=True,
+                 dtypes=(torch.float16, torch.bfloat16)),
     _mixer2_case("tokens=16,hidden=4096,groups=8", 16, 4096, 8, level="standard"),
 ])

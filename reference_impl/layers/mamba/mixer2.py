@@ -56,7 +56,7 @@ class MambaMixer2(CompositeOp):
         self.in_proj = _linear(hidden_size, intermediate_size + self.conv_dim + num_heads, use_bias, dtype)
         self.conv1d = _Conv1dParams(self.conv_dim, conv_kernel_size, use_conv_bias, dtype)
         self.A, self.D, self.dt_bias = _heads_params(num_heads)
-        self.norm = Mixer2RMSNormGated(intermediate_size, n_groups, use_rms_norm, eps=rms_norm_eps, dtype=dtype)
+        self.norm = Mixer2RMSNormGated(intermediate_size, n_groups, use_rms_norm, eps=rms_norm_eps).to(dtype)
         self.out_proj = _linear(intermediate_size, hidden_size, use_bias, dtype)
 
     def _forward(self, hidden_states: torch.Tensor, *, native: bool) -> torch.Tensor:
