@@ -82,6 +82,13 @@ class LayerConformance:
     layer: str
     tolerances: dict[torch.dtype, tuple[float, float]]
     cases: tuple[LayerCase, ...]
+    # Puts an output in the form results are compared in, where the semantics leave something
+    # unspecified (GroupedTopk: the order of a row's top-k); None compares outputs as returned.
+    canonical: Callable[[Any], Any] | None = None
+
+    def comparable(self, output: Any) -> Any:
+        """`output` in the form it is compared in (see `canonical`)."""
+        return output if self.canonical is None or output is None else self.canonical(output)
 
     def case(self, name: str) -> LayerCase:
         for case in self.cases:
@@ -102,9 +109,10 @@ _ATTR = "_conformance"
 
 
 def declare_cases(cls: type, *, tolerances: Mapping[torch.dtype, tuple[float, float]],
-                  cases: Iterable[LayerCase]) -> LayerConformance:
+                  cases: Iterable[LayerCase], canonical: Callable[[Any], Any] | None = None) -> LayerConformance:
     """Attach `cls`'s conformance record; a second declaration, a repeated case name, no quick case, or a
-    case dtype without a tolerance raises `LayerCaseError`."""
+    case dtype without a tolerance raises `LayerCaseError`. `canonical` (see LayerConformance) maps an
+    output to the form results are compared in."""
     where = cls.__name__
     if _ATTR in vars(cls):
         raise LayerCaseError(f"{where}: conformance cases declared twice")
@@ -129,7 +137,9 @@ def declare_cases(cls: type, *, tolerances: Mapping[torch.dtype, tuple[float, fl
             raise LayerCaseError(f"{where}: case {case.name!r} runs in {missing} but no tolerance is declared for it")
     if not any(c.runs_at("quick") for c in cases):
         raise LayerCaseError(f"{where}: no case runs at the quick level")
-    record = LayerConformance(where, tolerances, cases)
+    if canonical is not None and not callable(canonical):
+        raise LayerCaseError(f"{where}: canonical must be callable, got {type(canonical).__name__}")
+    record = LayerConformance(where, tolerances, cases, canonical)
     setattr(cls, _ATTR, record)
     return record
 

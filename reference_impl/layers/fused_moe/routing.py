@@ -1,7 +1,10 @@
 """MoE routing (docs/catalog.md `grouped_topk`): plain top-k and DeepSeek-V2/V3 group-limited top-k
 of the router logits, and the GroupedTopk CustomOp with its conformance cases.
 
-Routing weights are float32 and ids int32 (vLLM's types).
+Routing weights are float32 and ids int32 (vLLM's types). Group-limited routing follows vLLM 0.32:
+scores are computed in the logits' dtype and the order of a token's top-k ids is unspecified
+(vLLM takes top-k with sorted=False), so comparisons read each row as a set of experts with a
+weight per expert (`by_expert_id`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def _score(gating_output: torch.Tensor, scoring_func: str) -> torch.Tensor:
-    logits = gating_output.to(_compute_dtype(gating_output))
+def _score(logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
+    """softmax / sigmoid of the logits, in their dtype."""
     if scoring_func == "softmax":
         return torch.softmax(logits, dim=-1)
     if scoring_func == "sigmoid":
@@ -54,7 +57,7 @@ def fused_topk_native(hidden_states: torch.Tensor, gating_output: torch.Tensor, 
     """Plain top-k routing: scores = softmax/sigmoid(logits) in float32; experts chosen on
     `scores + bias` (when a correction bias is given), weighted by the unbiased scores."""
     _check_routing_inputs("fused_topk", hidden_states, gating_output, topk, e_score_correction_bias)
-    scores = _score(gating_output, scoring_func)
+    scores = _score(gating_output.to(_compute_dtype(gating_output)), scoring_func)
     choice = scores if e_score_correction_bias is None else scores + e_score_correction_bias.to(scores.dtype)
     ids = torch.topk(choice, topk, dim=-1, sorted=True).indices
     return _finish(scores.gather(1, ids), ids, renormalize, routed_scaling_factor)
@@ -64,13 +67,15 @@ def grouped_topk_native(hidden_states: torch.Tensor, gating_output: torch.Tensor
                         num_expert_group: int, topk_group: int, scoring_func: str = "softmax",
                         routed_scaling_factor: float = 1.0,
                         e_score_correction_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSeek-V2/V3 group-limited routing.
+    """DeepSeek-V2/V3 group-limited routing, as vLLM 0.32 computes it.
 
-    Experts form `num_expert_group` consecutive groups. A group's score is its best expert score
-    (without a correction bias) or the sum of its two best biased scores (with one); the
-    `topk_group` best groups stay eligible and the top `topk` experts among them are chosen on the
-    (biased) scores. Weights are the unbiased scores, renormalized if asked, times
-    `routed_scaling_factor`.
+    Scores are softmax / sigmoid of the logits in their dtype. Experts form `num_expert_group`
+    consecutive groups. A group's score is its best expert score (without a correction bias) or the
+    sum of its two best `scores + bias` (with one; the sum takes torch's promoted dtype, so a float32
+    bias makes the choice float32); the `topk_group` best groups stay eligible and the top `topk`
+    experts among them are chosen on the (biased) scores. Weights are the unbiased scores,
+    renormalized if asked and times `routed_scaling_factor`, in the scores' dtype, then float32.
+    The order of a row's ids is unspecified (see `by_expert_id`).
     """
     name = "grouped_topk"
     _check_routing_inputs(name, hidden_states, gating_output, topk, e_score_correction_bias)
@@ -86,18 +91,53 @@ def grouped_topk_native(hidden_states: torch.Tensor, gating_output: torch.Tensor
         raise ValueError(f"{name}: a correction bias scores groups by their two best experts; groups have "
                          f"{per_group} expert(s)")
     scores = _score(gating_output, scoring_func)
+    choice, group_scores = _choice_and_group_scores(scores, e_score_correction_bias, num_expert_group)
     tokens = scores.shape[0]
-    if e_score_correction_bias is None:
-        choice = scores
-        group_scores = choice.view(tokens, num_expert_group, per_group).amax(dim=-1)
-    else:
-        choice = scores + e_score_correction_bias.to(scores.dtype)
-        group_scores = choice.view(tokens, num_expert_group, per_group).topk(2, dim=-1).values.sum(dim=-1)
-    groups = torch.topk(group_scores, topk_group, dim=-1, sorted=True).indices
+    groups = torch.topk(group_scores, topk_group, dim=-1, sorted=False).indices
     group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
     eligible = group_mask.unsqueeze(-1).expand(tokens, num_expert_group, per_group).reshape(tokens, num_experts)
-    ids = torch.topk(choice.masked_fill(~eligible, float("-inf")), topk, dim=-1, sorted=True).indices
+    ids = torch.topk(choice.masked_fill(~eligible, float("-inf")), topk, dim=-1, sorted=False).indices
     return _finish(scores.gather(1, ids), ids, renormalize, routed_scaling_factor)
+
+
+def _choice_and_group_scores(scores: torch.Tensor, bias: torch.Tensor | None,
+                             num_expert_group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the scores experts are chosen on, `[T, E]`; the scores groups are chosen on, `[T, groups]`)."""
+    grouped = (scores if bias is None else scores + bias.unsqueeze(0)).view(scores.shape[0], num_expert_group, -1)
+    if bias is None:
+        return scores, grouped.amax(dim=-1)
+    return grouped.flatten(1), grouped.topk(2, dim=-1).values.sum(dim=-1)
+
+
+def by_expert_id(outputs: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights, topk_ids) with each row reordered by expert id: the order of the top-k is
+    unspecified, so two results agree when each row chooses the same experts with the same weights."""
+    weights, ids = outputs
+    order = ids.argsort(dim=-1)
+    return weights.gather(-1, order), ids.gather(-1, order)
+
+
+def routing_margin(gating_output: torch.Tensor, bias: torch.Tensor | None, scoring_func: str, num_expert_group: int,
+                   topk_group: int, topk: int) -> torch.Tensor:
+    """Per token, how clearly group-limited routing decides, in units of the choice dtype's epsilon: the
+    smaller relative gap of (the topk_group-th best group score to the next) and (the topk-th best
+    eligible choice score to the next). Two correct implementations whose scores differ by a rounding
+    or two choose the same experts wherever this is a few units or more."""
+    scores = _score(gating_output, scoring_func)
+    choice, group_scores = _choice_and_group_scores(scores, bias, num_expert_group)
+    eps = torch.finfo(choice.dtype).eps
+
+    def gap(values: torch.Tensor, k: int) -> torch.Tensor:
+        if k >= values.shape[-1]:
+            return torch.full(values.shape[:1], float("inf"), dtype=torch.float64, device=values.device)
+        top = values.double().topk(k + 1, dim=-1).values
+        return (top[:, k - 1] - top[:, k]) / (top[:, k - 1].abs() * eps)
+
+    groups = group_scores.double().topk(topk_group, dim=-1).indices
+    mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
+    eligible = mask.repeat_interleave(choice.shape[-1] // num_expert_group, dim=-1)
+    return torch.minimum(gap(group_scores, topk_group),
+                         gap(choice.double().masked_fill(~eligible, float("-inf")), topk))
 
 
 @CustomOp.register("grouped_topk")
@@ -144,14 +184,20 @@ class GroupedTopk(CustomOp):
 
 
 # ----- conformance cases --------------------------------------------------------------------------
-# Routing is float32 whatever the input dtype (ids exact, weights to float32 rounding).
-TOPK_TOLERANCES = {dtype: (1e-5, 1e-5) for dtype in (torch.float32, torch.float16, torch.bfloat16)}
+# Weights are computed in the logits' dtype (rounded there, renormalized there), then float32.
+TOPK_TOLERANCES = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+# How clearly each token's routing must decide (routing_margin), in epsilons of the choice dtype.
+MIN_ROUTING_MARGIN = 4.0
 
 
 def distinct_logits(tokens: int, experts: int, device, dtype, gen: torch.Generator) -> torch.Tensor:
     """Router logits whose per-token values are distinct, in [-4, 4) and exact in every dtype
     (`(permutation - E/2) / 2^m`, at most 256 experts), so the selected experts cannot depend on
-    rounding, saturation or tie-breaking."""
+    rounding, saturation or tie-breaking of the logits themselves."""
     if experts > 256:
         raise ValueError(f"distinct_logits: {experts} experts do not fit bfloat16's exact integers")
     scale = 2.0 ** max(0, (experts // 8 - 1).bit_length())
@@ -159,31 +205,76 @@ def distinct_logits(tokens: int, experts: int, device, dtype, gen: torch.Generat
     return ((torch.stack(rows).to(torch.float32) - experts // 2) / scale).to(device=device, dtype=dtype)
 
 
+def decisive_logits(tokens: int, experts: int, device, dtype, gen: torch.Generator, *, bias: torch.Tensor | None,
+                    scoring_func: str, num_expert_group: int, topk_group: int, topk: int,
+                    attempts: int = 200) -> torch.Tensor:
+    """`distinct_logits` rows redrawn until group-limited routing decides each token by at least
+    MIN_ROUTING_MARGIN epsilons of the choice dtype (see routing_margin): scores computed in half
+    precision tie often (sigmoid saturates near 1), and a tie at the top-k boundary would let two
+    correct kernels choose different experts."""
+    rows = []
+    for token in range(tokens):
+        for _ in range(attempts):
+            row = distinct_logits(1, experts, device, dtype, gen)
+            if float(routing_margin(row, bias, scoring_func, num_expert_group, topk_group, topk)[0]) \
+                    >= MIN_ROUTING_MARGIN:
+                rows.append(row)
+                break
+        else:
+            raise ValueError(f"decisive_logits: no decisive routing for token {token} in {attempts} draws "
+                             f"({experts} experts, {dtype}, {scoring_func}, bias={bias is not None})")
+    return torch.cat(rows)
+
+
 def _bias(experts: int, seed: int) -> torch.Tensor:
+    """A float32 e_score_correction_bias, N(0, 0.05^2) (a model's is float32 too)."""
     return torch.randn(experts, generator=torch.Generator().manual_seed(seed)) * 0.05
 
 
-def _topk_case(name, tokens, experts, *, bias=False, level="quick", **kwargs):
+def _grid_bias(experts: int, seed: int) -> torch.Tensor:
+    """A bias exact in every half dtype: distinct multiples of 2^-9 in [-E/1024, E/1024) (E <= 256)."""
+    perm = torch.randperm(experts, generator=torch.Generator().manual_seed(seed))
+    return (perm - experts // 2).to(torch.float32) * 2.0 ** -9
+
+
+def _topk_case(name, tokens, experts, *, bias=None, level="quick", **kwargs):
+    """`bias`: None, 'logits' (a bias in the logits' dtype; for few experts only, as half-precision choice
+    scores of many experts tie) or 'float32' (a float32 bias, as a model's e_score_correction_bias is:
+    the choice scores are then float32)."""
     def make_inputs(dtype, device, gen):
         hidden = randn((tokens, 8), dtype, device, gen)
-        logits = distinct_logits(tokens, experts, device, dtype, gen)
-        if not bias:
-            return (hidden, logits)
-        return (hidden, logits, _bias(experts, 5).to(device=device, dtype=dtype))
+        b = None
+        if bias == "logits":
+            b = _grid_bias(experts, 5).to(device=device, dtype=dtype)
+        elif bias == "float32":
+            b = _bias(experts, 5).to(device)
+        logits = decisive_logits(tokens, experts, device, dtype, gen, bias=b,
+                                 scoring_func=kwargs.get("scoring_func", "softmax"),
+                                 num_expert_group=kwargs["num_expert_group"], topk_group=kwargs["topk_group"],
+                                 topk=kwargs["topk"])
+        return (hidden, logits) if b is None else (hidden, logits, b)
 
     return LayerCase(name, lambda dtype: dict(kwargs), make_inputs, level=level)
 
 
-declare_cases(GroupedTopk, tolerances=TOPK_TOLERANCES, cases=[
+declare_cases(GroupedTopk, tolerances=TOPK_TOLERANCES, canonical=by_expert_id, cases=[
     _topk_case("tokens=5,E=16,groups=4/2,top4,softmax,renorm", 5, 16, topk=4, renormalize=True, num_expert_group=4,
-   topk_group=2),
-    _topk_case("tokens=5,E=16,groups=4/2,top4,sigmoid,bias,scale=2.5", 5, 16, bias=True, topk=4, renormalize=True,
-   num_expert_group=4, topk_group=2, scoring_func="sigmoid", routed_scaling_factor=2.5),
+               topk_group=2),
+    _topk_case("tokens=5,E=16,groups=4/2,top4,sigmoid,bias,scale=2.5", 5, 16, bias="logits", topk=4,
+               renormalize=True, num_expert_group=4, topk_group=2, scoring_func="sigmoid",
+               routed_scaling_factor=2.5),
+    _topk_case("tokens=5,E=16,groups=4/2,top4,sigmoid,float32_bias", 5, 16, bias="float32", topk=4,
+               renormalize=True, num_expert_group=4, topk_group=2, scoring_func="sigmoid"),
     _topk_case("tokens=3,E=8,groups=8/3,top2,softmax,no_renorm", 3, 8, topk=2, renormalize=False,
-   num_expert_group=8, topk_group=3),
+               num_expert_group=8, topk_group=3),
     _topk_case("tokens=1,E=6,groups=2/1,top3,sigmoid", 1, 6, topk=3, renormalize=True, num_expert_group=2,
-   topk_group=1, scoring_func="sigmoid"),
-    _topk_case("tokens=64,E=256,groups=8/4,top8,sigmoid,bias", 64, 256, bias=True, topk=8, renormalize=True,
-   num_expert_group=8, topk_group=4, scoring_func="sigmoid", routed_scaling_factor=2.5,
-   level="standard"),
+               topk_group=1, scoring_func="sigmoid"),
+    _topk_case("tokens=16,E=64,groups=8/4,top6,softmax,no_renorm", 16, 64, topk=6, renormalize=False,
+               num_expert_group=8, topk_group=4),
+    # DeepSeek-V3's routing: 256 experts, sigmoid scores, a float32 correction bias.
+    _topk_case("tokens=64,E=256,groups=8/4,top8,sigmoid,float32_bias", 64, 256, bias="float32", topk=8,
+               renormalize=True, num_expert_group=8, topk_group=4, scoring_func="sigmoid",
+               routed_scaling_factor=2.5, level="standard"),
+    _topk_case("tokens=32,E=256,groups=8/4,top8,softmax", 32, 256, topk=8, renormalize=True, num_expert_group=8,
+               topk_group=4, level="standard"),
 ])
