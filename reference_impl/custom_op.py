@@ -101,9 +101,12 @@ class CustomOp(_ReplaceableMixin, nn.Module):
     op_registry: dict[str, type[CustomOp]] = {}
     op_registry_oot: dict[str, type[CustomOp]] = {}
 
-    def __init__(self, *, enforce_enable: bool = False):
+    def __init__(self, *, enforce_enable: bool = False, compile_native: bool = False):
+        """`compile_native` is vLLM's request to torch.compile forward_native when disabled inside an
+        opaque op; the reference accepts it (for vLLM's signatures) and runs forward_native eagerly."""
         super().__init__()
         self._enforce_enable = enforce_enable
+        self._compile_native = compile_native
         self._forward_method = self.dispatch_forward()
 
     def forward(self, *args, **kwargs):

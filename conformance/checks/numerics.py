@@ -25,6 +25,7 @@ from conformance.checks.common import (
     not_supported,
     to_golden,
     unit_dtype,
+    within_vllm,
 )
 from conformance.checks.record import check
 from conformance.inventory import Inventory
@@ -75,6 +76,10 @@ def unsupported(ctx: CheckContext, unit: Unit) -> Verdict:
 
 @check("numerics", "ir_case", units=Inventory.ir_case_units)
 def ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
+    return within_vllm(lookup.ir_case(unit.op, unit.case), lambda: _ir_case(ctx, unit))
+
+
+def _ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
     op, impl, case = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider), lookup.ir_case(unit.op, unit.case)
     dtype = unit_dtype(unit)
     args = case.make_args(dtype, ctx.device, case_generator(ctx, unit))
@@ -191,6 +196,10 @@ def enabled_forward(layer):
 
 @check("numerics", "layer_case", units=Inventory.layer_case_units)
 def layer_case(ctx: CheckContext, unit: Unit) -> Verdict:
+    return within_vllm(lookup.layer_case(unit.op, unit.case), lambda: _layer_case(ctx, unit))
+
+
+def _layer_case(ctx: CheckContext, unit: Unit) -> Verdict:
     in_tree, replacement = lookup.layer_classes(unit.op)
     dtype = unit_dtype(unit)
     ref, rep, inputs = build_layer_pair(ctx, unit, dtype)
