@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from reference_impl.custom_op import CustomOp
+from reference_impl.custom_op import CustomOp, PluggableLayer
 from reference_impl.layers.cases import LayerCase, LayerCaseError, conformance_of, declare_cases
 from reference_impl.layers import (activation, attention, conv, fused_moe, layernorm, mamba, quantization,
                                    rotary_embedding)
@@ -24,7 +24,7 @@ MODULES = (activation, layernorm, mamba, rotary_embedding, quantization, conv, a
 GOLDEN_SLACK = 4.0
 
 LAYERS = sorted({cls for module in MODULES for cls in vars(module).values()
-                 if isinstance(cls, type) and issubclass(cls, CustomOp)
+                 if isinstance(cls, type) and issubclass(cls, (CustomOp, PluggableLayer))
                  and (cls.__module__ == module.__name__ or cls.__module__.startswith(module.__name__ + "."))
                  and "name" in vars(cls)},  # registered classes (subpackages too), not shared bases (ConvLayerBase)
                 key=lambda c: c.__name__)

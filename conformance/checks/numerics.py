@@ -187,9 +187,13 @@ def build_layer_pair(ctx: CheckContext, unit: Unit, dtype: torch.dtype):
 
 def enabled_forward(layer):
     """The bound `forward_<x>` CustomOp's own dispatch picks for `layer` on the current platform when the
-    op is enabled (custom_ops all), e.g. forward_oot on an out-of-tree platform."""
+    op is enabled (custom_ops all), e.g. forward_oot on an out-of-tree platform; a PluggableLayer's
+    `forward` (it has no per-platform dispatch)."""
     from reference_impl.config import CompilationConfig, RuntimeConfig, set_current_config
+    from reference_impl.custom_op import CustomOp
 
+    if not isinstance(layer, CustomOp):
+        return layer.forward
     with set_current_config(RuntimeConfig(CompilationConfig(custom_ops=["all"]))):
         return layer.dispatch_forward()
 

@@ -26,29 +26,20 @@ from reference_impl.layers.fused_moe.routing import (
 )
 
 
-@CustomOp.register("fused_moe")
-class FusedMoE(CompositeOp):
-    """FusedMoE layer for MoE models: `forward(hidden_states [T, hidden], router_logits [T, E]) -> [T, hidden]`.
+class MoELayerBase:
+    """Construction, routing and experts shared by FusedMoE (a CustomOp) and TransformersFusedMoE (a
+    PluggableLayer, as vLLM 0.32 registers it): `_setup` takes FusedMoE's arguments."""
 
-    Weights `w13_weight [E, 2 * intermediate, hidden]` (gate rows, then up rows) and `w2_weight
-    [E, hidden, intermediate]` (+ `w13_bias`, `w2_bias` with `has_bias`), created by the method.
-    Routing: `custom_routing_function(hidden_states, router_logits, top_k, renormalize)` if given,
-    else GroupedTopk with `use_grouped_topk`, else plain top-k of softmax/sigmoid scores; a
-    correction bias picks experts on biased scores, weights stay unbiased; `renormalize` makes a
-    token's weights sum to 1; `routed_scaling_factor` scales them (both built-in routings).
-    """
-
-    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
-                 params_dtype: torch.dtype | None = None, reduce_results: bool = False, renormalize: bool = True,
-                 use_grouped_topk: bool = False, num_expert_group: int | None = None, topk_group: int | None = None,
-                 quant_config=None, tp_size: int | None = None, ep_size: int | None = None,
-                 dp_size: int | None = None, prefix: str = "",
-                 custom_routing_function: Callable | None = None, scoring_func: str = "softmax",
-                 routed_scaling_factor: float = 1.0, e_score_correction_bias: torch.Tensor | None = None,
-                 apply_router_weight_on_input: bool = False, activation: str = "silu", enable_eplb: bool = False,
-                 num_redundant_experts: int = 0, has_bias: bool = False,
-                 router_logits_dtype: torch.dtype | None = None, *, enforce_enable: bool = False) -> None:
-        super().__init__(enforce_enable=enforce_enable)
+    def _setup(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+               params_dtype: torch.dtype | None = None, reduce_results: bool = False, renormalize: bool = True,
+               use_grouped_topk: bool = False, num_expert_group: int | None = None, topk_group: int | None = None,
+               quant_config=None, tp_size: int | None = None, ep_size: int | None = None,
+               dp_size: int | None = None, prefix: str = "",
+               custom_routing_function: Callable | None = None, scoring_func: str = "softmax",
+               routed_scaling_factor: float = 1.0, e_score_correction_bias: torch.Tensor | None = None,
+               apply_router_weight_on_input: bool = False, activation: str = "silu", enable_eplb: bool = False,
+               num_redundant_experts: int = 0, has_bias: bool = False,
+               router_logits_dtype: torch.dtype | None = None) -> None:
         name = type(self).__name__
         for what, size in (("tp_size", tp_size), ("ep_size", ep_size), ("dp_size", dp_size)):
             require_single_rank(name, what, size)
@@ -138,6 +129,36 @@ class FusedMoE(CompositeOp):
                 f"intermediate_size={self.intermediate_size_per_partition}, renormalize={self.renormalize}, "
                 f"use_grouped_topk={self.use_grouped_topk}, scoring_func={self.scoring_func!r}, "
                 f"activation={self.activation!r}")
+
+
+@CustomOp.register("fused_moe")
+class FusedMoE(MoELayerBase, CompositeOp):
+    """FusedMoE layer for MoE models: `forward(hidden_states [T, hidden], router_logits [T, E]) -> [T, hidden]`.
+
+    Weights `w13_weight [E, 2 * intermediate, hidden]` (gate rows, then up rows) and `w2_weight
+    [E, hidden, intermediate]` (+ `w13_bias`, `w2_bias` with `has_bias`), created by the method.
+    Routing: `custom_routing_function(hidden_states, router_logits, top_k, renormalize)` if given,
+    else GroupedTopk with `use_grouped_topk`, else plain top-k of softmax/sigmoid scores; a
+    correction bias picks experts on biased scores, weights stay unbiased; `renormalize` makes a
+    token's weights sum to 1; `routed_scaling_factor` scales them (both built-in routings).
+    """
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+                 params_dtype: torch.dtype | None = None, reduce_results: bool = False, renormalize: bool = True,
+                 use_grouped_topk: bool = False, num_expert_group: int | None = None, topk_group: int | None = None,
+                 quant_config=None, tp_size: int | None = None, ep_size: int | None = None,
+                 dp_size: int | None = None, prefix: str = "",
+                 custom_routing_function: Callable | None = None, scoring_func: str = "softmax",
+                 routed_scaling_factor: float = 1.0, e_score_correction_bias: torch.Tensor | None = None,
+                 apply_router_weight_on_input: bool = False, activation: str = "silu", enable_eplb: bool = False,
+                 num_redundant_experts: int = 0, has_bias: bool = False,
+                 router_logits_dtype: torch.dtype | None = None, *, enforce_enable: bool = False) -> None:
+        super().__init__(enforce_enable=enforce_enable)
+        self._setup(num_experts, top_k, hidden_size, intermediate_size, params_dtype, reduce_results, renormalize,
+                    use_grouped_topk, num_expert_group, topk_group, quant_config, tp_size, ep_size, dp_size, prefix,
+                    custom_routing_function, scoring_func, routed_scaling_factor, e_score_correction_bias,
+                    apply_router_weight_on_input, activation, enable_eplb, num_redundant_experts, has_bias,
+                    router_logits_dtype)
 
 
 # ----- conformance cases --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from reference_impl.layers.mamba.mixer import MambaMixer
 from reference_impl.layers.mamba.mixer2 import MambaMixer2
 from reference_impl.layers.mamba.plamo2 import Plamo2MambaMixer
 from reference_impl.layers.mamba.scans import CONV_ACTIVATIONS, causal_conv1d, selective_scan, ssd_scan
-from reference_impl.layers.mamba.short_conv import ShortConv
+from reference_impl.layers.mamba.short_conv import ShortConv, ShortConvConfig
 
 __all__ = ["CONV_ACTIVATIONS", "MambaMixer", "MambaMixer2", "Mixer2RMSNormGated", "Plamo2MambaMixer", "ShortConv",
-           "causal_conv1d", "selective_scan", "ssd_scan"]
+           "ShortConvConfig", "causal_conv1d", "selective_scan", "ssd_scan"]

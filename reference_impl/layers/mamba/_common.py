@@ -91,10 +91,11 @@ def _init_mixer(layer, gen):
         [n for n, _ in layer.named_parameters() if n in ("A", "dt_bias", "dt_proj.bias")]))
 
 
-def _mixer_case(name, tokens, hidden, kwargs, *, level="quick"):
+def _mixer_case(name, tokens, hidden, kwargs, *, level="quick", key="hidden_size"):
+    """Built with the run dtype as torch's default (as a vLLM model builds its layers), so the
+    constructor gets vLLM's arguments only."""
     def make_inputs(dtype, device, gen):
         return (randn((tokens, hidden), dtype, device, gen),)
 
-    key = "dim" if "conv_L_cache" in kwargs else "hidden_size"
-    return LayerCase(name, lambda dtype: {key: hidden, **kwargs, "params_dtype": dtype}, make_inputs,
-                     init_params=_init_mixer, level=level)
+    return LayerCase(name, lambda dtype: {key: hidden, **kwargs}, make_inputs, init_params=_init_mixer, level=level,
+                     default_dtype=True)

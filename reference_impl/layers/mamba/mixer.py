@@ -6,8 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reference_impl.custom_op import CustomOp
-from reference_impl.layers._composite import CompositeOp, linear, require_single_rank
+from reference_impl.custom_op import PluggableLayer
+from reference_impl.layers._composite import CompositeLayer, linear, require_single_rank
 from reference_impl.layers.cases import declare_cases
 from reference_impl.layers.layernorm import RMSNorm
 from reference_impl.layers.mamba._common import (
@@ -21,22 +21,25 @@ from reference_impl.layers.mamba._common import (
 from reference_impl.layers.mamba.scans import CONV_ACTIVATIONS, causal_conv1d, selective_scan
 
 
-@CustomOp.register("mamba_mixer")
-class MambaMixer(CompositeOp):
+@PluggableLayer.register("mamba_mixer")
+class MambaMixer(CompositeLayer):
     """Mamba-1 selective-scan mixer (arXiv 2312.00752), one sequence, no cache.
 
     `[x | z] = in_proj(h)`; `x = silu(causal_conv1d(x))`; `[ts | B | C] = x_proj(x)` (optionally
     RMS-normed by dt_layernorm / b_layernorm / c_layernorm, Jamba); `delta = ts @ dt_proj.weight^T`;
     `y = selective_scan(x, delta, A, B, C, D, z, dt_proj.bias)`; `out_proj(y)`. `A [I, N]` is stored
-    as loaded (`-exp(A_log)`, float32), `D [I]` float32.
+    as loaded (`-exp(A_log)`, float32), `D [I]` float32. vLLM's constructor arguments; `model_config`
+    and `cache_config` (the state cache, which the one-sequence form has none of) are accepted and
+    unused; `params_dtype` (default: torch's default dtype, as vLLM's model loader sets it) and
+    `tp_size` are the reference's own, keyword-only.
     """
 
     def __init__(self, hidden_size: int, ssm_state_size: int, conv_kernel_size: int, intermediate_size: int,
                  time_step_rank: int, use_conv_bias: bool, use_bias: bool, use_rms_norm: bool,
                  rms_norm_has_weight: bool = True, rms_norm_eps: float = 1e-5, activation: str = "silu",
-                 is_lora_enabled: bool = False, prefix: str = "", *, params_dtype: torch.dtype | None = None,
-                 tp_size: int = 1, enforce_enable: bool = False) -> None:
-        super().__init__(enforce_enable=enforce_enable)
+                 is_lora_enabled: bool = False, model_config=None, cache_config=None, prefix: str = "", *,
+                 params_dtype: torch.dtype | None = None, tp_size: int = 1) -> None:
+        super().__init__()
         name = type(self).__name__
         require_single_rank(name, "tp_size", tp_size)
         _positive_ints(name, hidden_size=hidden_size, ssm_state_size=ssm_state_size,

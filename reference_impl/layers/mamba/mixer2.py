@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from reference_impl.custom_op import CustomOp
-from reference_impl.layers._composite import CompositeOp, linear, require_single_rank
+from reference_impl.custom_op import PluggableLayer
+from reference_impl.layers._composite import CompositeLayer, linear, require_single_rank
 from reference_impl.layers.cases import declare_cases
 from reference_impl.layers.mamba._common import (
     MIXER_TOLERANCES,
@@ -20,22 +20,26 @@ from reference_impl.layers.mamba.gated_norm import Mixer2RMSNormGated
 from reference_impl.layers.mamba.scans import CONV_ACTIVATIONS, causal_conv1d, ssd_scan
 
 
-@CustomOp.register("mamba_mixer2")
-class MambaMixer2(CompositeOp):
+@PluggableLayer.register("mamba_mixer2")
+class MambaMixer2(CompositeLayer):
     """Mamba-2 SSD mixer (arXiv 2405.21060), one sequence, no cache.
 
     `[z | xBC | dt] = in_proj(h)` (`intermediate`, `intermediate + 2 * n_groups * N`, `num_heads`);
     `xBC = silu(causal_conv1d(xBC))` split into x `[T, heads, head_dim]`, B and C `[T, n_groups, N]`;
     `y = ssd_scan(x, dt, A, B, C, D, dt_bias)`; `y = Mixer2RMSNormGated(y, gate=z)`; `out_proj(y)`.
+    vLLM's constructor arguments (`model_config`, `cache_config` accepted and unused, `quant_config`
+    must be None); `params_dtype` and `tp_size` are the reference's own, keyword-only.
     """
 
     def __init__(self, hidden_size: int, ssm_state_size: int, conv_kernel_size: int, intermediate_size: int,
                  use_conv_bias: bool, use_bias: bool, n_groups: int = 1, num_heads: int = 128, head_dim: int = 64,
                  rms_norm_eps: float = 1e-5, activation: str = "silu", use_rms_norm: bool = True,
-                 prefix: str = "", *, params_dtype: torch.dtype | None = None, tp_size: int = 1,
-                 enforce_enable: bool = False) -> None:
-        super().__init__(enforce_enable=enforce_enable)
+                 model_config=None, cache_config=None, quant_config=None, prefix: str = "", *,
+                 params_dtype: torch.dtype | None = None, tp_size: int = 1) -> None:
+        super().__init__()
         name = type(self).__name__
+        if quant_config is not None:
+            raise NotImplementedError(f"{name}: quantized projections are not part of the reference (quant_config)")
         require_single_rank(name, "tp_size", tp_size)
         _positive_ints(name, hidden_size=hidden_size, ssm_state_size=ssm_state_size,
                        conv_kernel_size=conv_kernel_size, intermediate_size=intermediate_size, n_groups=n_groups,

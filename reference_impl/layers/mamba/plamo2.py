@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from reference_impl.custom_op import CustomOp
-from reference_impl.layers._composite import CompositeOp, linear, require_single_rank
+from reference_impl.custom_op import PluggableLayer
+from reference_impl.layers._composite import CompositeLayer, linear, require_single_rank
 from reference_impl.layers.cases import declare_cases
 from reference_impl.layers.layernorm import RMSNorm
 from reference_impl.layers.mamba._common import (
@@ -20,8 +20,8 @@ from reference_impl.layers.mamba._common import (
 from reference_impl.layers.mamba.scans import causal_conv1d, ssd_scan
 
 
-@CustomOp.register("plamo2_mamba_mixer")
-class Plamo2MambaMixer(CompositeOp):
+@PluggableLayer.register("plamo2_mamba_mixer")
+class Plamo2MambaMixer(CompositeLayer):
     """PLaMo 2's Mamba-2 mixer, one sequence, no cache.
 
     `[gate | x] = in_proj(h)`; `x = silu(causal_conv1d(x))` (no conv bias); `[B | C | ts] =
@@ -34,9 +34,8 @@ class Plamo2MambaMixer(CompositeOp):
 
     def __init__(self, hidden_size: int, mamba_d_state: int, mamba_d_conv: int, mamba_num_heads: int,
                  hidden_size_per_head: int, rms_norm_eps: float = 1e-6, time_step_rank: int | None = None,
-                 prefix: str = "", *, params_dtype: torch.dtype | None = None, tp_size: int = 1,
-                 enforce_enable: bool = False) -> None:
-        super().__init__(enforce_enable=enforce_enable)
+                 prefix: str = "", *, params_dtype: torch.dtype | None = None, tp_size: int = 1) -> None:
+        super().__init__()
         name = type(self).__name__
         require_single_rank(name, "tp_size", tp_size)
         time_step_rank = max(64, hidden_size // 16) if time_step_rank is None else time_step_rank
