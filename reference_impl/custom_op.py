@@ -1,9 +1,11 @@
 """`CustomOp` and `PluggableLayer`: layer classes that out-of-tree plugins can replace (docs/plugin-api.md §4).
 
-Both keep an in-tree registry (registered name -> class) and an out-of-tree registry (replaced
-class's `__name__` -> replacement class); constructing a replaced class builds the replacement.
-`CustomOp` additionally dispatches `forward` to `forward_<platform>` when enabled by
-`CompilationConfig.custom_ops`, and to `forward_native` when disabled.
+As in vLLM 0.32, both kinds share one in-tree registry (registered name -> class) and one
+out-of-tree registry (replaced class's `__name__` -> replacement class); constructing a replaced
+class builds the replacement. `CustomOp` additionally dispatches `forward` to `forward_<platform>`
+when enabled by `CompilationConfig.custom_ops`, and to `forward_native` when disabled;
+`PluggableLayer` (a layer composed of sub-layers) has no per-platform dispatch: a plugin replaces
+the whole class.
 """
 
 from __future__ import annotations
@@ -101,9 +103,12 @@ class CustomOp(_ReplaceableMixin, nn.Module):
     op_registry: dict[str, type[CustomOp]] = {}
     op_registry_oot: dict[str, type[CustomOp]] = {}
 
-    def __init__(self, *, enforce_enable: bool = False):
+    def __init__(self, *, enforce_enable: bool = False, compile_native: bool = False):
+        """`compile_native` is vLLM's request to torch.compile forward_native when disabled inside an
+        opaque op; the reference accepts it (for vLLM's signatures) and runs forward_native eagerly."""
         super().__init__()
         self._enforce_enable = enforce_enable
+        self._compile_native = compile_native
         self._forward_method = self.dispatch_forward()
 
     def forward(self, *args, **kwargs):
@@ -164,7 +169,23 @@ class CustomOp(_ReplaceableMixin, nn.Module):
 
 
 class PluggableLayer(_ReplaceableMixin, nn.Module):
-    """A layer replaced whole by an out-of-tree class (no per-platform forward dispatch)."""
+    """A module-composing layer replaced whole by an out-of-tree class at construction (vLLM 0.32's
+    PluggableLayer): no `forward_<platform>` dispatch and no custom_ops enablement.
 
-    op_registry: dict[str, type[PluggableLayer]] = {}
-    op_registry_oot: dict[str, type[PluggableLayer]] = {}
+    Registered with `@PluggableLayer.register(name)` into the registries CustomOp uses (vLLM keeps one
+    `op_registry` / `op_registry_oot` for both), so `CustomOp.register_oot("ReplicatedLinear")`,
+    `@ReplicatedLinear.register_oot` and `PluggableLayer.register_oot(...)` all replace it. The
+    reference's pluggable layers define `forward_native`, their semantics with every sub-layer run
+    native (what a replacement's `forward` is compared with), and `forward`, the same computation
+    with sub-layers dispatched; `forward` defaults to `forward_native`.
+    """
+
+    op_registry = CustomOp.op_registry
+    op_registry_oot = CustomOp.op_registry_oot
+
+    def forward(self, *args, **kwargs):
+        return self.forward_native(*args, **kwargs)
+
+    def forward_native(self, *args, **kwargs):
+        """The PyTorch-native semantics of this layer; every reference subclass defines it."""
+        raise NotImplementedError(f"{type(self).__name__} does not define forward_native")

@@ -198,12 +198,14 @@ def test_rmsnorm_replacement_forward_oot_runs_when_enabled_native_when_disabled(
     assert type(RMSNorm(16)) is RMSNorm
 
 
-def test_pluggable_layer_registries_are_separate_and_replace():
+def test_pluggable_layers_share_customops_registries_and_are_replaced_whole():
+    """As in vLLM 0.32: one registry for both kinds, so any register_oot form replaces a PluggableLayer;
+    a PluggableLayer has no per-platform forward and forward defaults to forward_native."""
     name = f"pluggable_{next(_ids)}"
 
     @PluggableLayer.register(name)
     class Block(PluggableLayer):
-        def forward(self, x):
+        def forward_native(self, x):
             return "in-tree"
 
     @Block.register_oot
@@ -212,9 +214,17 @@ def test_pluggable_layer_registries_are_separate_and_replace():
             return "vendor"
 
     try:
-        assert PluggableLayer.op_registry[name] is Block and name not in CustomOp.op_registry
-        assert "Block" in PluggableLayer.op_registry_oot and "Block" not in CustomOp.op_registry_oot
-        assert Block()(None) == "vendor"
+        assert PluggableLayer.op_registry[name] is Block and CustomOp.op_registry[name] is Block
+        assert CustomOp.op_registry_oot["Block"] is VendorBlock
+        assert Block()(None) == "vendor" and not hasattr(Block(), "dispatch_forward")
+        with pytest.raises(ValueError, match="already registered"):
+            CustomOp.register(name)(type("Other", (CustomOp,), {}))
     finally:
         PluggableLayer.unregister_oot("Block")
     assert Block()(None) == "in-tree"
+    CustomOp.register_oot(_decorated_op_cls=VendorBlock, name="Block")   # the CustomOp form works as well
+    try:
+        assert type(Block()) is VendorBlock
+    finally:
+        CustomOp.unregister_oot("Block")
+        del CustomOp.op_registry[name]

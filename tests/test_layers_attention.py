@@ -213,8 +213,9 @@ def test_mla_is_causal_and_invariant_to_shifting_all_positions():
     changed = layer(positions, later)
     assert_close64(changed[:4], out[:4], **F32)
     assert not torch.allclose(changed[4:], out[4:])
-    # Rotary scores depend on position differences only.
-    assert_close64(layer(positions + 17, h), out, atol=1e-9, rtol=1e-9)
+    # Rotary scores depend on position differences only (to the float32 precision of the rotary cache,
+    # which vLLM 0.32 builds in float32).
+    assert_close64(layer(positions + 17, h), out, atol=1e-6, rtol=1e-6)
     assert not torch.allclose(layer(positions.flip(0), h), out)
 
 
@@ -247,7 +248,7 @@ def test_mla_bad_inputs():
         layer(torch.arange(4), torch.randn(3, 32))
 
 
-def test_mla_native_uses_sub_layers_native_while_platform_forward_dispatches_them():
+def test_mla_native_uses_sub_layers_native_while_forward_dispatches_them():
     calls = []
 
     @CustomOp.register_oot("RMSNorm")
@@ -257,14 +258,15 @@ def test_mla_native_uses_sub_layers_native_while_platform_forward_dispatches_the
             return self.forward_native(x, residual)
 
     try:
-        # forward_cpu dispatches the sub-layers through the current platform: make it the CPU one.
+        # A PluggableLayer's forward dispatches the sub-layers through the current platform: make it the CPU one.
         with activate_platform("cpu"), set_current_config(RuntimeConfig(CompilationConfig(custom_ops=["all"]))):
             layer = MultiHeadLatentAttentionWrapper(**DIMS, scale=None, q_lora_rank=16)
             assert type(layer.kv_a_layernorm) is CountingRMSNorm
             h, positions = torch.randn(3, 32), torch.arange(3)
             native = layer.forward_native(positions, h)
             assert calls == []
-            torch.testing.assert_close(layer.forward_cpu(positions, h), native)
+            assert not hasattr(layer, "forward_cpu")          # a PluggableLayer: no per-platform forward
+            torch.testing.assert_close(layer(positions, h), native)
             assert sorted(calls) == [(3, 12), (3, 16)]
     finally:
         CustomOp.unregister_oot("RMSNorm")

@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from reference_impl.custom_op import CustomOp
+from reference_impl.custom_op import CustomOp, PluggableLayer
 from reference_impl.layers.cases import LayerCase, LayerCaseError, conformance_of, declare_cases
 from reference_impl.layers import (activation, attention, conv, fused_moe, layernorm, mamba, quantization,
                                    rotary_embedding)
@@ -24,8 +24,9 @@ MODULES = (activation, layernorm, mamba, rotary_embedding, quantization, conv, a
 GOLDEN_SLACK = 4.0
 
 LAYERS = sorted({cls for module in MODULES for cls in vars(module).values()
-                 if isinstance(cls, type) and issubclass(cls, CustomOp) and cls.__module__ == module.__name__
-                 and "name" in vars(cls)},  # registered classes, not shared bases (ConvLayerBase)
+                 if isinstance(cls, type) and issubclass(cls, (CustomOp, PluggableLayer))
+                 and (cls.__module__ == module.__name__ or cls.__module__.startswith(module.__name__ + "."))
+                 and "name" in vars(cls)},  # registered classes (subpackages too), not shared bases (ConvLayerBase)
                 key=lambda c: c.__name__)
 
 
@@ -61,29 +62,38 @@ def test_every_layer_is_registered_and_declares_cases_and_tolerances():
 @pytest.mark.parametrize("cls,case,dtype", list(_params()))
 def test_case_runs_and_tracks_float64(cls, case, dtype):
     gen = torch.Generator().manual_seed(2024)
-    layer = cls(**case.make_kwargs(dtype))
+    layer = case.build(cls, dtype)
     if case.init_params is not None:
         case.init_params(layer, gen)
     inputs = case.make_inputs(dtype, "cpu", torch.Generator().manual_seed(7))
     saved = [a.clone() if isinstance(a, torch.Tensor) else a for a in inputs]
 
-    def run(method):
-        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in saved]
-        return _outputs(method(*args))
-
-    native = run(layer.forward_native)
-    dispatched = run(layer.forward)
-    golden = _outputs(copy.deepcopy(layer).to(torch.float64).forward_native(*_golden_inputs(saved)))
-    atol, rtol = conformance_of(cls).get_tolerance(dtype)
+    record = conformance_of(cls)   # outputs compared in the form the harness compares them (record.comparable)
+    native = _outputs(record.comparable(layer.forward_native(*[a.clone() if isinstance(a, torch.Tensor) else a
+                                                                 for a in saved])))
+    dispatched = _outputs(record.comparable(layer.forward(*[a.clone() if isinstance(a, torch.Tensor) else a
+                                                             for a in saved])))
+    golden = _outputs(record.comparable(copy.deepcopy(layer).to(torch.float64).forward_native(*_golden_inputs(saved))))
+    atol, rtol = record.get_tolerance(dtype)
+    # A mixed-dtype case (a weight pinned to a coarser dtype) rounds through that dtype where the
+    # float64 run does not: grade native against float64 at the coarsest dtype's tolerance.
+    for p in layer.parameters():
+        if p.is_floating_point() and p.dtype in record.tolerances:
+            atol, rtol = max(atol, record.get_tolerance(p.dtype)[0]), max(rtol, record.get_tolerance(p.dtype)[1])
     assert len(native) == len(dispatched) == len(golden)
+    # Integer outputs are decisions (GroupedTopk's expert ids): half-precision semantics may decide
+    # otherwise than the float64 run, and then the values beside them are not comparable either.
+    decided_alike = all(out is None or out.is_floating_point() or dtype == torch.float32 or torch.equal(out, gold)
+                        for out, gold in zip(native, golden))
     for out, again, gold in zip(native, dispatched, golden):
         if out is None:
             assert again is None and gold is None
             continue
         assert out.shape == gold.shape and out.dtype == again.dtype
         torch.testing.assert_close(again.double(), out.double(), atol=atol, rtol=rtol, equal_nan=True)
-        torch.testing.assert_close(out.double(), gold.double(), atol=GOLDEN_SLACK * atol,
-                                   rtol=GOLDEN_SLACK * rtol, equal_nan=True)
+        if decided_alike:
+            torch.testing.assert_close(out.double(), gold.double(), atol=GOLDEN_SLACK * atol,
+                                       rtol=GOLDEN_SLACK * rtol, equal_nan=True)
 
 
 # ----- the declaration itself ----------------------------------------------------------------------

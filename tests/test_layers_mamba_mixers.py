@@ -16,6 +16,7 @@ from reference_impl.layers.mamba import (
     MambaMixer2,
     Plamo2MambaMixer,
     ShortConv,
+    ShortConvConfig,
     causal_conv1d,
     selective_scan,
     ssd_scan,
@@ -222,7 +223,7 @@ def test_plamo2_mixer_matches_reference_and_default_rank():
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_short_conv_matches_reference(bias):
-    m = _seeded(ShortConv(6, conv_L_cache=3, conv_bias=bias))
+    m = _seeded(ShortConv(ShortConvConfig(conv_L_cache=3, conv_bias=bias), 6, layer_idx=0))
     h = f64(5, 6, seed=33)
     B, C, x = _lin(h, m.in_proj).chunk(3, -1)
     expected = _lin(C * _conv_loop(B * x, m.conv.weight, m.conv.bias, False), m.out_proj)
@@ -236,7 +237,7 @@ MIXERS = [
     lambda: MambaMixer(12, 3, 4, 8, 2, True, False, True),
     lambda: MambaMixer2(10, 2, 3, 8, True, False, n_groups=2, num_heads=4, head_dim=2),
     lambda: Plamo2MambaMixer(8, 3, 3, 2, 3, time_step_rank=4),
-    lambda: ShortConv(8, 3, True),
+    lambda: ShortConv(ShortConvConfig(3, True), 8, 0),
 ]
 
 
@@ -275,8 +276,9 @@ def test_mixers_keep_the_parameter_dtype_and_name_bad_inputs(make):
     (lambda: MambaMixer2(10, 2, 3, 8, True, False, num_heads=4, head_dim=2, tp_size=4), NotImplementedError,
      "tp_size=4"),
     (lambda: Plamo2MambaMixer(8, 3, 0, 2, 3), ValueError, "mamba_d_conv=0"),
-    (lambda: ShortConv(8, 0), ValueError, "conv_L_cache=0"),
-    (lambda: ShortConv(8, 3, tp_size=2), NotImplementedError, "tp_size=2"),
+    (lambda: ShortConv(ShortConvConfig(0), 8, 0), ValueError, "conv_L_cache=0"),
+    (lambda: ShortConv(ShortConvConfig(3), 8, 0, tp_size=2), NotImplementedError, "tp_size=2"),
+    (lambda: ShortConv(ShortConvConfig(3), 8, 0, quant_config=object()), NotImplementedError, "quant_config"),
 ])
 def test_bad_construction(make, error, match):
     with pytest.raises(error, match=match):

@@ -124,7 +124,7 @@ def test_gemma_rms_norm_casts_after_the_weight_multiply(dtype):
 @pytest.mark.parametrize("groups", [1, 4])
 def test_mixer2_gated_rms_norm_matches_formula(groups):
     hidden, eps = 64, 1e-6
-    layer = Mixer2RMSNormGated(hidden, groups, eps=eps, dtype=torch.float64)
+    layer = Mixer2RMSNormGated(hidden, groups, eps=eps).to(torch.float64)
     layer.weight.data = f64(hidden, seed=4) * 0.1 + 1.0
     x, gate = f64(3, hidden, seed=5), f64(3, hidden, seed=6)
     assert layer.group_size == hidden // groups
@@ -147,7 +147,17 @@ def test_mixer2_output_dtype_follows_weight_promotion():
     assert out.dtype == torch.float32            # weight * normed.to(bfloat16) promotes
     exact = _grouped_rms(x.double() * _silu(gate.double()), 16, 1e-6)
     assert ((out.double() - exact).abs() <= (2.0 ** -8 + 1e-6) * exact.abs()).all()
-    assert Mixer2RMSNormGated(32, 2, dtype=torch.bfloat16)(x, gate).dtype == torch.bfloat16
+    torch.set_default_dtype(torch.bfloat16)      # how a vLLM model builds it in bfloat16
+    try:
+        in_model = Mixer2RMSNormGated(32, 2)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert in_model.weight.dtype == torch.bfloat16 and in_model(x, gate).dtype == torch.bfloat16
+
+
+def test_mixer2_takes_vllms_constructor_arguments_only():
+    with pytest.raises(TypeError, match="dtype"):
+        Mixer2RMSNormGated(32, 2, dtype=torch.bfloat16)
 
 
 @pytest.mark.parametrize("hidden,groups", [(64, 5), (64, 0)])

@@ -138,8 +138,15 @@ def test_argument_errors():
         QuantFP8(False, GroupShape.PER_TENSOR)(x, None, torch.tensor([1.0]))
     with pytest.raises(ValueError, match="scale_ub"):
         QuantFP8(True, GroupShape.PER_TOKEN)(x, torch.ones(2, 1), torch.tensor([1.0]))
-    with pytest.raises(ValueError, match="not a multiple of group_size 96"):
-        QuantFP8(False, GroupShape(1, 96))(x)
+    with pytest.raises(ValueError, match=r"group_shape=\(-1, 1\) is not supported for dynamic"):
+        QuantFP8(False, GroupShape.PER_CHANNEL)
+
+
+def test_ragged_last_group_is_zero_padded_like_vllm():
+    x = _x(2, 128)
+    q, scales = QuantFP8(False, GroupShape(1, 96))(x)
+    assert q.shape == (2, 128) and scales.shape == (2, 2)   # groups of 96 and 32 features
+    assert torch.equal(scales[:, 1], (x[:, 96:].float().abs().amax(-1) / 448.0).clamp(min=1 / (448 * 512)))
 
 
 def test_quant_layer_goes_through_ir_dispatch():

@@ -32,8 +32,13 @@ def _rotate(x, angles, head_size, neox, cos=None, sin=None):
 
 
 def _angles(positions, rotary_dim, base):
-    inv_freq = base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
-    return positions.double()[:, None] * inv_freq[None, :]
+    """The rotation angles as vLLM 0.32 forms them, in float32 (then widened): the caches' cos/sin are of
+    these float32 angles, computed in float32 (CACHE32 bounds that last rounding)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+    return (positions.float()[:, None] * inv_freq[None, :]).double()
+
+
+CACHE32 = {"atol": 1e-6, "rtol": 1e-6}   # cos/sin of float32 angles, evaluated in float32
 
 
 def test_registered_names():
@@ -51,23 +56,24 @@ def test_rotary_embedding_matches_complex_rotation(neox, head_size, rotary_dim):
     q, k = f64(5, 3 * head_size, seed=1), f64(5, head_size, seed=2)
     q_out, k_out = layer(positions, q, k)
     angles = _angles(positions, rotary_dim, 10000.0)
-    assert_close64(q_out, _rotate(q, angles, head_size, neox))
-    assert_close64(k_out, _rotate(k, angles, head_size, neox))
+    assert_close64(q_out, _rotate(q, angles, head_size, neox), **CACHE32)
+    assert_close64(k_out, _rotate(k, angles, head_size, neox), **CACHE32)
 
 
 def test_rotary_embedding_cache_and_layouts():
     layer = RotaryEmbedding(64, 32, 128, 500.0, True, torch.float64)
     angles = _angles(torch.arange(128), 32, 500.0)
-    assert_close64(layer.cos_sin_cache, torch.cat((angles.cos(), angles.sin()), dim=-1))
+    built32 = torch.cat((angles.float().cos(), angles.float().sin()), dim=-1)    # in float32, as vLLM builds it
+    assert torch.equal(layer.cos_sin_cache, built32.double())
     assert "cos_sin_cache" not in layer.state_dict()        # a derived buffer, as in vLLM
     positions = torch.tensor([3, 100, 5])
     q3 = f64(3, 2, 64, seed=3)                               # [tokens, heads, head_size]
     q_out, none = layer(positions, q3)
     assert none is None and q_out.shape == q3.shape
-    assert_close64(q_out, _rotate(q3, _angles(positions, 32, 500.0), 64, True))
+    assert_close64(q_out, _rotate(q3, _angles(positions, 32, 500.0), 64, True), **CACHE32)
     q_strided = row_strided(f64(3, 128, seed=4), 5)
     assert_close64(layer(positions, q_strided)[0], _rotate(q_strided.contiguous(), _angles(positions, 32, 500.0),
-                                                              64, True))
+                                                              64, True), **CACHE32)
 
 
 def test_rotary_embedding_is_functional():
@@ -103,8 +109,8 @@ def test_dual_chunk_rotary_matches_vllm_positions(neox):
                 torch.full_like(p, min(2 * chunk_len - 1, chunk_size)), within + chunk_len, within + chunk_size]
     expected_q = torch.cat([_rotate(q, _angles(v, rot, 10000.0), head, neox) for v in variants], dim=-1)
     assert q_out.shape == (6, 5 * 2 * head)
-    assert_close64(q_out, expected_q)
-    assert_close64(k_out, _rotate(k, _angles(p % chunk_len, rot, 10000.0), head, neox))
+    assert_close64(q_out, expected_q, **CACHE32)
+    assert_close64(k_out, _rotate(k, _angles(p % chunk_len, rot, 10000.0), head, neox), **CACHE32)
 
 
 def test_dual_chunk_rotary_rejects_local_size_not_below_chunk():

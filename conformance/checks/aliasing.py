@@ -26,6 +26,7 @@ from conformance.checks.common import (
     overlaps,
     snapshot,
     unit_dtype,
+    within_vllm,
 )
 from conformance.checks.numerics import supports
 from conformance.checks.record import check
@@ -112,6 +113,10 @@ def check_opcheck(op, impl, args) -> list[str]:
 
 @check("aliasing", "ir_case", units=Inventory.ir_case_units)
 def ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
+    return within_vllm(lookup.ir_case(unit.op, unit.case), lambda: _ir_case(ctx, unit))
+
+
+def _ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
     op, impl, case = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider), lookup.ir_case(unit.op, unit.case)
     dtype = unit_dtype(unit)
     args = case.make_args(dtype, ctx.device, case_generator(ctx, unit))

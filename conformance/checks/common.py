@@ -126,6 +126,25 @@ def call_impl(where: str, fn, *args):
         raise KernelRaised(where, exc) from exc
 
 
+def within_vllm(case, body) -> Verdict:
+    """`body()` for a case; for a case beyond vLLM 0.32 (its `beyond_vllm` reason set), an implementation
+    that declines it, raises on it or computes otherwise behaves like vLLM there: NOT_SUPPORTED naming
+    the reason, never FAIL or ERROR (a pass is still a PASS)."""
+    reason = getattr(case, "beyond_vllm", None)
+    if not reason:
+        return body()
+    note = f"case {case.name} asks for more than vLLM 0.32 does ({reason})"
+    try:
+        verdict = body()
+    except KernelRaised as exc:
+        return not_supported(f"{note}; {exc.where} raised {exception_line(exc.exc)}")
+    if verdict.outcome in (Outcome.FAIL, Outcome.ERROR):
+        return not_supported(f"{note}; the implementation differs from the reference there: {verdict.message}")
+    if verdict.outcome is Outcome.NOT_SUPPORTED:
+        return not_supported(f"{verdict.message}; {note}")
+    return verdict
+
+
 # ----- inputs --------------------------------------------------------------------------------------
 def unit_dtype(unit: Unit) -> torch.dtype:
     assert unit.dtype is not None, unit

@@ -25,6 +25,7 @@ from conformance.checks.common import (
     not_supported,
     to_golden,
     unit_dtype,
+    within_vllm,
 )
 from conformance.checks.record import check
 from conformance.collect.inventory import Inventory
@@ -75,6 +76,10 @@ def unsupported(ctx: CheckContext, unit: Unit) -> Verdict:
 
 @check("numerics", "ir_case", units=Inventory.ir_case_units)
 def ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
+    return within_vllm(lookup.ir_case(unit.op, unit.case), lambda: _ir_case(ctx, unit))
+
+
+def _ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
     op, impl, case = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider), lookup.ir_case(unit.op, unit.case)
     dtype = unit_dtype(unit)
     args = case.make_args(dtype, ctx.device, case_generator(ctx, unit))
@@ -163,12 +168,12 @@ def build_layer_pair(ctx: CheckContext, unit: Unit, dtype: torch.dtype):
     """(in-tree reference instance, replacement instance, inputs) with equal seeded parameters."""
     in_tree, replacement = lookup.layer_classes(unit.op)
     case = lookup.layer_case(unit.op, unit.case)
-    kwargs = case.make_kwargs(dtype)
-    with lookup.without_replacement(in_tree):
-        ref = in_tree(**kwargs)
-    rep = call_impl(f"constructing {replacement.__qualname__}", lambda: in_tree(**kwargs))
-    if not isinstance(rep, replacement):
-        rep = call_impl(f"constructing {replacement.__qualname__}", lambda: replacement(**kwargs))
+    with case.constructing(dtype) as kwargs:
+        with lookup.without_replacement(in_tree):
+            ref = in_tree(**kwargs)
+        rep = call_impl(f"constructing {replacement.__qualname__}", lambda: in_tree(**kwargs))
+        if not isinstance(rep, replacement):
+            rep = call_impl(f"constructing {replacement.__qualname__}", lambda: replacement(**kwargs))
     seed = unit_seed(ctx.seed, unit.op, unit.case, unit.dtype)
     if case.init_params is not None:
         case.init_params(ref, generator(seed))
@@ -182,15 +187,23 @@ def build_layer_pair(ctx: CheckContext, unit: Unit, dtype: torch.dtype):
 
 def enabled_forward(layer):
     """The bound `forward_<x>` CustomOp's own dispatch picks for `layer` on the current platform when the
-    op is enabled (custom_ops all), e.g. forward_oot on an out-of-tree platform."""
+    op is enabled (custom_ops all), e.g. forward_oot on an out-of-tree platform; a PluggableLayer's
+    `forward` (it has no per-platform dispatch)."""
     from reference_impl.config import CompilationConfig, RuntimeConfig, set_current_config
+    from reference_impl.custom_op import CustomOp
 
+    if not isinstance(layer, CustomOp):
+        return layer.forward
     with set_current_config(RuntimeConfig(CompilationConfig(custom_ops=["all"]))):
         return layer.dispatch_forward()
 
 
 @check("numerics", "layer_case", units=Inventory.layer_case_units)
 def layer_case(ctx: CheckContext, unit: Unit) -> Verdict:
+    return within_vllm(lookup.layer_case(unit.op, unit.case), lambda: _layer_case(ctx, unit))
+
+
+def _layer_case(ctx: CheckContext, unit: Unit) -> Verdict:
     in_tree, replacement = lookup.layer_classes(unit.op)
     dtype = unit_dtype(unit)
     ref, rep, inputs = build_layer_pair(ctx, unit, dtype)
@@ -205,7 +218,9 @@ def layer_case(ctx: CheckContext, unit: Unit) -> Verdict:
     forward = enabled_forward(rep)
     method = forward.__name__
     out = call_impl(f"{replacement.__qualname__}.{method}", forward, *clone_args(inputs))
-    atol, rtol = lookup.layer_record(unit.op).get_tolerance(dtype)
+    record = lookup.layer_record(unit.op)
+    out, expected, golden = record.comparable(out), record.comparable(expected), record.comparable(golden)
+    atol, rtol = record.get_tolerance(dtype)
     hint = (f"conformance_of({in_tree.__name__}).override_tolerance(torch.{dtype_name(dtype)}, "
             f"atol={{atol:.2g}}, rtol={{rtol:g}})")
     cmp = compare_outputs(out, expected, golden, atol=atol, rtol=rtol, compare_nan=True, dtype=dtype,

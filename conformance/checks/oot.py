@@ -1,5 +1,6 @@
 """Dispatch family for CustomOp replacements: the register_oot name replaces a class, and the
-replacement's own code runs on this platform when enabled (forward_native when disabled).
+replacement's own code runs on this platform when enabled (forward_native when disabled). A
+PluggableLayer replacement has no dispatch to check: its own code must run when the layer is used.
 
 Which `forward_<x>` runs is CustomOp's own dispatch (`CustomOp.dispatch_forward`), not a copy of
 it; what really ran is recorded with a profile hook while the layer is called, so a replacement
@@ -135,6 +136,7 @@ def oot_dispatch(ctx: CheckContext, unit: Unit) -> Verdict:
     """When enabled the replacement's own code runs through the forward method CustomOp dispatch picks;
     when disabled (custom_ops none / -name) forward_native runs and that method does not."""
     from reference_impl.config import CompilationConfig, RuntimeConfig, set_current_config
+    from reference_impl.custom_op import CustomOp
 
     in_tree, replacement = lookup.layer_classes(unit.op)
     dtype = dtype_from_name(unit.dtype)
@@ -144,6 +146,8 @@ def oot_dispatch(ctx: CheckContext, unit: Unit) -> Verdict:
         return Verdict(Outcome.SKIP, f"{in_tree.__name__} declares no conformance case to construct it with")
     case_unit = Unit(unit.family, unit.check, unit.op, unit.provider, unit.dtype, cases[0].name)
     classes = [c for c in replacement.__mro__ if c not in _MACHINERY]
+    if not issubclass(in_tree, CustomOp):
+        return _pluggable_dispatch(ctx, unit, case_unit, dtype, in_tree, replacement, classes)
     method = None
     settings = [(["all"], True), (["none"], False), ([f"-{unit.op}"], False), (["none", f"+{unit.op}"], True)]
     for custom_ops, enabled in settings:
@@ -165,3 +169,26 @@ def oot_dispatch(ctx: CheckContext, unit: Unit) -> Verdict:
                           f"{method} {ran} times and forward_native {natives} times")
     return passed(f"{replacement.__qualname__}'s own code runs through {method} when enabled, forward_native "
                   "when disabled")
+
+
+def _pluggable_dispatch(ctx: CheckContext, unit: Unit, case_unit: Unit, dtype, in_tree: type, replacement: type,
+                        classes: list[type]) -> Verdict:
+    """A PluggableLayer has no per-platform dispatch and no custom_ops switch: the replacement is the layer.
+    Its own code (a constructor composing other sub-layers, or forward) must run when the layer is
+    built and called, whatever custom_ops says."""
+    from reference_impl.config import CompilationConfig, RuntimeConfig, set_current_config
+
+    for custom_ops in (["all"], ["none"]):
+        with set_current_config(RuntimeConfig(CompilationConfig(custom_ops=custom_ops))):
+            with recording(classes) as calls:
+                _, rep, inputs = build_layer_pair(ctx, case_unit, dtype)
+                call_impl(f"{replacement.__qualname__}.forward", rep, *clone_args(inputs))
+        mine = vendor_classes(replacement, in_tree)
+        own = {code for c in mine for code in _functions(c)}
+        if not own & {code for _, code in calls}:
+            defined = sorted({n for c in mine for n in vars(c) if not n.startswith("__") or n == "__init__"})
+            return failed(f"{replacement.__qualname__} replaces the pluggable layer {in_tree.__name__} but none of its "
+                          f"own code ({', '.join(defined) or 'nothing'}) ran when the layer was built and called "
+                          f"(custom_ops={custom_ops}; ran: {_chain(calls)})")
+    return passed(f"{replacement.__qualname__} replaces the pluggable layer {in_tree.__name__} whole (no per-platform "
+                  "dispatch); its own code runs")

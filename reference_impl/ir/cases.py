@@ -7,7 +7,7 @@ device and seed. `level` says from which conformance level on the case runs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -24,6 +24,10 @@ class OpCase:
     level: str = "quick"
     dtypes: tuple[torch.dtype, ...] | None = None   # None: every dtype the platform supports
     compare_nan: bool = True                         # special-value cases compare nan positions too
+    # Why this case asks for more than vLLM 0.32 does (an input vLLM's code rejects or treats
+    # otherwise); None for cases inside vLLM's semantics. An implementation that behaves like vLLM
+    # may decline, raise or differ here: the harness reports NOT_SUPPORTED with this reason, never FAIL.
+    beyond_vllm: str | None = None
 
     def __post_init__(self):
         if self.level not in LEVELS:
@@ -31,6 +35,18 @@ class OpCase:
 
     def runs_at(self, level: str) -> bool:
         return LEVELS.index(self.level) <= LEVELS.index(level)
+
+
+def pinned_dtype(pins: Mapping[torch.dtype, torch.dtype], run_dtype: torch.dtype) -> torch.dtype:
+    """The dtype a mixed-dtype case gives its second tensor (a weight, say) when it runs in `run_dtype`.
+
+    `pins` maps each run dtype of the case to that second dtype; declare the case with
+    `dtypes=tuple(pins)` so it runs in exactly those dtypes.
+    """
+    try:
+        return pins[run_dtype]
+    except KeyError:
+        raise ValueError(f"this case pins a second dtype for {sorted(map(str, pins))} only, not {run_dtype}") from None
 
 
 def randn(shape, dtype, device, generator, scale: float = 1.0, offset: float = 0.0) -> torch.Tensor:

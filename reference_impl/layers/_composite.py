@@ -1,6 +1,6 @@
 """Shared pieces of the composite layers (attention, fused MoE, Mamba mixers): how a layer built from
-sub-layers calls them, tensor-parallel guards, and the seeded parameter initialisation their
-conformance cases use. Holds no registered layer.
+sub-layers calls them (as a CustomOp or as a PluggableLayer), tensor-parallel guards, and the seeded
+parameter initialisation their conformance cases use. Holds no registered layer.
 """
 
 from __future__ import annotations
@@ -11,17 +11,16 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from reference_impl.custom_op import CustomOp
+from reference_impl.custom_op import CustomOp, PluggableLayer
 
 
-class CompositeOp(CustomOp):
-    """A CustomOp whose forward is a composition of sub-layers, written once in `_forward`.
+class Composite:
+    """A layer whose forward is a composition of sub-layers, written once in `_forward(..., native=)`.
 
     `forward_native` runs every sub-layer's `forward_native` (the reference semantics never run a
-    replacement's kernel, even when a plugin replaced a sub-layer class); the platform forwards
-    (`forward_cuda`, `forward_cpu`, ..., `forward_oot`) run the same composition with sub-layers
-    dispatched, so a platform's kernels for the pieces are used. IR ops inside sub-layers dispatch
-    by IR priority either way.
+    replacement's kernel, even when a plugin replaced a sub-layer class); the dispatched form runs
+    the same composition with sub-layers called normally, so a platform's kernels for the pieces
+    are used. IR ops inside sub-layers dispatch by IR priority either way.
     """
 
     def _forward(self, *args, native: bool, **kwargs):
@@ -29,7 +28,7 @@ class CompositeOp(CustomOp):
 
     @staticmethod
     def _call(sub: nn.Module, native: bool, *args, **kwargs):
-        if native and isinstance(sub, CustomOp):
+        if native and isinstance(sub, (CustomOp, PluggableLayer)):
             return sub.forward_native(*args, **kwargs)
         return sub(*args, **kwargs)
 
@@ -38,6 +37,11 @@ class CompositeOp(CustomOp):
 
     def _forward_dispatched(self, *args, **kwargs):
         return self._forward(*args, native=False, **kwargs)
+
+
+class CompositeOp(Composite, CustomOp):
+    """A composite CustomOp: every platform forward (`forward_cuda`, `forward_cpu`, ..., `forward_oot`)
+    is the dispatched composition."""
 
     def forward_cuda(self, *args, **kwargs):
         return self._forward_dispatched(*args, **kwargs)
@@ -55,6 +59,13 @@ class CompositeOp(CustomOp):
         return self._forward_dispatched(*args, **kwargs)
 
     def forward_oot(self, *args, **kwargs):
+        return self._forward_dispatched(*args, **kwargs)
+
+
+class CompositeLayer(Composite, PluggableLayer):
+    """A composite PluggableLayer: `forward` is the dispatched composition, `forward_native` the native one."""
+
+    def forward(self, *args, **kwargs):
         return self._forward_dispatched(*args, **kwargs)
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from reference_impl.custom_op import CustomOp
+from reference_impl.custom_op import CustomOp, PluggableLayer
 from reference_impl.ir.cases import randn
-from reference_impl.layers._composite import CompositeOp, init_composite_params, linear, require_single_rank
+from reference_impl.layers._composite import CompositeLayer, init_composite_params, linear, require_single_rank
 from reference_impl.layers.cases import LayerCase, declare_cases
 from reference_impl.layers.layernorm import RMSNorm
 from reference_impl.layers.rotary_embedding import RotaryEmbedding
@@ -123,8 +123,8 @@ class MMEncoderAttention(CustomOp):
                 f"scale={self.scale}")
 
 
-@CustomOp.register("multi_head_latent_attention")
-class MultiHeadLatentAttentionWrapper(CompositeOp):
+@PluggableLayer.register("multi_head_latent_attention")
+class MultiHeadLatentAttentionWrapper(CompositeLayer):
     """Multi-head latent attention (DeepSeek-V2/V3), prefill of one sequence, no KV cache.
 
     `forward(positions [T], hidden_states [T, hidden_size]) -> [T, hidden_size]`:
@@ -138,14 +138,15 @@ class MultiHeadLatentAttentionWrapper(CompositeOp):
     Our compact form of vLLM's wrapper: it owns its projections (bias-free linears, `params_dtype`),
     norms and rotary embedding instead of taking `mla_modules`; the decode path (absorbed weights,
     latent KV cache), the sparse indexer and llama-4 scaling are left out; `tp_size` must be 1.
+    A PluggableLayer, as in vLLM 0.32 (replaced whole; `forward` runs the sub-layers dispatched).
     """
 
     def __init__(self, hidden_size: int, num_heads: int, scale: float | None, qk_nope_head_dim: int,
                  qk_rope_head_dim: int, v_head_dim: int, q_lora_rank: int | None, kv_lora_rank: int, *,
                  max_position_embeddings: int = 4096, rope_theta: float = 10000.0, is_neox_style: bool = False,
                  rms_norm_eps: float = 1e-6, params_dtype: torch.dtype | None = None, tp_size: int = 1,
-                 prefix: str = "", enforce_enable: bool = False) -> None:
-        super().__init__(enforce_enable=enforce_enable)
+                 prefix: str = "") -> None:
+        super().__init__()
         name = type(self).__name__
         require_single_rank(name, "tp_size", tp_size)
         sizes = {"hidden_size": hidden_size, "num_heads": num_heads, "qk_nope_head_dim": qk_nope_head_dim,

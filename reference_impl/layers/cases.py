@@ -10,8 +10,9 @@ with equal parameters.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -27,6 +28,11 @@ class LayerCase:
     init_params: Callable[[torch.nn.Module, torch.Generator], None] | None = None
     level: str = "quick"
     dtypes: tuple[torch.dtype, ...] | None = None
+    # Build the layer with torch's default dtype set to the run dtype, as vLLM's model loader does
+    # (`set_default_torch_dtype`), for constructors that take no dtype argument (vLLM's do not).
+    default_dtype: bool = False
+    # Why this case asks for more than vLLM 0.32 does (see OpCase.beyond_vllm); None when it does not.
+    beyond_vllm: str | None = None
 
     def __post_init__(self):
         if self.level not in LEVELS:
@@ -34,6 +40,25 @@ class LayerCase:
 
     def runs_at(self, level: str) -> bool:
         return LEVELS.index(self.level) <= LEVELS.index(level)
+
+    @contextlib.contextmanager
+    def constructing(self, dtype: torch.dtype) -> Iterator[dict[str, Any]]:
+        """The constructor kwargs for `dtype`, with the default dtype this case builds its layers under."""
+        kwargs = self.make_kwargs(dtype)
+        if not self.default_dtype:
+            yield kwargs
+            return
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            yield kwargs
+        finally:
+            torch.set_default_dtype(previous)
+
+    def build(self, cls: type, dtype: torch.dtype) -> torch.nn.Module:
+        """`cls` constructed for this case in `dtype`."""
+        with self.constructing(dtype) as kwargs:
+            return cls(**kwargs)
 
 
 def randomize_parameters(layer: torch.nn.Module, gen: torch.Generator, scale: float = 0.1,
@@ -57,6 +82,13 @@ class LayerConformance:
     layer: str
     tolerances: dict[torch.dtype, tuple[float, float]]
     cases: tuple[LayerCase, ...]
+    # Puts an output in the form results are compared in, where the semantics leave something
+    # unspecified (GroupedTopk: the order of a row's top-k); None compares outputs as returned.
+    canonical: Callable[[Any], Any] | None = None
+
+    def comparable(self, output: Any) -> Any:
+        """`output` in the form it is compared in (see `canonical`)."""
+        return output if self.canonical is None or output is None else self.canonical(output)
 
     def case(self, name: str) -> LayerCase:
         for case in self.cases:
@@ -77,9 +109,10 @@ _ATTR = "_conformance"
 
 
 def declare_cases(cls: type, *, tolerances: Mapping[torch.dtype, tuple[float, float]],
-                  cases: Iterable[LayerCase]) -> LayerConformance:
+                  cases: Iterable[LayerCase], canonical: Callable[[Any], Any] | None = None) -> LayerConformance:
     """Attach `cls`'s conformance record; a second declaration, a repeated case name, no quick case, or a
-    case dtype without a tolerance raises `LayerCaseError`."""
+    case dtype without a tolerance raises `LayerCaseError`. `canonical` (see LayerConformance) maps an
+    output to the form results are compared in."""
     where = cls.__name__
     if _ATTR in vars(cls):
         raise LayerCaseError(f"{where}: conformance cases declared twice")
@@ -104,7 +137,9 @@ def declare_cases(cls: type, *, tolerances: Mapping[torch.dtype, tuple[float, fl
             raise LayerCaseError(f"{where}: case {case.name!r} runs in {missing} but no tolerance is declared for it")
     if not any(c.runs_at("quick") for c in cases):
         raise LayerCaseError(f"{where}: no case runs at the quick level")
-    record = LayerConformance(where, tolerances, cases)
+    if canonical is not None and not callable(canonical):
+        raise LayerCaseError(f"{where}: canonical must be callable, got {type(canonical).__name__}")
+    record = LayerConformance(where, tolerances, cases, canonical)
     setattr(cls, _ATTR, record)
     return record
 

@@ -1,7 +1,10 @@
 """Convolution layers of vision encoders (docs/catalog.md `conv2d` / `conv3d`).
 
 The native semantics are exactly `F.conv2d` / `F.conv3d` with the layer's weight, bias, stride,
-padding, dilation and groups (non-zero padding modes pad first with `F.pad`, like nn.ConvNd).
+padding, dilation and groups (non-zero padding modes pad first with `F.pad`, like nn.ConvNd). Where
+vLLM 0.32 differs (it ignores padding_mode, pads 'same' as k // 2 per side, and takes the patch path
+for kernel == stride even with a dilation) the reference keeps PyTorch's meaning; the cases that
+depend on it are marked beyond vLLM.
 Patch embeddings (kernel_size == stride, no padding, dilation 1, one group) take an equivalent
 unfold + matmul path, which is how vLLM runs them: the patches do not overlap, so each output
 pixel is one row of `patches @ W^T`.
@@ -174,12 +177,19 @@ def _init_conv(layer, gen):
     init_composite_params(layer, gen, fan_in=_conv_fan_in)
 
 
-def _conv_case(name, batch, spatial, kwargs, *, level="quick"):
+# vLLM 0.32's ConvLayerBase ignores padding_mode (always zero padding) and turns 'same' into k // 2 per
+# side (for an even kernel the output grows by one); the reference follows nn.ConvNd there.
+PADDING_MODE_BEYOND_VLLM = "padding_mode other than 'zeros': vLLM 0.32 ignores it and pads with zeros"
+EVEN_SAME_BEYOND_VLLM = ("padding='same' with an even kernel: vLLM 0.32 pads k // 2 on both sides, so its output is "
+                         "one larger than PyTorch's 'same'")
+
+
+def _conv_case(name, batch, spatial, kwargs, *, level="quick", beyond_vllm=None):
     def make_inputs(dtype, device, gen):
         return (randn((batch, kwargs["in_channels"], *spatial), dtype, device, gen),)
 
     return LayerCase(name, lambda dtype: {**kwargs, "params_dtype": dtype}, make_inputs, init_params=_init_conv,
-                     level=level)
+                     level=level, beyond_vllm=beyond_vllm)
 
 
 declare_cases(Conv2dLayer, tolerances=CONV_TOLERANCES, cases=[
@@ -192,8 +202,10 @@ declare_cases(Conv2dLayer, tolerances=CONV_TOLERANCES, cases=[
     _conv_case("k=3,stride=2,dilation=2,groups=2,c=4->6,11x11", 1, (11, 11),
    {"in_channels": 4, "out_channels": 6, "kernel_size": 3, "stride": 2, "dilation": 2, "groups": 2}),
     _conv_case("k=(2,3),same,reflect,c=3->5,6x7", 1, (6, 7),
-   {"in_channels": 3, "out_channels": 5, "kernel_size": (2, 3), "padding": "same",
-    "padding_mode": "reflect"}),
+               {"in_channels": 3, "out_channels": 5, "kernel_size": (2, 3), "padding": "same",
+                "padding_mode": "reflect"}, beyond_vllm=f"{EVEN_SAME_BEYOND_VLLM}; {PADDING_MODE_BEYOND_VLLM}"),
+    _conv_case("k=3,same,c=3->4,6x7", 1, (6, 7), {"in_channels": 3, "out_channels": 4, "kernel_size": 3,
+                                                   "padding": "same"}),
     _conv_case("patch=14,c=3->64,28x28", 2, (28, 28), {"in_channels": 3, "out_channels": 64, "kernel_size": 14,
                                            "stride": 14}, level="standard"),
 ])
@@ -207,7 +219,7 @@ declare_cases(Conv3dLayer, tolerances=CONV_TOLERANCES, cases=[
                                             "padding": 1}),
     _conv_case("k=(1,3,3),stride=(1,2,2),replicate,pad=(0,1,1),groups=2,c=4->4,2x6x6", 1, (2, 6, 6),
    {"in_channels": 4, "out_channels": 4, "kernel_size": (1, 3, 3), "stride": (1, 2, 2),
-    "padding": (0, 1, 1), "padding_mode": "replicate", "groups": 2}),
+    "padding": (0, 1, 1), "padding_mode": "replicate", "groups": 2}, beyond_vllm=PADDING_MODE_BEYOND_VLLM),
     _conv_case("patch=(2,14,14),c=3->32,4x28x28", 1, (4, 28, 28),
    {"in_channels": 3, "out_channels": 32, "kernel_size": (2, 14, 14), "stride": (2, 14, 14)},
    level="standard"),

@@ -7,8 +7,8 @@ import torch.nn as nn
 
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
-from reference_impl.ir.cases import randn, strided
-from reference_impl.ir.ops.layernorm import NORM_TOLERANCES
+from reference_impl.ir.cases import pinned_dtype, randn, strided
+from reference_impl.ir.ops.layernorm import NORM_TOLERANCES, WEIGHT_BFLOAT16, WEIGHT_FLOAT32, unit_rms_rows
 from reference_impl.layers.cases import LayerCase, declare_cases, randomize_parameters
 
 
@@ -44,8 +44,13 @@ class RMSNorm(CustomOp):
         return f"hidden_size={self.hidden_size}, eps={self.variance_epsilon}, has_weight={self.has_weight}"
 
 
-def _rms_case(name, tokens, hidden, *, residual=False, level="quick", layout=None, **kwargs):
+def _rms_case(name, tokens, hidden, *, residual=False, level="quick", layout=None, weight_dtype=None, **kwargs):
+    """`weight_dtype` (run dtype -> weight dtype) makes a mixed-dtype case, run in those dtypes only;
+    layout 'unit_rms' draws rows whose normalized values sit far from rounding ties (see unit_rms_rows)."""
     def make_inputs(dtype, device, gen):
+        if layout == "unit_rms":
+            x = unit_rms_rows((tokens, hidden), dtype, device, gen)
+            return (x * 0.5, x * 0.5) if residual else (x,)
         x = randn((tokens, hidden), dtype, device, gen)
         if layout == "strided":
             x = strided(x)
@@ -53,8 +58,11 @@ def _rms_case(name, tokens, hidden, *, residual=False, level="quick", layout=Non
             return (x, randn((tokens, hidden), dtype, device, gen))
         return (x,)
 
-    return LayerCase(name, lambda dtype: {"hidden_size": hidden, "dtype": dtype, **kwargs}, make_inputs,
-                     init_params=randomize_parameters, level=level)
+    def make_kwargs(dtype):
+        return {"hidden_size": hidden, "dtype": pinned_dtype(weight_dtype, dtype) if weight_dtype else dtype, **kwargs}
+
+    return LayerCase(name, make_kwargs, make_inputs, init_params=randomize_parameters, level=level,
+                     dtypes=tuple(weight_dtype) if weight_dtype else None)
 
 
 declare_cases(RMSNorm, tolerances=NORM_TOLERANCES, cases=[
@@ -64,6 +72,12 @@ declare_cases(RMSNorm, tolerances=NORM_TOLERANCES, cases=[
     _rms_case("tokens=4,hidden=256,no_weight", 4, 256, has_weight=False),
     _rms_case("tokens=4,hidden=256,var_hidden_size=64", 4, 256, var_hidden_size=64),
     _rms_case("tokens=4,hidden=256,var_hidden_size=64,residual", 4, 256, var_hidden_size=64, residual=True),
+    _rms_case("tokens=7,hidden=769,weight=float32", 7, 769, weight_dtype=WEIGHT_FLOAT32),
+    _rms_case("tokens=7,hidden=769,weight=float32,residual", 7, 769, residual=True, weight_dtype=WEIGHT_FLOAT32),
+    _rms_case("tokens=5,hidden=640,unit_rms,weight=bfloat16", 5, 640, layout="unit_rms",
+              weight_dtype=WEIGHT_BFLOAT16),
+    _rms_case("tokens=5,hidden=640,unit_rms,weight=bfloat16,residual", 5, 640, layout="unit_rms", residual=True,
+              weight_dtype=WEIGHT_BFLOAT16),
     _rms_case("tokens=16,hidden=4096,residual", 16, 4096, residual=True, level="standard"),
 ])
 
@@ -131,13 +145,13 @@ class RMSNormGated(CustomOp):
 
 @CustomOp.register("gemma_rms_norm")
 class GemmaRMSNorm(CustomOp):
-    """Gemma's RMS norm: `x * (1 + w)` with the multiply in float32 and the cast after it.
+    """Gemma's RMS norm: `x * (1 + w)`, with `1 + w` in float32 and the cast to x's dtype after the multiply.
 
-    With a residual, `s = x + residual` is formed in float32 first; returns (norm(s), s cast to
-    x's dtype). (vLLM adds in the input dtype for bfloat16 and returns a float32 residual for
-    float16; here both dtypes add in float32 and the residual keeps x's dtype, like RMSNorm.)
-    The float32 tensors go through IR `rms_norm` / `fused_add_rms_norm.maybe_inplace`; for
-    float32 inputs those are `x` and `residual` themselves, which an in-place kernel may reuse.
+    As in vLLM 0.32 it is IR `rms_norm(x, 1 + w.float(), eps)` (with a residual, the functional
+    `fused_add_rms_norm(x, residual, 1 + w.float(), eps)`): the float32 weight makes the IR op
+    multiply in float32 and cast the product to x's dtype; with a residual, `x + residual` is formed
+    in float32 and returned cast to x's dtype. (vLLM 0.32 no longer adds in the input dtype for
+    bfloat16 nor returns a float32 residual for float16, as its earlier releases did.)
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, *, enforce_enable: bool = False):
@@ -149,14 +163,10 @@ class GemmaRMSNorm(CustomOp):
     def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if x.shape[-1] != self.hidden_size:
             raise ValueError(f"GemmaRMSNorm expected last dim {self.hidden_size}, got shape {tuple(x.shape)}")
-        orig_dtype = x.dtype
-        compute = _compute_dtype(x)
-        weight = self.weight.to(compute) + 1.0
+        weight = self.weight.to(_compute_dtype(self.weight)) + 1.0   # float32 (float64 for the golden run)
         if residual is None:
-            return ir.ops.rms_norm(x.to(compute), weight, self.variance_epsilon).to(orig_dtype)
-        out, summed = ir.ops.fused_add_rms_norm.maybe_inplace(x.to(compute), residual.to(compute), weight,
-                                                              self.variance_epsilon)
-        return out.to(orig_dtype), summed.to(orig_dtype)
+            return ir.ops.rms_norm(x, weight, self.variance_epsilon)
+        return ir.ops.fused_add_rms_norm(x, residual, weight, self.variance_epsilon)
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, eps={self.variance_epsilon}"

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reference_impl.custom_op import CustomOp
+from reference_impl.custom_op import PluggableLayer
 from reference_impl.distributed import GroupCoordinator, divide, get_tp_group
 from reference_impl.distributed.parallel_state import _DEFAULT_TP
 from reference_impl.ir.cases import randn, strided
@@ -34,8 +34,9 @@ def _parameter(shape: Sequence[int], dtype: torch.dtype | None) -> nn.Parameter:
     return nn.Parameter(torch.zeros(*shape, dtype=dtype or torch.get_default_dtype()), requires_grad=False)
 
 
-class LinearBase(CustomOp):
-    """Shared arguments, bias handling and loading of the linear layers.
+class LinearBase(PluggableLayer):
+    """Shared arguments, bias handling and loading of the linear layers (PluggableLayers, as in vLLM 0.32:
+    a plugin replaces the whole class; `forward` is `forward_native`).
 
     `disable_tp=True` makes the layer use a single-rank group whatever the tensor-parallel size is.
     Quantization is not part of the reference: a `quant_config` raises NotImplementedError.
@@ -43,8 +44,8 @@ class LinearBase(CustomOp):
 
     def __init__(self, input_size: int, output_size: int, skip_bias_add: bool = False,
                  params_dtype: torch.dtype | None = None, quant_config=None, prefix: str = "", *,
-                 return_bias: bool = True, disable_tp: bool = False, enforce_enable: bool = False):
-        super().__init__(enforce_enable=enforce_enable)
+                 return_bias: bool = True, disable_tp: bool = False):
+        super().__init__()
         if quant_config is not None:
             raise NotImplementedError(f"{type(self).__name__}({prefix!r}): quantized linear layers are not part of "
                                       "the reference implementation (quant_config must be None)")
@@ -98,15 +99,15 @@ class LinearBase(CustomOp):
                 f"bias={self.bias is not None}, tp_size={self.tp_size}")
 
 
-@CustomOp.register("replicated_linear")
+@PluggableLayer.register("replicated_linear")
 class ReplicatedLinear(LinearBase):
     """`y = x W^T + b` with the full weight on every rank (`disable_tp` has no effect)."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = True, skip_bias_add: bool = False,
                  params_dtype: torch.dtype | None = None, quant_config=None, prefix: str = "", *,
-                 return_bias: bool = True, disable_tp: bool = False, enforce_enable: bool = False):
+                 return_bias: bool = True, disable_tp: bool = False):
         super().__init__(input_size, output_size, skip_bias_add, params_dtype, quant_config, prefix,
-                         return_bias=return_bias, disable_tp=disable_tp, enforce_enable=enforce_enable)
+                         return_bias=return_bias, disable_tp=disable_tp)
         self.weight = _parameter((output_size, input_size), params_dtype)
         self.bias = _parameter((output_size,), params_dtype) if bias else None
 
@@ -119,7 +120,7 @@ class ReplicatedLinear(LinearBase):
         self._copy_shard(param, loaded_weight, self._param_name(param))
 
 
-@CustomOp.register("column_parallel_linear")
+@PluggableLayer.register("column_parallel_linear")
 class ColumnParallelLinear(LinearBase):
     """Output dimension sharded: rank r holds rows `[r*n, (r+1)*n)` of W (and of the bias).
 
@@ -131,10 +132,14 @@ class ColumnParallelLinear(LinearBase):
 
     def __init__(self, input_size: int, output_size: int, bias: bool = True, gather_output: bool = False,
                  skip_bias_add: bool = False, params_dtype: torch.dtype | None = None, quant_config=None,
-                 output_sizes: list[int] | None = None, prefix: str = "", *, return_bias: bool = True,
-                 disable_tp: bool = False, enforce_enable: bool = False):
+                 prefix: str = "", *, return_bias: bool = True, disable_tp: bool = False, tp_rank: int | None = None,
+                 tp_size: int | None = None, output_sizes: list[int] | None = None):
         super().__init__(input_size, output_size, skip_bias_add, params_dtype, quant_config, prefix,
-                         return_bias=return_bias, disable_tp=disable_tp, enforce_enable=enforce_enable)
+                         return_bias=return_bias, disable_tp=disable_tp)
+        if (tp_rank, tp_size) != (None, None) and (tp_rank, tp_size) != (self.tp_rank, self.tp_size):
+            raise NotImplementedError(f"{type(self).__name__}({prefix!r}): tp_rank={tp_rank}, tp_size={tp_size} other "
+                                      f"than the tensor-parallel group's ({self.tp_rank} of {self.tp_size}) are not "
+                                      "part of the reference")
         self.gather_output = gather_output
         self.output_sizes = list(output_sizes) if output_sizes is not None else [output_size]
         if sum(self.output_sizes) != output_size:
@@ -200,11 +205,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = True, gather_output: bool = False,
                  skip_bias_add: bool = False, params_dtype: torch.dtype | None = None, quant_config=None,
-                 prefix: str = "", *, return_bias: bool = True, disable_tp: bool = False,
-                 enforce_enable: bool = False):
+                 prefix: str = "", *, return_bias: bool = True, disable_tp: bool = False):
         super().__init__(input_size, sum(output_sizes), bias, gather_output, skip_bias_add, params_dtype,
-                         quant_config, output_sizes, prefix, return_bias=return_bias, disable_tp=disable_tp,
-                         enforce_enable=enforce_enable)
+                         quant_config, prefix, return_bias=return_bias, disable_tp=disable_tp,
+                         output_sizes=output_sizes)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -218,7 +222,7 @@ class QKVParallelLinear(ColumnParallelLinear):
     def __init__(self, hidden_size: int, head_size: int, total_num_heads: int,
                  total_num_kv_heads: int | None = None, bias: bool = True, skip_bias_add: bool = False,
                  params_dtype: torch.dtype | None = None, quant_config=None, prefix: str = "", *,
-                 return_bias: bool = True, disable_tp: bool = False, enforce_enable: bool = False):
+                 return_bias: bool = True, disable_tp: bool = False):
         total_num_kv_heads = total_num_kv_heads or total_num_heads
         tp_size = 1 if disable_tp else get_tp_group().world_size
         num_heads = divide(total_num_heads, tp_size, f"QKVParallelLinear({prefix!r}) total_num_heads")
@@ -232,8 +236,8 @@ class QKVParallelLinear(ColumnParallelLinear):
             kv_replicas = 1
         q_size, kv_size = num_heads * head_size * tp_size, num_kv_heads * head_size * tp_size
         super().__init__(hidden_size, q_size + 2 * kv_size, bias, False, skip_bias_add, params_dtype, quant_config,
-                         [q_size, kv_size, kv_size], prefix, return_bias=return_bias, disable_tp=disable_tp,
-                         enforce_enable=enforce_enable)
+                         prefix, return_bias=return_bias, disable_tp=disable_tp,
+                         output_sizes=[q_size, kv_size, kv_size])
         self.hidden_size = hidden_size
         self.head_size = head_size
         self.total_num_heads = total_num_heads
@@ -264,7 +268,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self._load_sub(param, loaded_weight, index, f"{name} '{loaded_shard_id}'", shard_rank)
 
 
-@CustomOp.register("row_parallel_linear")
+@PluggableLayer.register("row_parallel_linear")
 class RowParallelLinear(LinearBase):
     """Input dimension sharded: rank r holds columns `[r*n, (r+1)*n)` of W; the bias is not sharded.
 
@@ -277,10 +281,9 @@ class RowParallelLinear(LinearBase):
 
     def __init__(self, input_size: int, output_size: int, bias: bool = True, input_is_parallel: bool = True,
                  skip_bias_add: bool = False, params_dtype: torch.dtype | None = None, reduce_results: bool = True,
-                 quant_config=None, prefix: str = "", *, return_bias: bool = True, disable_tp: bool = False,
-                 enforce_enable: bool = False):
+                 quant_config=None, prefix: str = "", *, return_bias: bool = True, disable_tp: bool = False):
         super().__init__(input_size, output_size, skip_bias_add, params_dtype, quant_config, prefix,
-                         return_bias=return_bias, disable_tp=disable_tp, enforce_enable=enforce_enable)
+                         return_bias=return_bias, disable_tp=disable_tp)
         if not reduce_results and bias and not skip_bias_add:
             raise ValueError(f"RowParallelLinear({prefix!r}): reduce_results=False with a bias that is added "
                              "(skip_bias_add=False) would add the bias on every rank; skip it or reduce")

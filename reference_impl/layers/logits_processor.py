@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from reference_impl.custom_op import CustomOp
+from reference_impl.custom_op import PluggableLayer
 from reference_impl.ir.cases import randn
 from reference_impl.layers.cases import LayerCase, declare_cases
 from reference_impl.layers.linear import LINEAR_TOLERANCES
 from reference_impl.layers.vocab_parallel_embedding import ParallelLMHead, _init_rows
 
 
-@CustomOp.register("logits_processor")
-class LogitsProcessor(CustomOp):
+@PluggableLayer.register("logits_processor")
+class LogitsProcessor(PluggableLayer):
     """`forward(lm_head, hidden_states, embedding_bias=None) -> [..., org_vocab_size]` logits.
 
     Steps (vLLM's order): this rank's logits `lm_head(hidden_states)` (+ `embedding_bias`, shaped
@@ -20,12 +20,12 @@ class LogitsProcessor(CustomOp):
     where vLLM gathers to rank 0 only); keep the columns of token ids `0 .. org_vocab_size-1` in id
     order (the padding and added ids go); soft-cap `tanh(x / soft_cap) * soft_cap` when `soft_cap`
     is set; multiply by `scale`. With `logits_as_input`, `hidden_states` already are the logits
-    (`lm_head` is ignored) and only the soft-cap and scale apply.
+    (`lm_head` is ignored) and only the soft-cap and scale apply. A PluggableLayer, as in vLLM 0.32.
     """
 
     def __init__(self, vocab_size: int, org_vocab_size: int | None = None, scale: float = 1.0,
-                 logits_as_input: bool = False, soft_cap: float | None = None, *, enforce_enable: bool = False):
-        super().__init__(enforce_enable=enforce_enable)
+                 logits_as_input: bool = False, soft_cap: float | None = None):
+        super().__init__()
         org_vocab_size = org_vocab_size or vocab_size
         if not 0 < org_vocab_size <= vocab_size:
             raise ValueError(f"LogitsProcessor: need 0 < org_vocab_size={org_vocab_size} <= vocab_size={vocab_size}")

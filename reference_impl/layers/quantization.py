@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn, row_strided
-from reference_impl.ir.ops.quant import FP8_MAX, FP8_MIN_SCALE, QUANT_TOLERANCES
+from reference_impl.ir.ops.quant import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE, QUANT_TOLERANCES
 from reference_impl.layers.cases import LayerCase, declare_cases
 
 
@@ -31,6 +31,9 @@ class GroupShape(NamedTuple):
     def is_per_token(self) -> bool:
         return self.row == 1 and self.col == -1
 
+    def is_per_channel(self) -> bool:
+        return self.row == -1 and self.col == 1
+
     def is_per_group(self) -> bool:
         return self.row == 1 and self.col >= 1
 
@@ -38,26 +41,80 @@ class GroupShape(NamedTuple):
 # Class attributes set after creation (a NamedTuple would turn annotated ones into fields).
 GroupShape.PER_TENSOR = GroupShape(-1, -1)
 GroupShape.PER_TOKEN = GroupShape(1, -1)
+GroupShape.PER_CHANNEL = GroupShape(-1, 1)
+
+
+def prepare_static_scale(scale: torch.Tensor, x: torch.Tensor, group_shape: GroupShape) -> torch.Tensor:
+    """A static scale shaped to broadcast over x's `[tokens, hidden]` the way vLLM 0.32 reads it.
+
+    One value: kept as given for PER_TENSOR, else `[1, 1]`. A 1-D scale of n > 1 values is one value
+    per row of scale groups when a group spans all tokens (PER_CHANNEL: `[1, n]`), else one per token
+    when a group spans all features (PER_TOKEN: `[n, 1]`). A 1-D per-group scale `[groups]` with more
+    than one token (vLLM raises) is read as `[1, groups]`, the same groups for every token. Anything
+    else is used as given (`[tokens, 1]`, `[tokens, groups]`, `[1, hidden]`).
+    """
+    if scale.numel() == 1:
+        return scale if group_shape.is_per_tensor() else scale.reshape(1, 1)
+    if scale.dim() != 1:
+        return scale
+    tokens = x.shape[-2] if x.dim() >= 2 else 1
+    rows = group_shape.row if group_shape.row > 0 else tokens
+    cols = group_shape.col if group_shape.col > 0 else x.shape[-1]
+    if rows == tokens or cols != x.shape[-1]:
+        return scale.unsqueeze(-2)
+    return scale.unsqueeze(-1)
+
+
+def tma_aligned_column_major(scales: torch.Tensor) -> torch.Tensor:
+    """`scales [..., m, k]` copied into the TMA-aligned column-major layout of vLLM's group quant (the
+    token dim contiguous, each column padded to a multiple of 4 floats = 16 bytes); same values."""
+    m, k = scales.shape[-2:]
+    aligned = -(-m // 4) * 4
+    stride = (1, aligned) if scales.dim() == 2 else (aligned * k, 1, aligned)
+    out = torch.empty_strided(scales.shape, stride, dtype=scales.dtype, device=scales.device)
+    return out.copy_(scales)
+
+
+def group_quant_ue8m0(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic group quantization with UE8M0 scales (DeepGEMM's format): each scale `absmax / 448`
+    rounded up to a power of two, then clamped below at 1 / (448 * 512). Zero-pads a ragged last
+    group like `dynamic_group_quant_fp8`; no IR op has this form, so it is computed here."""
+    hidden = x.shape[-1]
+    n_groups = -(-hidden // group_size)
+    padded = F.pad(x, (0, n_groups * group_size - hidden)) if hidden % group_size else x
+    groups = padded.reshape(*x.shape[:-1], n_groups, group_size).to(torch.float32)
+    scale = torch.exp2(torch.ceil(torch.log2(groups.abs().amax(dim=-1) / FP8_MAX))).clamp(min=FP8_MIN_SCALE)
+    q = (groups / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).reshape(padded.shape)
+    return (q[..., :hidden].contiguous() if hidden % group_size else q), scale
 
 
 @CustomOp.register("quant_fp8")
 class QuantFP8(CustomOp):
-    """Quantize activations to float8_e4m3fn: `forward(x, scale=None, scale_ub=None) -> (q, scale)`.
+    """Quantize activations to float8_e4m3fn: `forward(x, scale=None, scale_ub=None, use_triton=False)
+    -> (q, scale)` (vLLM 0.32's QuantFP8).
 
-    Group shapes: PER_TENSOR (scale `[1]`), PER_TOKEN (`[..., 1]`) or per-group `(1, k)` (scale
-    `[..., hidden / k]`). Static layers require `scale` (the scale is returned as given); dynamic
-    layers compute it. `scale_ub` caps the absmax of dynamic per-token scales. `num_token_padding`
-    pads the quantized rows with zeros; `column_major_scales` lays dynamic group scales out
-    column-major (same values, transposed strides), as vLLM does.
+    Group shapes: PER_TENSOR (scale `[1]`), PER_TOKEN (`[..., 1]`), per-group `(1, k)` (scale
+    `[..., ceil(hidden / k)]`; a ragged last group is zero-padded) or, static only, PER_CHANNEL
+    (`[hidden]`). Static layers require `scale` and return it shaped as `prepare_static_scale`
+    reads it (a 1-D per-token `[T]` scale comes back `[T, 1]`); dynamic layers compute it.
+    `scale_ub` caps the absmax of dynamic per-token scales. `num_token_padding` pads the quantized
+    rows with zeros; `column_major_scales` lays dynamic group scales out column-major (same values,
+    transposed strides), with `tma_aligned_scales` in DeepGEMM's TMA-aligned layout; `use_ue8m0`
+    (None: False, as on a platform without DeepGEMM's UE8M0) rounds dynamic group scales up to
+    powers of two. `compile_native` is accepted for vLLM's signature; the reference does not compile
+    forward_native on its own. `use_triton` is accepted and ignored, as in vLLM's forward_native.
     """
 
     def __init__(self, static: bool, group_shape: GroupShape | tuple[int, int], num_token_padding: int | None = None,
-                 column_major_scales: bool = False, *, enforce_enable: bool = False):
-        super().__init__(enforce_enable=enforce_enable)
+                 column_major_scales: bool = False, tma_aligned_scales: bool = False, use_ue8m0: bool | None = None,
+                 compile_native: bool = True, *, enforce_enable: bool = False):
+        super().__init__(enforce_enable=enforce_enable, compile_native=compile_native)
         group_shape = GroupShape(*group_shape)
-        if not (group_shape.is_per_tensor() or group_shape.is_per_token() or group_shape.is_per_group()):
-            raise ValueError(f"QuantFP8: group_shape={tuple(group_shape)} is not supported for activations; use "
-                             "PER_TENSOR (-1, -1), PER_TOKEN (1, -1) or a per-group shape (1, k)")
+        allowed = group_shape.is_per_tensor() or group_shape.is_per_token() or group_shape.is_per_group()
+        if not (allowed or (static and group_shape.is_per_channel())):
+            raise ValueError(f"QuantFP8: group_shape={tuple(group_shape)} is not supported for "
+                             f"{'static' if static else 'dynamic'} activations; use PER_TENSOR (-1, -1), PER_TOKEN "
+                             f"(1, -1), a per-group shape (1, k) or, static only, PER_CHANNEL (-1, 1)")
         if num_token_padding is not None and num_token_padding < 0:
             raise ValueError(f"QuantFP8: num_token_padding={num_token_padding} must be >= 0")
         self.static = static
@@ -67,14 +124,18 @@ class QuantFP8(CustomOp):
         self.use_per_token_if_dynamic = group_shape.is_per_token()
         self.num_token_padding = num_token_padding
         self.column_major_scales = column_major_scales
+        self.tma_aligned_scales = tma_aligned_scales
+        self.use_ue8m0 = bool(use_ue8m0)
 
     def forward_native(self, x: torch.Tensor, scale: torch.Tensor | None = None,
-                       scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       scale_ub: torch.Tensor | None = None, use_triton: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.static:
             if scale is None:
                 raise ValueError("QuantFP8(static=True) needs the scale argument")
             if scale_ub is not None:
                 raise ValueError("QuantFP8: scale_ub applies to dynamic per-token quantization only")
+            scale = prepare_static_scale(scale, x, self.group_shape)
             return self._pad(ir.ops.static_quant_fp8(x, scale)), scale
         if scale is not None:
             raise ValueError("QuantFP8(static=False) computes its scales; do not pass scale")
@@ -83,9 +144,15 @@ class QuantFP8(CustomOp):
                              f"one value (group_shape={tuple(self.group_shape)}, "
                              f"scale_ub of {scale_ub.numel()} values)")
         if self.is_group_quant:
-            q, scales = ir.ops.dynamic_group_quant_fp8(x, self.group_size)
-            if self.column_major_scales:
-                scales = scales.transpose(-2, -1).contiguous().transpose(-2, -1)
+            if self.use_ue8m0:
+                q, scales = group_quant_ue8m0(x, self.group_size)
+            else:
+                q, scales = ir.ops.dynamic_group_quant_fp8(x, self.group_size)
+            if self.column_major_scales and scales.dim() >= 2:
+                if self.tma_aligned_scales:
+                    scales = tma_aligned_column_major(scales)
+                else:
+                    scales = scales.transpose(-2, -1).contiguous().transpose(-2, -1)
             return self._pad(q), scales
         q, scales = ir.ops.dynamic_quant_fp8(x, self.use_per_token_if_dynamic, scale_ub)
         return self._pad(q), scales
@@ -108,39 +175,57 @@ def _scales_for(x: torch.Tensor, group_shape: GroupShape) -> torch.Tensor:
         absmax = ref.amax().reshape(1)
     elif group_shape.is_per_token():
         absmax = ref.amax(dim=-1, keepdim=True)
+    elif group_shape.is_per_channel():
+        absmax = ref.amax(dim=0)
     else:
         absmax = ref.unflatten(-1, (-1, group_shape.col)).amax(dim=-1)
     return (absmax / FP8_MAX).clamp(min=FP8_MIN_SCALE)
 
 
-def _quant_case(name, shape, group_shape, *, static, scale_ub=False, layout=None, magnitude=3.0,
-                level="quick", **kwargs):
+# vLLM 0.32's QuantFP8 broadcasts scales over x's last two dims only (group_broadcast): per-token
+# and per-group scales of a 3-D x fail there (an assertion), where the reference quantizes each row.
+THREE_D_BEYOND_VLLM = ("a 3-D input with per-token or per-group scales: vLLM 0.32 broadcasts scales over the last "
+                       "two dims only and rejects it")
+
+
+def _quant_case(name, shape, group_shape, *, static, scale_ub=False, layout=None, magnitude=3.0, scale_1d=False,
+                level="quick", beyond_vllm=None, **kwargs):
+    """`scale_1d`: the static per-token scale as `[T]` (vLLM reads it per token, returns `[T, 1]`)."""
     def make_inputs(dtype, device, gen):
         x = randn(shape, dtype, device, gen, scale=magnitude)
         if layout == "row_strided":
             x = row_strided(x)
         if static:
-            return (x, _scales_for(x, group_shape))
+            scales = _scales_for(x, group_shape)
+            return (x, scales.flatten() if scale_1d else scales)
         if scale_ub:
             return (x, None, torch.tensor([2.0], device=device))
         return (x,)
 
     return LayerCase(name, lambda dtype: {"static": static, "group_shape": group_shape, **kwargs}, make_inputs,
-                     level=level)
+                     level=level, beyond_vllm=beyond_vllm)
 
 
-_T, _K, _G = GroupShape.PER_TENSOR, GroupShape.PER_TOKEN, GroupShape(1, 128)
+_T, _K, _G, _C = GroupShape.PER_TENSOR, GroupShape.PER_TOKEN, GroupShape(1, 128), GroupShape.PER_CHANNEL
 declare_cases(QuantFP8, tolerances=QUANT_TOLERANCES, cases=[
     _quant_case("static,per_tensor,tokens=7,hidden=768", (7, 768), _T, static=True),
     _quant_case("static,per_token,tokens=5,hidden=512,row_strided", (5, 512), _K, static=True,
-       layout="row_strided"),
+                layout="row_strided"),
+    _quant_case("static,per_token,1d_scale,tokens=6,hidden=256", (6, 256), _K, static=True, scale_1d=True),
+    _quant_case("static,per_token,1d_scale,tokens=1,hidden=128", (1, 128), _K, static=True, scale_1d=True),
+    _quant_case("static,per_channel,tokens=5,hidden=256", (5, 256), _C, static=True),
     _quant_case("static,per_group,tokens=4,hidden=384", (4, 384), _G, static=True),
     _quant_case("dynamic,per_tensor,tokens=7,hidden=768", (7, 768), _T, static=False),
-    _quant_case("dynamic,per_token,batch=2,seq=3,hidden=256", (2, 3, 256), _K, static=False),
+    _quant_case("dynamic,per_token,batch=2,seq=3,hidden=256", (2, 3, 256), _K, static=False,
+                beyond_vllm=THREE_D_BEYOND_VLLM),
+    _quant_case("dynamic,per_group=96,ragged,tokens=4,hidden=256", (4, 256), GroupShape(1, 96), static=False),
+    _quant_case("dynamic,per_group=128,ue8m0,tokens=5,hidden=512", (5, 512), _G, static=False, use_ue8m0=True),
+    _quant_case("dynamic,per_group=64,column_major,tma_aligned,tokens=5,hidden=256", (5, 256), GroupShape(1, 64),
+                static=False, column_major_scales=True, tma_aligned_scales=True),
     _quant_case("dynamic,per_token,scale_ub,tokens=4,hidden=256", (4, 256), _K, static=False, scale_ub=True),
     _quant_case("dynamic,per_group=128,tokens=5,hidden=512,tiny", (5, 512), _G, static=False, magnitude=1e-6),
     _quant_case("dynamic,per_group=64,column_major,tokens=3,hidden=256", (3, 256), GroupShape(1, 64),
-       static=False, column_major_scales=True),
+                static=False, column_major_scales=True),
     _quant_case("dynamic,per_token,padding=8,tokens=3,hidden=128", (3, 128), _K, static=False, num_token_padding=8),
     _quant_case("dynamic,per_group=128,tokens=64,hidden=7168", (64, 7168), _G, static=False, level="standard"),
 ])

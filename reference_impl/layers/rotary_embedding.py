@@ -16,7 +16,7 @@ import torch
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn, row_strided
-from reference_impl.ir.ops.rotary import ROPE_TOLERANCES, compute_cos_sin_cache
+from reference_impl.ir.ops.rotary import ROPE_TOLERANCES, compute_cos_sin_cache, cos_sin_rows
 from reference_impl.layers.cases import LayerCase, declare_cases
 
 
@@ -37,15 +37,18 @@ def _on_device(cache: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 @CustomOp.register("rotary_embedding")
 class RotaryEmbedding(CustomOp):
-    """Rotary embedding with a `[max_position, rotary_dim]` cos/sin cache (cos | sin halves).
+    """Rotary embedding with a `[max_position, rotary_dim]` cos/sin cache (cos | sin halves), built in
+    float32 and cast to `dtype` (vLLM 0.32; see compute_cos_sin_cache).
 
     `forward(positions, query, key=None) -> (query, key)` rotates the first rotary_dim features
     of every head, neox style (halves) or gptj style (interleaved pairs); `key=None` returns
     `(query, None)`. Query/key are `[tokens, heads * head_size]` or `[tokens, heads, head_size]`.
+    The cache is cast to the query's dtype for the rotation, as vLLM's native form does.
+    `init_cache=False` (vLLM's, for subclasses that build their own cache) registers no cache.
     """
 
     def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int, base: float,
-                 is_neox_style: bool, dtype: torch.dtype, *, enforce_enable: bool = False):
+                 is_neox_style: bool, dtype: torch.dtype, init_cache: bool = True, *, enforce_enable: bool = False):
         super().__init__(enforce_enable=enforce_enable)
         _check_rotary_dims(type(self).__name__, head_size, rotary_dim, max_position_embeddings, base)
         self.head_size = head_size
@@ -54,8 +57,9 @@ class RotaryEmbedding(CustomOp):
         self.base = base
         self.is_neox_style = is_neox_style
         self.dtype = dtype
-        cache = compute_cos_sin_cache(head_size, rotary_dim, max_position_embeddings, base, dtype)
-        self.register_buffer("cos_sin_cache", cache, persistent=False)
+        if init_cache:
+            cache = compute_cos_sin_cache(head_size, rotary_dim, max_position_embeddings, base, dtype)
+            self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward_native(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None):
         cache = _on_device(self.cos_sin_cache, query)
@@ -70,13 +74,6 @@ class RotaryEmbedding(CustomOp):
                 f"is_neox_style={self.is_neox_style}")
 
 
-def _cos_sin(t: torch.Tensor, rotary_dim: int, base: float, dtype: torch.dtype) -> torch.Tensor:
-    """cos | sin rows for (float64) positions `t`."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
-    freqs = torch.outer(t, inv_freq)
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
-
-
 @CustomOp.register("dual_chunk_rotary_embedding")
 class DualChunkRotaryEmbedding(CustomOp):
     """Rotary embedding for dual chunk attention (Qwen2.5-1M), following vLLM's native form.
@@ -85,8 +82,10 @@ class DualChunkRotaryEmbedding(CustomOp):
     is rotated five ways and concatenated on the last dim: intra-chunk (`position % chunk_len`),
     successive (`(position % chunk_len) + chunk_len`, clamped at chunk_size), inter (the fixed
     successive position of `chunk_len - 1`), successive-critical (unclamped) and inter-critical
-    (`(position % chunk_len) + chunk_size`). Caches are computed in float64 then cast (vLLM uses
-    float32), like `compute_cos_sin_cache`.
+    (`(position % chunk_len) + chunk_size`). As in vLLM 0.32: the caches are computed in float32 and
+    cast to `dtype`; the rotation runs in the promotion of the query's and the layer's dtypes (a float32
+    layer returns float32 for a half query); one token (leading dim 1) comes back without it:
+    query `(5 * heads * head_size,)`, key `(kv_heads * head_size,)`.
     """
 
     def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int, base: float,
@@ -106,18 +105,21 @@ class DualChunkRotaryEmbedding(CustomOp):
         self.chunk_size = chunk_size
         self.local_size = local_size
         self.chunk_len = chunk_len = chunk_size - local_size
-        t = torch.arange(chunk_len, dtype=torch.float64)
-        k_t = torch.arange(max_position_embeddings, dtype=torch.float64) % chunk_len
+        t = torch.arange(chunk_len, dtype=torch.float32)
+        k_t = torch.arange(max_position_embeddings, dtype=torch.float32) % chunk_len
         for name, positions in (("cos_sin_q_cache", t),
                                 ("cos_sin_qc_cache", (t + chunk_len).clamp(max=chunk_size)),
                                 ("cos_sin_k_cache", k_t),
                                 ("cos_sin_qc_no_clamp_cache", t + chunk_len),
                                 ("cos_sin_q_inter_cache", t + chunk_size)):
-            self.register_buffer(name, _cos_sin(positions, rotary_dim, base, dtype), persistent=False)
+            self.register_buffer(name, cos_sin_rows(positions, rotary_dim, base).to(dtype), persistent=False)
 
     def forward_native(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                        offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         positions = positions + offsets if offsets is not None else positions
+        # vLLM multiplies the query by the layer-dtype cos/sin: the result takes the promoted dtype.
+        compute = torch.promote_types(query.dtype, self.cos_sin_q_cache.dtype)
+        query, key = query.to(compute), key.to(compute)
 
         def rotate(pos, x, cache):
             return ir.ops.rotary_embedding_query(pos, x, self.head_size, _on_device(cache, x), self.is_neox_style)
@@ -132,7 +134,7 @@ class DualChunkRotaryEmbedding(CustomOp):
             rotate(in_chunk, query, self.cos_sin_qc_no_clamp_cache),
             rotate(in_chunk, query, self.cos_sin_q_inter_cache),
         ), dim=-1)
-        return query_out, key_out
+        return query_out.squeeze(0), key_out.squeeze(0)   # vLLM's `.squeeze(0)`: one token loses its dim
 
     def extra_repr(self) -> str:
         return (f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "
@@ -184,13 +186,15 @@ _MAX_POSITION = 4096
 
 
 def _rope_case(name, tokens, q_heads, kv_heads, head_size, rotary_dim, neox, *, key=True, layout=None,
-               level="quick"):
+               level="quick", max_position=_MAX_POSITION, min_position=0):
+    """Positions drawn from [min_position, max_position): near a large max_position the cache's float32
+    angles (vLLM 0.32's build) are far from float64 ones, which a cache built otherwise shows."""
     def make_kwargs(dtype):
-        return {"head_size": head_size, "rotary_dim": rotary_dim, "max_position_embeddings": _MAX_POSITION,
+        return {"head_size": head_size, "rotary_dim": rotary_dim, "max_position_embeddings": max_position,
                 "base": 10000.0, "is_neox_style": neox, "dtype": dtype}
 
     def make_inputs(dtype, device, gen):
-        positions = torch.randint(0, _MAX_POSITION, (tokens,), generator=gen).to(device)
+        positions = torch.randint(min_position, max_position, (tokens,), generator=gen).to(device)
         if layout == "3d":
             q = randn((tokens, q_heads, head_size), dtype, device, gen)
             k = randn((tokens, kv_heads, head_size), dtype, device, gen)
@@ -216,16 +220,19 @@ declare_cases(RotaryEmbedding, tolerances=ROPE_TOLERANCES, cases=[
     # partial rotary with rotary_dim / 2 = 20 (above 8, not a multiple of 8): vLLM 0.32's CPU kernel
     # segfaults on it in bfloat16 neox style (docs/vllm.md)
     _rope_case("tokens=5,heads=2/1,head=64,rot=40,neox", 5, 2, 1, 64, 40, True),
+    _rope_case("tokens=8,heads=2/1,head=64,rot=32,max_position=131072,large_positions,neox", 8, 2, 1, 64, 32, True,
+               max_position=131072, min_position=100000, level="standard"),
 ])
 
 
 def _dual_chunk_case(name, tokens, q_heads, kv_heads, head_size, rotary_dim, neox, *, offsets=False,
-                     level="quick"):
+                     level="quick", layer_dtype=None):
+    """`layer_dtype`: the layer's dtype pinned (float32 with half inputs: the output is float32)."""
     chunk_size, local_size, max_position = 64, 16, 512
 
     def make_kwargs(dtype):
         return {"head_size": head_size, "rotary_dim": rotary_dim, "max_position_embeddings": max_position,
-                "base": 10000.0, "is_neox_style": neox, "dtype": dtype, "chunk_size": chunk_size,
+                "base": 10000.0, "is_neox_style": neox, "dtype": layer_dtype or dtype, "chunk_size": chunk_size,
                 "local_size": local_size}
 
     def make_inputs(dtype, device, gen):
@@ -237,7 +244,8 @@ def _dual_chunk_case(name, tokens, q_heads, kv_heads, head_size, rotary_dim, neo
             return (positions, q, k, torch.randint(0, limit, (tokens,), generator=gen).to(device))
         return (positions, q, k)
 
-    return LayerCase(name, make_kwargs, make_inputs, level=level)
+    return LayerCase(name, make_kwargs, make_inputs, level=level,
+                     dtypes=(torch.float16, torch.bfloat16) if layer_dtype else None)
 
 
 declare_cases(DualChunkRotaryEmbedding, tolerances=ROPE_TOLERANCES, cases=[
@@ -245,6 +253,8 @@ declare_cases(DualChunkRotaryEmbedding, tolerances=ROPE_TOLERANCES, cases=[
     _dual_chunk_case("tokens=9,heads=4/2,head=64,gptj", 9, 4, 2, 64, 64, False),
     _dual_chunk_case("tokens=5,heads=2/1,head=80,rot=32,neox,offsets", 5, 2, 1, 80, 32, True, offsets=True),
     _dual_chunk_case("tokens=1,heads=1/1,head=32,neox", 1, 1, 1, 32, 32, True),
+    _dual_chunk_case("tokens=1,heads=2/1,head=64,rot=32,gptj", 1, 2, 1, 64, 32, False),
+    _dual_chunk_case("tokens=6,heads=2/1,head=64,layer=float32", 6, 2, 1, 64, 64, True, layer_dtype=torch.float32),
 ])
 
 

@@ -16,8 +16,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reference_impl.custom_op import CustomOp
+from reference_impl.custom_op import PluggableLayer
 from reference_impl.distributed import GroupCoordinator, get_tp_group
+from reference_impl.distributed.parallel_state import _DEFAULT_TP
 from reference_impl.ir.cases import randn
 from reference_impl.ir.op import DEFAULT_TOLERANCES
 from reference_impl.layers.cases import LayerCase, declare_cases
@@ -130,26 +131,31 @@ def masked_input_and_mask(ids: torch.Tensor, org_start: int, org_end: int, num_o
     return mine * (ids - offset), ~mine
 
 
-@CustomOp.register("vocab_parallel_embedding")
-class VocabParallelEmbedding(CustomOp):
+@PluggableLayer.register("vocab_parallel_embedding")
+class VocabParallelEmbedding(PluggableLayer):
     """Embedding sharded over the vocabulary in the padded layout of the module docstring.
 
     `weight` is this rank's `[num_embeddings_per_partition, embedding_dim]`; padding rows are zero.
     Ids outside the vocabulary embed to zeros (like an id that another rank holds). `quant_config`
-    must be None (quantization is not part of the reference).
+    and `quant_method` must be None (quantization is not part of the reference). A PluggableLayer, as
+    in vLLM 0.32. vLLM's keyword arguments: `disable_tp` (a single-rank layer), `reduce_results`
+    (False leaves this rank's partial lookup un-reduced) and `parallel_group` (the group to shard
+    over instead of the tensor-parallel one).
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, params_dtype: torch.dtype | None = None,
                  org_num_embeddings: int | None = None, padding_size: int = DEFAULT_VOCAB_PADDING_SIZE,
-                 quant_config=None, prefix: str = "", *, enforce_enable: bool = False):
-        super().__init__(enforce_enable=enforce_enable)
-        if quant_config is not None:
+                 quant_config=None, prefix: str = "", *, disable_tp: bool = False, reduce_results: bool = True,
+                 quant_method=None, parallel_group: GroupCoordinator | None = None):
+        super().__init__()
+        if quant_config is not None or quant_method is not None:
             raise NotImplementedError(f"{type(self).__name__}({prefix!r}): quantization is not part of the reference")
         org = org_num_embeddings if org_num_embeddings is not None else num_embeddings
         if not 0 < org <= num_embeddings or embedding_dim <= 0:
             raise ValueError(f"{type(self).__name__}({prefix!r}): need 0 < org_num_embeddings={org} <= "
                              f"num_embeddings={num_embeddings} and embedding_dim={embedding_dim} > 0")
-        self.tp_group: GroupCoordinator = get_tp_group()
+        self.tp_group: GroupCoordinator = (_DEFAULT_TP if disable_tp else parallel_group or get_tp_group())
+        self.disable_tp, self.reduce_results = disable_tp, reduce_results
         self.tp_rank = self.tp_group.rank_in_group
         self.tp_size = self.tp_group.world_size
         self.num_embeddings = num_embeddings
@@ -199,7 +205,7 @@ class VocabParallelEmbedding(CustomOp):
                                                 idx.added_vocab_end_index)
         out = F.embedding(rows.long(), self.weight)
         out = out.masked_fill(elsewhere.unsqueeze(-1), 0)
-        return self.tp_group.all_reduce(out)
+        return self.tp_group.all_reduce(out) if self.reduce_results else out
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         """Copy this rank's rows of a full `[org_num_embeddings or num_embeddings, dim]` checkpoint tensor.
@@ -229,22 +235,22 @@ class VocabParallelEmbedding(CustomOp):
                 f"tp_size={self.tp_size}")
 
 
-@CustomOp.register("parallel_lm_head")
+@PluggableLayer.register("parallel_lm_head")
 class ParallelLMHead(VocabParallelEmbedding):
     """The LM head: a weight (and optional bias) in the embedding's padded sharded layout.
 
     `forward(hidden_states)` gives this rank's logits `h W_r^T (+ b_r)`, one column per row of the
     shard, padding included; `LogitsProcessor` gathers them and drops the padding. (vLLM's
     ParallelLMHead raises in forward and the logits processor applies the weight itself; here the
-    matmul is the layer's forward so a platform can replace it like any other CustomOp.)
+    matmul is the layer's forward so a platform can replace it like any other layer.)
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False,
                  params_dtype: torch.dtype | None = None, org_num_embeddings: int | None = None,
                  padding_size: int = DEFAULT_VOCAB_PADDING_SIZE, quant_config=None, prefix: str = "", *,
-                 enforce_enable: bool = False):
+                 disable_tp: bool = False):
         super().__init__(num_embeddings, embedding_dim, params_dtype, org_num_embeddings, padding_size,
-                         quant_config, prefix, enforce_enable=enforce_enable)
+                         quant_config, prefix, disable_tp=disable_tp)
         if bias:
             self.bias = nn.Parameter(torch.zeros(self.num_embeddings_per_partition, dtype=self.weight.dtype),
                                      requires_grad=False)

@@ -17,9 +17,10 @@ def rms_norm_kernel(x: Tensor, weight: Tensor | None, epsilon: float, variance_s
     """Runs on real tensors only: launch your kernel here (x.data_ptr() and friends are fine)."""
     x32 = x.to(torch.float32)
     stats = x32 if variance_size is None else x32[..., :variance_size]
-    out = (x32 * torch.rsqrt(stats.square().mean(dim=-1, keepdim=True) + epsilon)).to(x.dtype)
-    out = out * weight if weight is not None else out
-    return out.contiguous()          # a fresh, contiguous output, as the fake below promises
+    out = x32 * torch.rsqrt(stats.square().mean(dim=-1, keepdim=True) + epsilon)
+    if weight is not None:           # vLLM 0.32: multiply in the weight's dtype; the output keeps x's dtype
+        out = out.to(weight.dtype) * weight
+    return out.to(x.dtype).contiguous()   # a fresh, contiguous output, as the fake below promises
 
 
 @rms_norm_kernel.register_fake

@@ -1,12 +1,19 @@
-"""IR ops of the RMS-norm family: semantics (native), tolerances and input cases."""
+"""IR ops of the RMS-norm family: semantics (native), tolerances and input cases.
+
+Semantics follow vLLM 0.32: statistics in float32; with a weight, the normalized value is cast to
+the weight's dtype, multiplied by it, and the product cast back to the input dtype, so the output
+always has the input's dtype (for a weight of the input's dtype this is `x.to(orig) * weight`).
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
 
 from reference_impl.ir import strategies
-from reference_impl.ir.cases import OpCase, make_input, randn
+from reference_impl.ir.cases import OpCase, make_input, pinned_dtype, randn
 from reference_impl.ir.op import register_op
 
 NORM_TOLERANCES = {
@@ -23,11 +30,14 @@ def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: in
     x = x.to(torch.float32)
     x_var = x if variance_size is None else x[..., :variance_size]
     variance = x_var.pow(2).mean(dim=-1, keepdim=True)
-    x = x * torch.rsqrt(variance + epsilon)
-    x = x.to(orig_dtype)
+    return _scale_by_weight(x * torch.rsqrt(variance + epsilon), weight, orig_dtype)
+
+
+def _scale_by_weight(normalized: Tensor, weight: Tensor | None, orig_dtype: torch.dtype) -> Tensor:
+    """vLLM 0.32's weighting: `(normalized.to(weight.dtype) * weight).to(orig_dtype)`."""
     if weight is not None:
-        x = x * weight
-    return x
+        normalized = normalized.to(weight.dtype) * weight
+    return normalized.to(orig_dtype)
 
 
 @register_op(allow_inplace=True, tolerances=NORM_TOLERANCES)
@@ -39,14 +49,15 @@ def fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, eps
     residual_out = s.to(orig_dtype)
     s_var = s if variance_size is None else s[..., :variance_size]
     variance = s_var.pow(2).mean(dim=-1, keepdim=True)
-    out = (s * torch.rsqrt(variance + epsilon)).to(orig_dtype)
-    if weight is not None:
-        out = out * weight
-    return out, residual_out
+    return _scale_by_weight(s * torch.rsqrt(variance + epsilon), weight, orig_dtype), residual_out
 
 
 # ----- input cases ------------------------------------------------------------------------------
-# (name, shape, level, options) -- options: layout, weight, variance_size, scale, special, eps
+# A weight of another dtype than x (vLLM 0.32's semantics above): run dtype -> weight dtype.
+WEIGHT_FLOAT32 = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+WEIGHT_BFLOAT16 = {torch.float32: torch.bfloat16, torch.float16: torch.bfloat16}
+
+# (name, shape, level, options) -- options: layout, weight, weight_dtype, variance_size, scale, special, eps
 _NORM_CASES = [
     ("tokens=1,hidden=128", (1, 128), "quick", {}),
     ("tokens=7,hidden=769", (7, 769), "quick", {}),
@@ -62,19 +73,45 @@ _NORM_CASES = [
     ("tokens=3,hidden=127,prime", (3, 127), "standard", {}),
     ("tokens=17,hidden=4096", (17, 4096), "standard", {}),
     ("tokens=2,hidden=16384,large_hidden", (2, 16384), "standard", {}),
+    ("tokens=7,hidden=769,weight=float32", (7, 769), "quick", {"weight_dtype": WEIGHT_FLOAT32}),
+    ("tokens=7,hidden=640,unit_rms,weight=bfloat16", (7, 640), "quick",
+     {"weight_dtype": WEIGHT_BFLOAT16, "special": "unit_rms"}),
     ("tokens=1,hidden=1", (1, 1), "full", {}),
     ("tokens=64,hidden=5120,no_weight,strided", (64, 5120), "full", {"weight": False, "layout": "strided"}),
 ]
 
 
+# Five values, exact in bfloat16 and float16, whose squares sum to 5 (so their mean square is 1).
+_UNIT_RMS_FIVES = ((0.125, 0.125, 0.125, 1.375, 1.75), (0.125, 0.25, 0.375, 1.125, 1.875),
+                   (0.125, 0.625, 0.875, 0.875, 1.75), (0.125, 0.75, 1.125, 1.125, 1.375),
+                   (0.125, 0.875, 0.875, 1.25, 1.375), (1.0, 1.0, 1.0, 1.0, 1.0))
+
+
+def unit_rms_rows(shape, dtype, device, gen) -> Tensor:
+    """Seeded rows of values exact in every half dtype whose mean square is exactly 1 (the last dim is a
+    multiple of 5): normalizing them gives values within eps of bfloat16-exact ones, far from any
+    rounding tie, so rounding the normalized value to a weight's dtype cannot flip between two
+    correct implementations, while computing the product in float32 instead still shows."""
+    if shape[-1] % 5:
+        raise ValueError(f"unit_rms_rows: the last dim {shape[-1]} is not a multiple of 5")
+    picks = torch.randint(len(_UNIT_RMS_FIVES), (math.prod(shape) // 5,), generator=gen)
+    groups = torch.tensor(_UNIT_RMS_FIVES, dtype=torch.float32)[picks]
+    perm = torch.rand(groups.shape, generator=gen).argsort(dim=-1)
+    values = groups.gather(-1, perm) * (torch.randint(2, groups.shape, generator=gen) * 2 - 1)
+    return values.reshape(shape).to(device=device, dtype=dtype)
+
+
 def _activation(shape, dtype, device, gen, opts) -> Tensor:
+    if opts.get("special") == "unit_rms":
+        return unit_rms_rows(shape, dtype, device, gen)
     return make_input(shape, dtype, device, gen, opts, default_scale=1.0)
 
 
 def _weight(hidden, dtype, device, gen, opts) -> Tensor | None:
     if opts.get("weight", True) is False:
         return None
-    return randn((hidden,), dtype, device, gen, scale=0.1, offset=1.0)
+    pins = opts.get("weight_dtype")
+    return randn((hidden,), pinned_dtype(pins, dtype) if pins else dtype, device, gen, scale=0.1, offset=1.0)
 
 
 def _norm_case(name, shape, level, opts, with_residual):
@@ -83,11 +120,15 @@ def _norm_case(name, shape, level, opts, with_residual):
         eps = opts.get("eps", 1e-6)
         w = _weight(shape[-1], dtype, device, gen, opts)
         if with_residual:
-            res = _activation(shape, dtype, device, gen, {**opts, "special": None})
+            if opts.get("special") == "unit_rms":   # x + residual is the unit-rms row: both halves of it
+                x, res = x * 0.5, x * 0.5
+            else:
+                res = _activation(shape, dtype, device, gen, {**opts, "special": None})
             return (x, res, w, eps, opts.get("variance_size"))
         return (x, w, eps, opts.get("variance_size"))
 
-    return OpCase(name, make_args, level=level)
+    pins = opts.get("weight_dtype")
+    return OpCase(name, make_args, level=level, dtypes=tuple(pins) if pins else None)
 
 
 rms_norm.add_cases(*(_norm_case(n, s, lvl, o, False) for n, s, lvl, o in _NORM_CASES))

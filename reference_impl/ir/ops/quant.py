@@ -3,7 +3,9 @@
 Scale semantics: `q = clamp(x / scale, -448, 448)` cast to float8_e4m3fn; a dynamic scale is
 `absmax / 448` clamped below at `1 / (448 * 512)`. Static scales are per-tensor `[1]`,
 per-token `[tokens, 1]` or per-group `[groups]` / `[tokens, groups]` (each scale covers
-`hidden / groups` consecutive features).
+`hidden / groups` consecutive features). Dynamic group quantization of a hidden size that is not a
+multiple of the group size quantizes zero-padded groups, as vLLM 0.32's QuantFP8 does: the last
+group's scale covers the remaining features.
 """
 
 from __future__ import annotations
@@ -64,14 +66,18 @@ def dynamic_quant_fp8(x: Tensor, per_token: bool, scale_ub: Tensor | None = None
 
 @register_op(tolerances=QUANT_TOLERANCES)
 def dynamic_group_quant_fp8(x: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
-    """Quantize with one computed scale per `group_size` features; returns (q, scales[..., groups])."""
+    """Quantize with one computed scale per `group_size` features; returns (q, scales[..., ceil(hidden / group)]).
+
+    A ragged last group is zero-padded (its scale is that of the features it has)."""
+    if group_size <= 0:
+        raise ValueError(f"dynamic_group_quant_fp8: group_size={group_size} must be positive")
     hidden = x.shape[-1]
-    if hidden % group_size:
-        raise ValueError(f"dynamic_group_quant_fp8: hidden size {hidden} is not a multiple of group_size {group_size}")
-    groups = x.reshape(*x.shape[:-1], hidden // group_size, group_size).to(torch.float32)
+    n_groups = -(-hidden // group_size)
+    padded = torch.nn.functional.pad(x, (0, n_groups * group_size - hidden)) if hidden % group_size else x
+    groups = padded.reshape(*x.shape[:-1], n_groups, group_size).to(torch.float32)
     scale = (groups.abs().amax(dim=-1) / FP8_MAX).clamp(min=FP8_MIN_SCALE)
-    q = (groups / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).reshape(x.shape)
-    return q, scale
+    q = (groups / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).reshape(padded.shape)
+    return (q[..., :hidden].contiguous() if hidden % group_size else q), scale
 
 
 # ----- input cases ------------------------------------------------------------------------------
@@ -86,6 +92,17 @@ _QUANT_SHAPES = [
     ("tokens=16,hidden=4096", (16, 4096), "standard", {}),
     ("tokens=64,hidden=7168", (64, 7168), "full", {}),
 ]
+
+
+# The IR ops take any leading dims; vLLM 0.32's quantization (QuantFP8's native form, which these
+# ops mirror) broadcasts per-token and per-group scales over x's last two dims only and rejects them
+# for a 3-D x. Those cases are marked: an implementation that behaves like vLLM may decline them.
+THREE_D_BEYOND_VLLM = ("a 3-D input with per-token or per-group scales: vLLM 0.32 broadcasts scales over the last "
+                       "two dims only and rejects it")
+
+
+def _beyond_vllm(shape, per_row_scales: bool) -> str | None:
+    return THREE_D_BEYOND_VLLM if len(shape) > 2 and per_row_scales else None
 
 
 def _x(shape, dtype, device, gen, opts) -> Tensor:
@@ -105,7 +122,7 @@ def _static_case(name, shape, level, opts, kind):
         scale = (scale / FP8_MAX).clamp(min=FP8_MIN_SCALE)
         return (x, scale)
 
-    return OpCase(f"{name},{kind}", make_args, level=level)
+    return OpCase(f"{name},{kind}", make_args, level=level, beyond_vllm=_beyond_vllm(shape, kind != "per_tensor"))
 
 
 for _kind in ("per_tensor", "per_token", "per_group"):
@@ -118,7 +135,7 @@ def _dynamic_case(name, shape, level, opts, per_token, with_ub):
         return (_x(shape, dtype, device, gen, opts), per_token, ub)
 
     suffix = ("per_token" if per_token else "per_tensor") + (",scale_ub" if with_ub else "")
-    return OpCase(f"{name},{suffix}", make_args, level=level)
+    return OpCase(f"{name},{suffix}", make_args, level=level, beyond_vllm=_beyond_vllm(shape, per_token))
 
 
 for _per_token in (False, True):
@@ -135,6 +152,9 @@ def _group_case(name, shape, level, opts, group_size):
 
 dynamic_group_quant_fp8.add_cases(*(_group_case(*row, 128) for row in _QUANT_SHAPES))
 dynamic_group_quant_fp8.add_cases(_group_case(*_QUANT_SHAPES[1], 64))
+# A hidden size that is not a multiple of the group: the last group is zero-padded (vLLM 0.32 pads).
+dynamic_group_quant_fp8.add_cases(_group_case("tokens=4,hidden=200,ragged", (4, 200), "quick", {}, 128),
+                                  _group_case("tokens=3,hidden=100,ragged", (3, 100), "standard", {}, 64))
 
 
 def _quant_property_args(kind: str):

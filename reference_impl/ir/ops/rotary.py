@@ -64,14 +64,20 @@ def rotary_embedding_query(positions: Tensor, x_query: Tensor, head_size: int, c
     return apply_rope(positions, x_query, head_size, cos_sin_cache, is_neox_style)
 
 
+def cos_sin_rows(positions: Tensor, rotary_dim: int, base: float) -> Tensor:
+    """`cos | sin` rows for float32 `positions`, computed in float32 as vLLM 0.32 does:
+    inv_freq = 1 / base^(arange(0, rot, 2) / rot), freqs = outer(positions, inv_freq)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+    freqs = torch.outer(positions.to(torch.float32), inv_freq)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+
 def compute_cos_sin_cache(head_size: int, rotary_dim: int, max_position: int, base: float,
                           dtype: torch.dtype = torch.float32) -> Tensor:
-    """`[max_position, rotary_dim]` cache from inv_freq = 1 / base^(arange(0, rot, 2) / rot)."""
+    """`[max_position, rotary_dim]` cache of `cos_sin_rows(arange(max_position))`, built in float32 (like
+    vLLM 0.32; at large positions it differs from a float64 build, 7.7e-3 at 131072) and cast to `dtype`."""
     del head_size
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
-    t = torch.arange(max_position, dtype=torch.float64)
-    freqs = torch.outer(t, inv_freq)
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+    return cos_sin_rows(torch.arange(max_position, dtype=torch.float32), rotary_dim, base).to(dtype)
 
 
 # ----- input cases ------------------------------------------------------------------------------

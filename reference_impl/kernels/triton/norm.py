@@ -42,8 +42,7 @@ def _rms_norm_supports(x, weight, epsilon, variance_size=None) -> bool:
 def _rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None) -> Tensor:
     _env.require()
     hidden = x.shape[-1]
-    out_dtype = x.dtype if weight is None else torch.promote_types(x.dtype, weight.dtype)
-    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)   # vLLM 0.32: the input's dtype, whatever the weight's
     x2 = rows_or_copy(x)
     if x2.numel() == 0:
         return out
@@ -63,12 +62,11 @@ def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: in
 
 
 def _fused_add_supports(x, x_residual, weight, epsilon, variance_size=None) -> bool:
-    # In place means the outputs take the inputs' dtype and shape: a weight of another dtype
-    # (which promotes the output) or a residual of another dtype/shape is left to native.
+    # In place means the outputs take the inputs' dtype and shape (a weight of another dtype keeps the
+    # input's dtype, as in vLLM 0.32); a residual of another dtype or shape is left to native.
     return (_common_args_ok(x, weight) and float_tensor_ok(x_residual)
             and x_residual.dtype == x.dtype and x_residual.dim() == x.dim()
-            and x_residual.shape[-1] == x.shape[-1]
-            and (weight is None or weight.dtype == x.dtype))
+            and x_residual.shape[-1] == x.shape[-1])
 
 
 def _fused_add_in_place(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,

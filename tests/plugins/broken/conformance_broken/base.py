@@ -31,5 +31,10 @@ def make_platform(fault: str, defaults: dict[str, list[str]] | None = None):
 def good_rms_norm(x, weight, epsilon, variance_size=None):
     x32 = x.to(torch.float32)
     stats = x32 if variance_size is None else x32[..., :variance_size]
-    out = (x32 * torch.rsqrt(stats.square().mean(dim=-1, keepdim=True) + epsilon)).to(x.dtype)
-    return out * weight if weight is not None else out
+    out = x32 * torch.rsqrt(stats.square().mean(dim=-1, keepdim=True) + epsilon)
+    return weighted(out, weight, x.dtype)
+
+
+def weighted(normalized, weight, dtype):
+    """vLLM 0.32's weighting: the normalized float32 value cast to the weight's dtype, times it, cast to x's."""
+    return (normalized.to(weight.dtype) * weight if weight is not None else normalized).to(dtype)

@@ -6,6 +6,7 @@ epsilon dominates, the result is off by orders of magnitude. Loosening the toler
 
 import torch
 
+from conformance_broken.base import weighted
 from reference_impl import ir
 
 
@@ -13,5 +14,4 @@ from reference_impl import ir
 def rms_norm(x, weight, epsilon, variance_size=None):
     x32 = x.to(torch.float32)
     stats = x32 if variance_size is None else x32[..., :variance_size]
-    out = (x32 * torch.rsqrt(stats.square().mean(dim=-1, keepdim=True))).to(x.dtype)   # the bug: no epsilon
-    return out * weight if weight is not None else out
+    return weighted(x32 * torch.rsqrt(stats.square().mean(dim=-1, keepdim=True)), weight, x.dtype)  # the bug: no epsilon

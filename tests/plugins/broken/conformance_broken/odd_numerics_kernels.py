@@ -2,6 +2,7 @@
 
 import torch
 
+from conformance_broken.base import weighted
 from reference_impl import ir
 
 
@@ -11,5 +12,4 @@ def rms_norm(x, weight, epsilon, variance_size=None):
     stats = x32 if variance_size is None else x32[..., :variance_size]
     if stats.shape[-1] % 2 == 1 and stats.shape[-1] > 1:
         stats = stats[..., :-1]    # the bug: a vector loop that drops the odd tail
-    out = (x32 * torch.rsqrt(stats.square().mean(dim=-1, keepdim=True) + epsilon)).to(x.dtype)
-    return out * weight if weight is not None else out
+    return weighted(x32 * torch.rsqrt(stats.square().mean(dim=-1, keepdim=True) + epsilon), weight, x.dtype)

@@ -14,14 +14,18 @@ def _normalize(x32: Tensor, epsilon: float, variance_size: int | None) -> Tensor
     return x32 * inv_rms
 
 
+def _weighted(normalized: Tensor, weight: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """vLLM 0.32: the normalized value cast to the weight's dtype, times the weight, cast to x's dtype."""
+    return (normalized.to(weight.dtype) * weight if weight is not None else normalized).to(dtype)
+
+
 def _floats(x, *rest) -> bool:
     return x.dtype in FLOAT_DTYPES
 
 
 @ir.ops.rms_norm.register_impl("demo", supports_args=lambda x, weight, epsilon, variance_size=None: _floats(x))
 def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
-    out = _normalize(x.to(torch.float32), epsilon, variance_size).to(x.dtype)
-    return out * weight if weight is not None else out.contiguous()
+    return _weighted(_normalize(x.to(torch.float32), epsilon, variance_size), weight, x.dtype).contiguous()
 
 
 @ir.ops.fused_add_rms_norm.register_impl(
@@ -31,8 +35,5 @@ def fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, eps
                        variance_size: int | None = None) -> tuple[Tensor, Tensor]:
     s = x.to(torch.float32) + x_residual.to(torch.float32)
     x_residual.copy_(s)
-    out = _normalize(s, epsilon, variance_size).to(x.dtype)
-    if weight is not None:
-        out = out * weight
-    x.copy_(out)
+    x.copy_(_weighted(_normalize(s, epsilon, variance_size), weight, x.dtype))
     return x, x_residual
