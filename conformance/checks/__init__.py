@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from conformance.checks.common import CheckContext, KernelRaised, Verdict, error_from
+from conformance.checks.common import CheckContext, KernelRaised, Verdict, error_from, raised_on_accepted_arguments
 from conformance.results import Outcome
 from conformance.units import Unit
 
@@ -27,7 +27,7 @@ def run_unit(ctx: CheckContext, unit: Unit) -> tuple[Verdict, float]:
         try:
             verdict = body(ctx, unit)
         except KernelRaised as exc:
-            verdict = error_from(exc.exc, exc.where)
+            verdict = error_from(exc.exc, exc.where, accepted=raised_on_accepted_arguments(exc.where))
         except Exception as exc:  # noqa: BLE001 - reported, the run goes on
             verdict = error_from(exc, f"check {unit.family}.{unit.check} (outside the implementation's own call)")
     return verdict, time.perf_counter() - start
