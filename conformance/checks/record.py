@@ -50,6 +50,6 @@ def check(family: str, name: str, *, units: Callable):
 
 def records() -> dict[str, CheckRecord]:
     """'family.name' -> record, for every check the harness has (importing the check modules registers them)."""
-    from conformance.checks import aliasing, compile, dispatch, model, numerics, oot  # noqa: F401 - they register
+    from conformance.checks import aliasing, compile, dispatch, model, numerics, oot, repeat  # noqa: F401 - they register
 
     return dict(sorted(_RECORDS.items()))
