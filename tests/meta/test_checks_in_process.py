@@ -172,3 +172,32 @@ def test_every_broken_fixture_is_checked_in_process_or_end_to_end():
     unchecked = [f for f in faults if f not in EXPECT and f not in CONTROLS and f'"{f}": FaultRun(' not in end_to_end
                  and f'"broken_{f}"' not in end_to_end]
     assert unchecked == [], "fixtures no test runs"
+
+
+HINTS = {
+    "ignores_neox": ("float32", "quick", "only cases with is_neox_style=True fail"),
+    "tanh_gelu": ("float32", "quick", "only cases with approximate='none' fail"),
+    "no_saturation": ("float32", "quick", "only saturated inputs (beyond the static scale's range) fail"),
+    "cache_dtype": ("bfloat16", "standard", "only cases with a float32 cos_sin_cache fail"),
+    "refuses_tail": ("float32", "quick", "only odd sizes raise"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(HINTS))
+def test_cause_hints_follow_what_the_op_does_and_which_argument_values_fail(fault):
+    """The hint names the trait of the failing cases as the op's signature reads it (is_neox_style=True,
+    approximate='none'), never offers a tolerance for an ignored argument, and for refusals of accepted arguments
+    says to decline them in supports_args, not that a vector loop's tail is dropped."""
+    from conformance.hints import cause_hint
+    from conformance.results import CheckResult
+
+    dtype, level, fragment = HINTS[fault]
+    with plugin("broken", f"conformance_broken.{fault}") as load:
+        results = run_family(f"broken_{fault}", lambda: load().Platform(), "numerics", dtype, level)
+    hint = cause_hint([CheckResult(u.id, u.family, u.op, u.provider, u.dtype, u.case, v.outcome, v.message)
+                       for u, v in results])
+    assert hint is not None and fragment in hint, hint
+    if fault in ("ignores_neox", "tanh_gelu"):
+        assert "no tolerance override fits" in hint
+    if fault == "refuses_tail":
+        assert "decline these arguments in `supports_args`" in hint and "tail is dropped" not in hint
