@@ -1,7 +1,7 @@
 """The `conformance` command line: `repro` reruns one check in-process, `report` renders a results file.
 
     python -m conformance repro --platform NAME --check numerics.ir_case --op rms_norm --provider p \
-        --dtype bfloat16 --case 'tokens=7,hidden=769' --seed 1234 --level standard
+        --dtype bfloat16 --case 'tokens=7,hidden=769' --seed 1234 --level standard   # [--draw '...'] [--in-process]
     python -m conformance report results.json [more.json ...] [-o report.html|report.md]
     python -m conformance validate results.json
     python -m conformance publish --platform cpu      # reruns the harness, writes reports/cpu.{json,md,html}
@@ -58,13 +58,42 @@ def find_unit(inventory, family: str, check: str, fields: dict[str, str | None])
 
 
 def _repro(args) -> int:
+    if args.check not in check_names():
+        raise UsageError(f"unknown --check {args.check!r}; valid: {', '.join(check_names())}")
+    if args.draw is not None:
+        from conformance.collect.draws import DrawSyntaxError, parse_draw
+
+        if args.check != "numerics.ir_property":
+            raise UsageError(f"--draw replays a hypothesis draw of numerics.ir_property, not of {args.check}")
+        try:
+            parse_draw(args.draw)
+        except DrawSyntaxError as exc:
+            raise UsageError(f"--draw: {exc}") from None
+    if args.in_process:
+        return _repro_here(args)
+    from conformance.run.repro_supervisor import supervise
+
+    words = ["repro", "--platform", args.platform, "--check", args.check, "--seed", str(args.seed), "--level", args.level]
+    for flag, value in (("--op", args.op), ("--provider", args.provider), ("--dtype", args.dtype),
+                        ("--case", args.case), ("--draw", args.draw)):
+        if value is not None:
+            words += [flag, value]
+    return supervise(words + ["--in-process"])
+
+
+def _repro_here(args) -> int:
+    """The unit in this process (what the supervised child runs, and what a debugger wants)."""
+    import faulthandler
+
+    from conformance.run import running_note
     from conformance.checks import CheckContext, run_unit
     from conformance.collect.inventory import PlatformSetupError, activate
     from conformance.results.result import Outcome
     from conformance.run.tool_state import redirect_tool_state
+    from conformance.run.worker import enable_crash_stacks
 
-    if args.check not in check_names():
-        raise UsageError(f"unknown --check {args.check!r}; valid: {', '.join(check_names())}")
+    enable_crash_stacks(faulthandler)
+    running_note.open_from_environment()
     family, _, check = args.check.partition(".")
     try:
         inventory = activate(args.platform)
@@ -73,7 +102,8 @@ def _repro(args) -> int:
     fields = {"op": args.op, "provider": args.provider, "dtype": args.dtype, "case": args.case}
     redirect_tool_state(args)  # hypothesis draws leave no .hypothesis/ in the current directory
     unit = find_unit(inventory, family, check, fields)
-    ctx = CheckContext(args.platform, inventory.platform, seed=args.seed, level=args.level)
+    ctx = CheckContext(args.platform, inventory.platform, seed=args.seed, level=args.level, draw=args.draw)
+    running_note.start_unit(unit.to_dict())
     verdict, duration = run_unit(ctx, unit)
     print(f"{verdict.outcome.value}  {family}.{check} {unit.id}  ({duration:.3f} s)")
     if verdict.message:
@@ -224,8 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--provider", help="IR provider name, or the replacement class name, as in the result")
     repro.add_argument("--dtype", help="dtype name, e.g. float32 or bfloat16")
     repro.add_argument("--case", help="the case name as in the result, e.g. 'tokens=7,hidden=769'")
+    repro.add_argument("--draw", help="numerics.ir_property only: rerun this one hypothesis draw (as the result's "
+                                      "repro names it, e.g. 'rows=Rows(tokens=3, width=97, scale=1.0, layout=None)')")
     repro.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the inputs (default %(default)s)")
     repro.add_argument("--level", choices=LEVELS, default="standard", help="conformance level (default %(default)s)")
+    repro.add_argument("--in-process", action="store_true",
+                       help="run the check in this process (for a debugger); by default it runs in a child process, "
+                            "so a crash is reported in one line naming the signal, with the stacks")
     repro.set_defaults(fn=_repro)
     report = sub.add_parser("report", help="render results files as a compatibility report (HTML or markdown)",
                             description="Render one or more results files (--conformance-json) as a compatibility "

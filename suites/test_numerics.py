@@ -13,6 +13,11 @@ def test_ir_property(conformance_unit, conformance_check):
     conformance_check(conformance_unit)
 
 
+@pytest.mark.conformance("numerics", "ir_repeat")
+def test_ir_repeat(conformance_unit, conformance_check):
+    conformance_check(conformance_unit)
+
+
 @pytest.mark.conformance("numerics", "layer_case")
 def test_layer_case(conformance_unit, conformance_check):
     conformance_check(conformance_unit)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
+import subprocess
+import sys
 
 import pytest
-from harness_runner import run_harness
+
+
+from harness_runner import harness_env, run_harness
 
 from conformance.results import schema
 
@@ -146,3 +151,55 @@ def test_broken_plugin_is_caught_by_the_right_family(tmp_path, fault):
         assert len(run.where(outcome=outcome)) >= 2   # aliasing and numerics: a fresh worker after each
         assert run.outcomes(check="dispatch") == {"NOT_IMPLEMENTED"}
         assert "conformance scorecard" in run.output
+
+
+def test_a_crash_on_one_drawn_shape_is_named_everywhere_and_its_repro_prints_the_signal(tmp_path):
+    """segfault_shape's rotary kernel dies only in bfloat16, NeoX style, with rotary_dim / 2 above 8 and no multiple of
+    8 (vLLM 0.32's CPU defect): a declared real-model case (Pythia-2.8B's rot 20) and a hypothesis draw reach it. Each
+    CRASH names the call and its arguments in its first line, in the terminal, the results file, the Markdown and the
+    HTML report, with the Python and native stacks of the crashed worker alone; the repro reruns that very draw and
+    says in one line which signal killed it."""
+    from conformance.cli import main as conformance_cli
+
+    run = run_harness(tmp_path, "broken_segfault_shape", "-k", "bfloat16 and numerics and (ir_property or 2.8b)",
+                      dist="broken", level="standard")
+    _assert_valid(run)
+    crashes = {r["case"]: r for r in run.where(check="numerics", outcome="CRASH")}
+    declared = "tokens=5,heads=2/2,head=80,rot=20,neox,model=pythia-2.8b"
+    assert set(crashes) == {declared, "property"}, run.output[-3000:]
+    firsts = {case: r["message"].splitlines()[0] for case, r in crashes.items()}
+    for case, first in firsts.items():
+        assert first.startswith("the worker process running this check died of signal SIGSEGV (11) in provider "
+                                "'broken' of rotary_embedding called with positions=Tensor("), first
+        assert first.endswith(f"case {case}, dtype bfloat16). A new worker runs the next check."), first
+        message = crashes[case]["message"]
+        python_stack, native_stack = message.split("Native stack of the crashing thread:\n")
+        assert "Python stack of the crashed process" in python_stack and "segfault_shape_kernels.py" in python_stack
+        assert native_stack and all(ln.startswith(("frame #", "<omitting", "...")) for ln in native_stack.splitlines())
+        assert "PID" not in message and not re.search(r"0x[0-9a-f]{9,}", message)   # offsets stay, addresses go
+        assert first in run.output   # the terminal
+    assert ("x_query=Tensor(5, 160):bfloat16, x_key=Tensor(5, 160):bfloat16, head_size=80, "
+            "cos_sin_cache=Tensor(4096, 20):bfloat16, is_neox_style=True" in firsts[declared])
+    draw = re.search(r"; hypothesis draw (heads=RopeHeads\(.*?\)) \(", firsts["property"]).group(1)
+    half = int(re.search(r"rotary_dim=(\d+)", draw).group(1)) // 2
+    assert half > 8 and half % 8 and "neox=True" in draw
+    assert shlex.split(crashes["property"]["repro"])[-7:-4] == ["property", "--draw", draw]
+
+    json_path = tmp_path / "broken_segfault_shape.json"
+    for suffix in ("md", "html"):
+        assert conformance_cli(["report", str(json_path), "-o", str(tmp_path / f"report.{suffix}")]) == 0
+        text = (tmp_path / f"report.{suffix}").read_text()
+        for first in firsts.values():
+            shapes = first.split(" called with ")[1].split(";")[0].split(" (")[0]
+            assert shapes.replace("'", "&#39;") in text if suffix == "html" else shapes in text, (suffix, shapes)
+        assert "Native stack of the crashing thread" in text
+
+    words = shlex.split(crashes["property"]["repro"])
+    proc = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, env=harness_env("broken"), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("CRASH  ")]
+    assert line.startswith("CRASH  the process running the check died of signal SIGSEGV (11) in provider 'broken' of "
+                           "rotary_embedding called with positions=Tensor("), line
+    assert f"; hypothesis draw {draw} (numerics.ir_property of op rotary_embedding" in line
+    assert firsts["property"].split(" called with ")[1].split(" A new worker")[0] in line

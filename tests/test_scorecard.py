@@ -20,9 +20,9 @@ def _r(case, outcome, dtype="float32", check="numerics", op="rms_norm", provider
                        case, Outcome(outcome), None if outcome == "PASS" else f"{outcome} here")
 
 
-def _numerics(fails) -> list[CheckResult]:
-    """Every norm case in every dtype; those for which fails(case, dtype) is true FAIL."""
-    return [_r(c, "FAIL" if fails(c, d) else "PASS", d) for c in NORM_CASES for d in DTYPES]
+def _numerics(fails, op="rms_norm", cases=NORM_CASES) -> list[CheckResult]:
+    """Every case (the norm cases by default) in every dtype; those for which fails(case, dtype) is true FAIL."""
+    return [_r(c, "FAIL" if fails(c, d) else "PASS", d, op=op) for c in cases for d in DTYPES]
 
 
 def test_case_traits_come_from_the_declared_case_names():
@@ -49,6 +49,17 @@ def test_cause_hint_names_what_the_failing_cases_share(fails, fragments):
     assert hint is not None
     for fragment in fragments:
         assert fragment in hint, hint
+
+
+@pytest.mark.parametrize("op, cause, not_cause", [
+    ("rms_norm", "scale before squaring", "rotate"),
+    ("rotary_embedding", "rotate in float32 and round once", "squaring"),
+    ("static_quant_fp8", "absmax or x/scale", "squaring"),
+    ("silu_and_mul", "exp or tanh overflows at large |gate|", "squaring"),
+])
+def test_the_large_magnitude_hint_depends_on_what_the_op_does(op, cause, not_cause):
+    hint = cause_hint(_numerics(lambda c, d: "large" in c, op=op, cases=NORM_CASES + ("tokens=3,hidden=512,large",)))
+    assert hint.startswith("only large magnitudes fail") and cause in hint and not_cause not in hint, hint
 
 
 def test_no_hint_without_a_pattern_or_without_failures():

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from conformance import tool_state
+from conformance.run import tool_state
 from harness_runner import run_harness
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from conformance.checks.common import CheckContext, KernelRaised, Verdict, error_from
+from conformance.checks.common import CheckContext, KernelRaised, Verdict, error_from, raised_on_accepted_arguments
 from conformance.checks.record import CheckRecord, declared
 from conformance.collect.units import Unit
 from conformance.results.result import Outcome
@@ -13,7 +13,7 @@ from conformance.results.result import Outcome
 
 def records() -> dict[str, CheckRecord]:
     """'family.name' -> record, for every check the harness has (importing the family modules registers them)."""
-    from conformance.checks import aliasing, compile, dispatch, layer_compile, model, numerics, oot  # noqa: F401
+    from conformance.checks import aliasing, compile, dispatch, layer_compile, model, numerics, oot, repeat  # noqa: F401
 
     return declared()
 
@@ -41,7 +41,7 @@ def run_unit(ctx: CheckContext, unit: Unit) -> tuple[Verdict, float]:
         try:
             verdict = body(ctx, unit)
         except KernelRaised as exc:
-            verdict = error_from(exc.exc, exc.where)
+            verdict = error_from(exc.exc, exc.where, accepted=raised_on_accepted_arguments(exc.where))
         except Exception as exc:  # noqa: BLE001 - reported, the run goes on
             verdict = error_from(exc, f"check {unit.family}.{unit.check} (outside the implementation's own call)")
     return verdict, time.perf_counter() - start

@@ -1,10 +1,10 @@
-"""Shared machinery of the checks: context, verdicts, input handling, comparison with golden grading."""
+"""Shared machinery of the checks: context, verdicts, input handling; the comparison itself is in
+`conformance.checks.comparison`, re-exported here."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import re
 import traceback
 from collections.abc import Iterator, Sequence
@@ -12,24 +12,17 @@ from typing import Any
 
 import torch
 
-from conformance.collect.units import LEVELS, Unit, dtype_from_name, dtype_name, generator, unit_seed
+from conformance.checks.comparison import (  # noqa: F401 - re-exported: the checks compare through here
+    OVERRIDE_FACTOR,
+    QUALITY_FACTOR,
+    QUALITY_FLOOR_OF_ATOL,
+    Comparison,
+    as_outputs,
+    compare_outputs,
+)
+from conformance.run import running_note
 from conformance.results.result import Outcome
-
-# A tolerance override is offered only when the worst error is at most this many times the allowed
-# error (atol + rtol*|native|). A correct kernel differs from native by rounding alone (another
-# reduction order, fused multiply-adds, another rsqrt or exp approximation): a few ulps of the output
-# dtype, the scale the declared tolerances are set at, so a correct kernel that still misses lands
-# within a few times the tolerance; 4x leaves room for two more bits of rounding error. Far beyond
-# that the error is structural (a dropped epsilon, a wrong formula, a misread stride), and advice to
-# loosen the tolerance would hide a bug (a missing-epsilon rms_norm is 300,000x out in float32).
-# Where a float64 result grades both, an implementation clearly further from it than native is not
-# rounding either (the same test as QUALITY_WARNING).
-OVERRIDE_FACTOR = 4.0
-
-# QUALITY_WARNING: error against float64 more than this many times native's, and above the floor.
-QUALITY_FACTOR = 4.0
-QUALITY_FLOOR_OF_ATOL = 0.25
-
+from conformance.collect.units import LEVELS, Unit, dtype_from_name, dtype_name, generator, unit_seed
 
 @dataclasses.dataclass
 class CheckContext:
@@ -39,6 +32,7 @@ class CheckContext:
     platform: Any
     seed: int = 1234
     level: str = "standard"
+    draw: str | None = None     # a property check replays this one recorded draw instead of drawing (repro --draw)
 
     @property
     def device(self) -> str:
@@ -82,6 +76,7 @@ class Verdict:
     message: str | None = None
     max_abs_err: float | None = None
     max_rel_err: float | None = None
+    draw: str | None = None     # the hypothesis draw the message is about, for the repro command's --draw
 
     def __post_init__(self):
         self.message = sanitize(self.message)
@@ -103,11 +98,33 @@ def not_supported(message: str) -> Verdict:
     return Verdict(Outcome.NOT_SUPPORTED, message)
 
 
-def error_from(exc: BaseException, where: str) -> Verdict:
-    """ERROR naming where the exception came from, with the innermost frames of its traceback."""
+# Exceptions by which an implementation says it does not take these arguments (a refusal, not a failure).
+REFUSALS = (NotImplementedError, ValueError)
+
+
+def error_from(exc: BaseException, where: str, accepted: bool = False) -> Verdict:
+    """ERROR naming where the exception came from, with the innermost frames of its traceback. `accepted`: the
+    platform's code raised on arguments its supports_args took, so the advice is to decline them there."""
     frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
     tail = "".join(frames[-4:]).strip()
-    return Verdict(Outcome.ERROR, sanitize(f"{where} raised {type(exc).__name__}: {exc}\n{tail}"))
+    first, sep, rest = f"{where} raised {type(exc).__name__}: {exc}".partition("\n")
+    if accepted:
+        first = f"{first.rstrip('. ')}. {decline_advice(exc)}"
+    return Verdict(Outcome.ERROR, sanitize(f"{first}{sep}{rest}\n{tail}"))
+
+
+def decline_advice(exc: BaseException) -> str:
+    """What to do about an implementation that raised on arguments its supports_args accepted."""
+    if isinstance(exc, REFUSALS):
+        return ("The implementation refuses arguments that its supports_args accepted (or it registered none): "
+                "decline these arguments in `supports_args`, so that they run on the next provider or native")
+    return ("If the implementation cannot take these arguments, decline them in `supports_args` (they then run on "
+            "the next provider or native); otherwise this is a bug in it")
+
+
+def raised_on_accepted_arguments(where: str) -> bool:
+    """Whether a KernelRaised's `where` is a call of the implementation (not of its supports_args or a constructor)."""
+    return not where.startswith(("supports_args", "constructing"))
 
 
 class KernelRaised(Exception):
@@ -120,10 +137,15 @@ class KernelRaised(Exception):
 
 
 def call_impl(where: str, fn, *args):
+    """`fn(*args)` (the platform's code); its raise becomes KernelRaised. What is called, and with which
+    arguments, is noted first where a crash of this process would be reported (conformance.run.running_note)."""
+    running_note.before_call(where, fn, args)
     try:
         return fn(*args)
     except Exception as exc:  # noqa: BLE001 - any raise of the kernel is the result
         raise KernelRaised(where, exc) from exc
+    finally:
+        running_note.after_call()
 
 
 def within_vllm(case, body) -> Verdict:
@@ -227,10 +249,6 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return sa < eb and sb < ea
 
 
-def as_outputs(value: Any) -> tuple:
-    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
-
-
 def describe_args(param_names: Sequence[str], args: Sequence[Any]) -> str:
     parts = []
     for name, a in zip(param_names, args):
@@ -251,153 +269,3 @@ def native_only() -> Iterator[None]:
         for op in list(IrOp.registry.values()):
             stack.enter_context(op.set_priority(["native"]))
         yield
-
-
-# ----- comparison ----------------------------------------------------------------------------------
-@dataclasses.dataclass
-class Comparison:
-    outcome: Outcome
-    message: str
-    max_abs_err: float | None = None
-    max_rel_err: float | None = None
-
-
-def _as_f64(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach()
-    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) or t.dtype.is_floating_point and t.element_size() == 1:
-        t = t.to(torch.float32)
-    if t.is_complex():
-        return torch.view_as_real(t).to(torch.float64)
-    return t.to(torch.float64)
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.4g}"
-
-
-def compare_outputs(out: Any, ref: Any, golden: Any | None, *, atol: float, rtol: float,
-                    compare_nan: bool, dtype: torch.dtype, tolerance_hint: str) -> Comparison:
-    """Structure, dtype and shape exactly; values within atol + rtol*|native|; golden grading.
-
-    `tolerance_hint` is a format string taking atol and rtol, naming the override that would accept
-    (offered only when plausible, see OVERRIDE_FACTOR); a hint without `{atol}` is a requirement.
-    """
-    outs, refs = as_outputs(out), as_outputs(ref)
-    goldens = as_outputs(golden) if golden is not None else (None,) * len(refs)
-    if isinstance(out, (tuple, list)) != isinstance(ref, (tuple, list)) or len(outs) != len(refs):
-        return Comparison(Outcome.FAIL, f"returned {_structure(out)}, native returns {_structure(ref)}")
-    worst_abs = worst_rel = 0.0
-    quality_notes = []
-    for k, (o, r, g) in enumerate(zip(outs, refs, goldens)):
-        label = f"output {k}" if len(outs) > 1 else "output"
-        if o is None and r is None:
-            continue  # e.g. a rotary layer's key output when called with key=None
-        if not isinstance(o, torch.Tensor) or not isinstance(r, torch.Tensor):
-            if not isinstance(r, torch.Tensor):
-                return Comparison(Outcome.FAIL, f"{label} is {type(o).__name__}, native returns "
-                                  f"{type(r).__name__}")
-            return Comparison(Outcome.FAIL, f"{label} is {type(o).__name__}, native returns a Tensor")
-        if o.dtype != r.dtype:
-            return Comparison(Outcome.FAIL, f"{label} dtype is {dtype_name(o.dtype)}, native gives "
-                              f"{dtype_name(r.dtype)}: the output dtype must equal native's exactly")
-        if tuple(o.shape) != tuple(r.shape):
-            return Comparison(Outcome.FAIL, f"{label} shape is {tuple(o.shape)}, native gives {tuple(r.shape)}")
-        if o.device.type != r.device.type:
-            return Comparison(Outcome.FAIL, f"{label} is on {o.device}, native's on {r.device}")
-        if o.numel() == 0:
-            continue
-        a, b = _as_f64(o).cpu(), _as_f64(r).cpu()
-        gold = _as_f64(g).cpu() if isinstance(g, torch.Tensor) and tuple(g.shape) == tuple(r.shape) else None
-        nan_a, nan_b = torch.isnan(a), torch.isnan(b)
-        if compare_nan:
-            nan_mismatch = nan_a != nan_b
-            if bool(nan_mismatch.any()):
-                idx = _unravel(int(nan_mismatch.flatten().nonzero()[0]), a.shape)
-                return Comparison(Outcome.FAIL, f"{label}: nan positions differ from native "
-                                  f"({int(nan_mismatch.sum())} elements); first at index {idx}: "
-                                  f"got {_fmt(float(a[idx]))}, native {_fmt(float(b[idx]))}")
-        considered = ~nan_b
-        inf_b = torch.isinf(b)
-        inf_mismatch = considered & inf_b & (a != b)
-        if bool(inf_mismatch.any()):
-            idx = _unravel(int(inf_mismatch.flatten().nonzero()[0]), a.shape)
-            return Comparison(Outcome.FAIL, f"{label}: native gives {_fmt(float(b[idx]))} at index {idx}, "
-                              f"got {_fmt(float(a[idx]))}")
-        finite = considered & ~inf_b
-        diff = torch.where(finite, (a - b).abs(), torch.zeros_like(a))
-        diff = torch.where(finite & torch.isnan(a), torch.full_like(a, math.inf), diff)
-        allowed = atol + rtol * b.abs()
-        excess = torch.where(finite, diff - allowed, torch.full_like(a, -math.inf))
-        max_abs = float(diff.max())
-        rel = torch.where(finite & (b.abs() > atol), diff / b.abs().clamp_min(1e-300), torch.zeros_like(a))
-        max_rel = float(rel.max())
-        worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, max_rel)
-        flat = int(excess.flatten().argmax())
-        idx = _unravel(flat, a.shape)
-        if float(excess.flatten()[flat]) > 0:
-            n_bad = int((excess > 0).sum())
-            need_atol = float((diff - rtol * b.abs())[finite].max())
-            need_atol = float(f"{need_atol * 1.1:.2g}") if math.isfinite(need_atol) else math.inf
-            gold_note, golden_errs = "", None
-            if gold is not None:
-                golden_errs = gi, gn = _golden_err(a, gold, finite), _golden_err(b, gold, finite)
-                gold_note = (f"; against float64: impl max err {_fmt(gi)}, native {_fmt(gn)}; float64 "
-                             f"golden value there {_fmt(float(gold[idx]))}")
-            ratio = float((diff / allowed.clamp_min(1e-300))[finite].max())
-            msg = (f"{label}: {n_bad} of {a.numel()} elements outside atol={atol:g} rtol={rtol:g} "
-                   f"({dtype_name(dtype)}); worst at index {idx}: got {_fmt(float(a[idx]))}, native "
-                   f"{_fmt(float(b[idx]))} (abs err {_fmt(float(diff[idx]))}); max abs err {_fmt(max_abs)}, "
-                   f"max rel err {_fmt(max_rel)}{gold_note}. "
-                   + _advice(ratio, golden_errs, atol, tolerance_hint, need_atol, rtol))
-            return Comparison(Outcome.FAIL, msg, max_abs, max_rel)
-        if gold is not None:
-            gi, gn = _golden_err(a, gold, finite), _golden_err(b, gold, finite)
-            floor = QUALITY_FLOOR_OF_ATOL * atol
-            if gi > QUALITY_FACTOR * gn and gi > floor:
-                quality_notes.append(
-                    f"{label}: within tolerance of native, but max error against the float64 golden run is "
-                    f"{_fmt(gi)}, native's is {_fmt(gn)} (clearly worse: > {QUALITY_FACTOR:g}x native's and "
-                    f"> {QUALITY_FLOOR_OF_ATOL:g}*atol = {_fmt(floor)})")
-    if quality_notes:
-        return Comparison(Outcome.QUALITY_WARNING, "; ".join(quality_notes), worst_abs, worst_rel)
-    return Comparison(Outcome.PASS, f"within atol={atol:g} rtol={rtol:g}", worst_abs, worst_rel)
-
-
-def _advice(ratio: float, golden_errs: tuple[float, float] | None, atol: float, tolerance_hint: str,
-            need_atol: float, rtol: float) -> str:
-    """The override `tolerance_hint` names, only when the failure looks like rounding: the worst error within
-    OVERRIDE_FACTOR of the tolerance and, where graded, the implementation not clearly further from
-    float64 than native (QUALITY_FACTOR, above atol). Otherwise say why it points to a bug."""
-    bug = "which points to a bug in the implementation rather than a tolerance to loosen"
-    if ratio > OVERRIDE_FACTOR:
-        return (f"The worst error is {_fmt(ratio)}x the tolerance (atol + rtol*|native|): far beyond rounding "
-                f"differences (an override is offered up to {OVERRIDE_FACTOR:g}x), {bug}")
-    if golden_errs is not None:
-        gi, gn = golden_errs
-        if gi > QUALITY_FACTOR * gn and gi > atol:
-            return (f"Against float64 the implementation is off by {_fmt(gi)}, native by {_fmt(gn)}: not a "
-                    f"rounding difference (> {QUALITY_FACTOR:g}x native's and > atol), {bug}")
-    if "{atol" not in tolerance_hint:      # a requirement, not an override (e.g. compiled and eager must agree)
-        return f"The worst error is {_fmt(ratio)}x the tolerance {tolerance_hint}"
-    return f"To accept: {tolerance_hint.format(atol=need_atol, rtol=rtol)} or a waiver"
-
-
-def _golden_err(x: torch.Tensor, gold: torch.Tensor, mask: torch.Tensor) -> float:
-    m = mask & torch.isfinite(gold) & torch.isfinite(x)
-    if not bool(m.any()):
-        return 0.0
-    return float((x[m] - gold[m]).abs().max())
-
-
-def _unravel(flat: int, shape) -> tuple[int, ...]:
-    idx = []
-    for size in reversed(tuple(shape)):
-        idx.append(flat % size)
-        flat //= size
-    return tuple(reversed(idx))
-
-
-def _structure(value: Any) -> str:
-    if isinstance(value, (tuple, list)):
-        return f"a {type(value).__name__} of {len(value)}"
-    return type(value).__name__

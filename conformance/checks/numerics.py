@@ -10,6 +10,7 @@ import copy
 
 import torch
 
+from conformance.run import running_note
 from conformance.checks import lookup
 from conformance.checks.common import (
     CheckContext,
@@ -20,17 +21,20 @@ from conformance.checks.common import (
     case_generator,
     clone_args,
     compare_outputs,
+    decline_advice,
     describe_args,
     native_only,
     not_supported,
+    raised_on_accepted_arguments,
     to_golden,
     unit_dtype,
     within_vllm,
 )
 from conformance.checks.record import check
+from conformance.collect.draws import format_draw, parse_draw, replayer
 from conformance.collect.inventory import Inventory
-from conformance.collect.units import PROPERTY_EXAMPLES, Unit, dtype_name, generator, unit_seed
 from conformance.results.result import Outcome
+from conformance.collect.units import PROPERTY_EXAMPLES, Unit, dtype_name, generator, unit_seed
 
 
 def supports(impl, args) -> tuple[bool, str]:
@@ -45,7 +49,7 @@ def supports(impl, args) -> tuple[bool, str]:
     return True, ""
 
 
-def _impl_args(impl, op, args) -> tuple:
+def impl_args(impl, op, args) -> tuple:
     """What the functional overload hands the implementation: clones of activations when in-place."""
     args = clone_args(args)
     if impl.inplace:
@@ -60,7 +64,7 @@ def compare_ir(ctx: CheckContext, op, impl, args, dtype: torch.dtype, compare_na
     """Run the implementation on copies of `args` and judge it with the oracle (native, float64 golden)."""
     from conformance.judge.oracle import judge
 
-    out = call_impl(f"provider '{impl.provider}' of {op.name}", impl.impl_fn, *_impl_args(impl, op, args))
+    out = call_impl(f"provider '{impl.provider}' of {op.name}", impl.impl_fn, *impl_args(impl, op, args))
     return judge(op, args, out, dtype, compare_nan=compare_nan)
 
 
@@ -96,7 +100,8 @@ def _ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
 
 @check("numerics", "ir_property", units=Inventory.ir_property_units)
 def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
-    """Hypothesis draws over shapes, layouts and value ranges; the seed fixes the draws."""
+    """Hypothesis draws over shapes, layouts and value ranges; the seed fixes the draws. With `ctx.draw` (a repro's
+    --draw) the one recorded draw runs instead."""
     from hypothesis import assume, given, settings
     from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
@@ -111,6 +116,9 @@ def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
         return not_supported(f"provider '{impl.provider}' registered supported=False")
     dtype = unit_dtype(unit)
     base_seed = unit_seed(ctx.seed, unit.op, "property", unit.dtype)
+    where = f"[op {op.name}, provider {impl.provider}, dtype {unit.dtype}, seed {ctx.seed} (hypothesis seed {base_seed})"
+    if ctx.draw is not None:
+        return _replay_draw(ctx, op, impl, dtype, base_seed, where)
     state = {"draws": [], "last": None, "quality": None, "runs": 0, "worst_abs": 0.0, "worst_rel": 0.0}
 
     @settings(conformance_settings(PROPERTY_EXAMPLES[ctx.level]))
@@ -126,6 +134,7 @@ def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
 
         args = op.property_args(draw, dtype, ctx.device, generator(base_seed))
         state["draws"] = draws
+        running_note.set_draw(format_draw(draws))
         ok, _ = supports(impl, args)
         assume(ok)
         state["runs"] += 1
@@ -138,10 +147,6 @@ def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
         if cmp.outcome is Outcome.QUALITY_WARNING and state["quality"] is None:
             state["quality"] = (cmp, list(draws))
 
-    def drawn(draws) -> str:
-        return ", ".join(f"{label}={value!r}" for label, value in draws)
-
-    where = f"[op {op.name}, provider {impl.provider}, dtype {unit.dtype}, seed {ctx.seed} (hypothesis seed {base_seed})"
     try:
         prop()
     except Unsatisfiable:
@@ -149,18 +154,36 @@ def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
     except AssertionError:
         cmp = state["last"]
         msg = cmp.message if cmp is not None else "property failed"
-        return Verdict(Outcome.FAIL, f"{msg} {where}; smallest failing draw: {drawn(state['draws'])}]",
-                       cmp.max_abs_err if cmp else None, cmp.max_rel_err if cmp else None)
+        drawn = format_draw(state["draws"])
+        return Verdict(Outcome.FAIL, f"{msg} {where}; smallest failing draw: {drawn}]",
+                       cmp.max_abs_err if cmp else None, cmp.max_rel_err if cmp else None, draw=drawn)
     except KernelRaised as exc:
+        drawn = format_draw(state["draws"])
         return Verdict(Outcome.ERROR, f"{exc.where} raised {type(exc.exc).__name__}: {exc.exc} {where}; "
-                       f"smallest failing draw: {drawn(state['draws'])}]")
+                       f"smallest failing draw: {drawn}]"
+                       + (f". {decline_advice(exc.exc)}" if raised_on_accepted_arguments(exc.where) else ""), draw=drawn)
     if state["runs"] == 0:
         return not_supported(f"supports_args rejected every drawn input {where}]")
     if state["quality"] is not None:
         cmp, draws = state["quality"]
-        return Verdict(Outcome.QUALITY_WARNING, f"{cmp.message} {where}; draw: {drawn(draws)}]",
-                       state["worst_abs"], state["worst_rel"])
+        drawn = format_draw(draws)
+        return Verdict(Outcome.QUALITY_WARNING, f"{cmp.message} {where}; draw: {drawn}]",
+                       state["worst_abs"], state["worst_rel"], draw=drawn)
     return Verdict(Outcome.PASS, f"{state['runs']} draws within tolerance", state["worst_abs"], state["worst_rel"])
+
+
+def _replay_draw(ctx: CheckContext, op, impl, dtype: torch.dtype, base_seed: int, where: str) -> Verdict:
+    """One recorded draw (repro --draw) through the same steps as a hypothesis example."""
+    draws = parse_draw(ctx.draw)
+    text = format_draw(draws)
+    args = op.property_args(replayer(draws), dtype, ctx.device, generator(base_seed))
+    running_note.set_draw(text)
+    ok, note = supports(impl, args)
+    if not ok:
+        return not_supported(f"{note} {where}; draw: {text}]")
+    cmp = compare_ir(ctx, op, impl, args, dtype, compare_nan=True)
+    suffix = "" if cmp.outcome is Outcome.PASS else f" {where}; draw: {text}; args: {describe_args(op.param_names, args)}]"
+    return Verdict(cmp.outcome, cmp.message + suffix, cmp.max_abs_err, cmp.max_rel_err, draw=text)
 
 
 # ----- CustomOp replacements -------------------------------------------------------------------

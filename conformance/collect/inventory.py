@@ -133,6 +133,11 @@ class Inventory:
                 for op, provider in self._provided() if op.property_args is not None
                 for dtype in self.op_dtypes(op)]
 
+    def ir_dtype_units(self, family, check, level):
+        """op x provider x dtype, at every level."""
+        return [Unit(family, check, op.name, provider, dtype_name(dtype))
+                for op, provider in self._provided() for dtype in self.op_dtypes(op)]
+
     def ir_compile_units(self, family, check, level):
         units = []
         for op, provider in self._provided():

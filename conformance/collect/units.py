@@ -64,14 +64,15 @@ def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def repro_command(platform: str, unit: Unit, seed: int, level: str) -> str:
-    """The shell command that reruns exactly this unit (in-process, with the same seed)."""
+def repro_command(platform: str, unit: Unit, seed: int, level: str, draw: str | None = None) -> str:
+    """The shell command that reruns exactly this unit with the same seed; `draw` (a property check's failing or
+    crashing hypothesis draw) makes it rerun that one draw."""
     import shlex
 
     words = ["python", "-m", "conformance", "repro", "--platform", platform, "--check",
              f"{unit.family}.{unit.check}"]
     for flag, value in (("--op", unit.op), ("--provider", unit.provider), ("--dtype", unit.dtype),
-                        ("--case", unit.case)):
+                        ("--case", unit.case), ("--draw", draw)):
         if value is not None:
             words += [flag, value]
     words += ["--seed", str(seed), "--level", level]

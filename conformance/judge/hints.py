@@ -1,14 +1,20 @@
 """Cause hints: what the pattern of failing and passing cases of one provider and op points to.
 
-Drawn only from the results (case names and dtypes): the op modules name their cases after what
-makes them special (`tiny`, `near_eps`, `large`, `zeros`, `nan_row`, `strided`, `row_strided`,
-`no_weight`, `variance_size=N`, sizes as `hidden=769`, `d=100`, `head=80`, `tokens=1`), so a trait shared by
-every failing case and by few passing ones is a fact a vendor can act on.
+Drawn only from the results (op names, case names and dtypes): the op modules name their cases after
+what makes them special (`tiny`, `near_eps`, `large`, `zeros`, `nan_row`, `strided`, `row_strided`,
+`no_weight`, `saturated`, `variance_size=N`, sizes as `hidden=769`, `d=100`, `head=80`, `rot=20`,
+`tokens=1`, argument values as `neox`/`gptj`, `per_token`, `approximate=none`, `cache=float32`), so a
+trait shared by every failing case and by few passing ones is a fact a vendor can act on. What a
+trait means depends on what the op does (a norm, a rotation, a quantization, a gated activation):
+large magnitudes overflow a norm's sum of squares but cost a rotation precision. Failures that are
+refusals (the implementation raised NotImplementedError or ValueError on arguments its supports_args
+accepted) get the advice to decline those arguments there, not a guess at a numerical cause.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 
 from conformance.results.result import CheckResult, Outcome
@@ -18,7 +24,45 @@ PASSED = frozenset({Outcome.PASS, Outcome.QUALITY_WARNING})
 SIZE_KEYS = ("hidden", "d", "head", "rot", "group", "dim")
 EPSILON_FLAGS = ("tiny", "near_eps")   # magnitudes where an epsilon term dominates
 VECTOR_WIDTH = 8   # a size that is no multiple of this leaves a tail for a vectorized loop
+ARGUMENT_KEYS = ("approximate", "threshold", "alpha", "cache", "group")   # `key=value` case tokens naming an argument
+# Case flags naming an argument value: the value as a vendor reads it in the op's signature.
+ARGUMENT_FLAGS = {"neox": "is_neox_style=True", "gptj": "is_neox_style=False", "per_token": "per_token=True",
+                  "per_tensor": "per_token=False", "per_group": "per-group scales", "scale_ub": "scale_ub given"}
+STATIC_SCALE_FLAGS = {"per_token": "per-token scales", "per_tensor": "a per-tensor scale"}   # static quant ops
+REFUSAL = re.compile(r" raised (NotImplementedError|ValueError)\b")
 
+
+def op_kinds(op: str | None) -> frozenset[str]:
+    """What the op does, from its name: 'norm', 'rotation', 'quantization', 'gated' (activation) or 'activation'."""
+    name = op or ""
+    kinds = set()
+    if "norm" in name:
+        kinds.add("norm")
+    if "rotary" in name or "rope" in name:
+        kinds.add("rotation")
+    if "quant" in name:
+        kinds.add("quantization")
+    if name.endswith("_and_mul"):
+        kinds.add("gated")
+    elif not kinds and any(word in name for word in ("gelu", "silu", "relu", "act")):
+        kinds.add("activation")
+    return frozenset(kinds)
+
+
+# Large magnitudes: what goes wrong depends on what the op computes.
+LARGE_CAUSES = {
+    "norm": "overflow or lost precision in the sum of squares: accumulate in float32 and scale before squaring",
+    "rotation": "x*cos - y*sin loses precision when rounded at large magnitudes: rotate in float32 and round once",
+    "quantization": "the absmax or x/scale is computed imprecisely at large magnitudes: compute both in float32",
+    "gated": "exp or tanh overflows at large |gate|: use a form that saturates (sigmoid of a large argument is 1, "
+             "not inf/inf)",
+    "activation": "exp or tanh overflows at large |x|: use a form that saturates instead of producing inf or NaN",
+}
+TINY_CAUSES = {
+    "norm": "epsilon dominates there, so check the epsilon term (left out, or added after the square root)",
+    "quantization": "the scale must be clamped below at 1/(448*512) and tiny values must not flush to zero "
+                    "before scaling",
+}
 
 def case_traits(case: str | None) -> frozenset[str]:
     """The traits a case name declares: flags such as 'tiny', and 'odd'/'tail'/'one_row' from its sizes."""
@@ -30,6 +74,10 @@ def case_traits(case: str | None) -> frozenset[str]:
             continue
         if key in ("variance_size", "var_hidden_size"):
             traits.add("variance_size")
+        if key == "rot":
+            traits.add("partial_rotary")
+        if key in ARGUMENT_KEYS:
+            traits.add(f"{key}={value}")
         if key == "tokens" and value == "1":
             traits.add("one_row")
         if key in SIZE_KEYS and value.isdigit():
@@ -44,17 +92,47 @@ def case_traits(case: str | None) -> frozenset[str]:
 @dataclasses.dataclass(frozen=True)
 class Trait:
     label: str                                  # "only <label> fail"
-    cause: str                                  # what that usually means
+    cause: str | dict[str, str]                 # what that usually means; by op kind (with a "" default)
     test: Callable[[frozenset[str]], bool]
 
+    def cause_for(self, kinds: frozenset[str]) -> str:
+        if isinstance(self.cause, str):
+            return self.cause
+        for kind in sorted(kinds):
+            if kind in self.cause:
+                return self.cause[kind]
+        return self.cause[""]
+
+
+def argument_trait(token: str, op: str | None) -> Trait:
+    """The trait of one argument value (a case flag or `key=value`), labelled as the op's signature reads it."""
+    if token in ARGUMENT_FLAGS:
+        static = "quantization" in op_kinds(op) and "dynamic" not in (op or "")
+        label = STATIC_SCALE_FLAGS.get(token) if static and token in STATIC_SCALE_FLAGS else ARGUMENT_FLAGS[token]
+    elif token.startswith("cache="):
+        label = f"a {token.partition('=')[2]} cos_sin_cache"
+    else:
+        key, _, value = token.partition("=")
+        label = f"{key}={value!r}" if not value.replace(".", "", 1).isdigit() else token
+    if token.startswith("cache="):
+        cause = ("a cache of another dtype than the queries: read it in its own dtype (convert it, do not reinterpret "
+                 "its bytes), or decline it in `supports_args`")
+    else:
+        cause = ("the implementation ignores or mishandles this argument value (the other values pass): fix that path, "
+                 "or decline the value in `supports_args`; no tolerance override fits an argument that is ignored")
+    return Trait(f"cases with {label}", cause, lambda t, token=token: token in t)
 
 # Most specific first: on equal evidence the earlier trait is named.
 TRAITS = (
-    Trait("tiny magnitudes", "epsilon dominates there, so check the epsilon term (left out, or added after "
-          "the square root)", lambda t: any(f in t for f in EPSILON_FLAGS)),
-    Trait("tiny magnitudes and all-zero inputs", "epsilon dominates there, so check the epsilon term",
+    Trait("tiny magnitudes", {**TINY_CAUSES, "": "values near zero are handled differently from native (flushed to "
+                              "zero, or a division by a tiny value)"}, lambda t: any(f in t for f in EPSILON_FLAGS)),
+    Trait("tiny magnitudes and all-zero inputs", {"norm": "epsilon dominates there, so check the epsilon term",
+                                                  "": "values near zero and zeros are handled differently from native"},
           lambda t: "zeros" in t or any(f in t for f in EPSILON_FLAGS)),
-    Trait("large magnitudes", "overflow or lost precision: accumulate in float32 and scale before squaring",
+    Trait("saturated inputs (beyond the static scale's range)", "codes beyond +-448 must saturate: clamp x/scale to "
+          "+-448 before the fp8 conversion (e4m3fn has no infinity, an unclamped conversion gives NaN)",
+          lambda t: "saturated" in t),
+    Trait("large magnitudes", {**LARGE_CAUSES, "": "overflow or lost precision at large magnitudes: compute in float32"},
           lambda t: "large" in t),
     Trait("NaN/Inf positions (nan_row cases)", "special values are not propagated as native does",
           lambda t: "nan_row" in t),
@@ -66,6 +144,8 @@ TRAITS = (
           lambda t: "row_strided" in t),
     Trait("strided layouts", "the kernel assumes a contiguous layout: honour the strides",
           lambda t: "strided" in t or "row_strided" in t),
+    Trait("partial rotary (rot < head size)", "only the first rotary_dim features of each head rotate, the rest pass "
+          "through, and rotary_dim / 2 need not be a multiple of the vector width", lambda t: "partial_rotary" in t),
     Trait("odd sizes", "a vector loop's tail is dropped or mishandled", lambda t: "odd" in t),
     Trait(f"sizes that are no multiple of {VECTOR_WIDTH} (a vector tail)", "a vector loop's tail is dropped or "
           "mishandled", lambda t: "tail" in t),
@@ -98,18 +178,22 @@ def _dtype_note(failing, passing) -> str | None:
     return None
 
 
-def numerics_hint(results: Sequence[CheckResult]) -> str | None:
-    """A hint from one provider-and-op's numerics results, or None when no trait explains the failures."""
-    failing, passing = _items(results, FAILED), _items(results, PASSED)
-    if not failing:
-        return None
-    if not passing:
-        if len({case for case, _, _ in failing}) < 2:
-            return None
-        return (f"every case fails ({_n(len(failing), 'result')}, {len({c for c, _, _ in failing})} cases): a wrong "
-                "formula, wrong argument order or swapped outputs, not an edge case")
+def is_refusal(result: CheckResult) -> bool:
+    """An ERROR by which the implementation refused arguments (NotImplementedError, ValueError) it had accepted."""
+    return result.outcome is Outcome.ERROR and bool(REFUSAL.search((result.message or "").split("\n")[0]))
+
+
+def _traits_of(failing, passing, op: str | None) -> list[Trait]:
+    """The fixed traits, then one per argument value any failing case has."""
+    tokens = sorted({t for _, _, traits in failing for t in traits if "=" in t and t.split("=")[0] in ARGUMENT_KEYS}
+                    | {t for _, _, traits in failing for t in traits if t in ARGUMENT_FLAGS})
+    return list(TRAITS) + [argument_trait(t, op) for t in tokens]
+
+
+def _best_trait(failing, passing, op: str | None) -> Trait | None:
+    """The trait every failing case has and the fewest passing ones (on equal evidence, the earlier one)."""
     best = None
-    for rank, trait in enumerate(TRAITS):
+    for rank, trait in enumerate(_traits_of(failing, passing, op)):
         if not all(trait.test(t) for _, _, t in failing):
             continue
         with_trait = sum(1 for _, _, t in failing + passing if trait.test(t))
@@ -118,18 +202,52 @@ def numerics_hint(results: Sequence[CheckResult]) -> str | None:
         purity = len(failing) / with_trait
         if best is None or purity > best[0]:
             best = (purity, rank, trait)
+    return best[2] if best else None
+
+
+def _pattern_hint(failing, passing, op: str | None, refusals: bool) -> str | None:
+    """The hint for one group of failures: wrong results (refusals=False) or refusals of accepted arguments."""
+    if not failing:
+        return None
+    kinds = op_kinds(op)
+    decline = ("the implementation raises NotImplementedError or ValueError on arguments its supports_args "
+               "accepted (or it registered none): decline these arguments in `supports_args`, so that they run on the "
+               "next provider or native")
+    if not passing:
+        if len({case for case, _, _ in failing}) < 2:
+            return None
+        if refusals:
+            return f"every case raises ({_n(len(failing), 'result')}): {decline}"
+        return (f"every case fails ({_n(len(failing), 'result')}, {len({c for c, _, _ in failing})} cases): a wrong "
+                "formula, wrong argument order or swapped outputs, not an edge case")
+    trait = _best_trait(failing, passing, op)
     dtype = _dtype_note(failing, passing)
     ok = len(passing)
-    if best is not None:
-        trait = best[2]
-        where = f"only {trait.label} fail" + (f", {dtype}" if dtype else "")
-        return (f"{where} ({_cases(failing)}: {_n(len(failing), 'result')}; {_n(ok, 'other result')} pass): "
-                f"{trait.cause}")
+    verb = "raise" if refusals else "fail"
+    if trait is not None:
+        where = f"only {trait.label} {verb}" + (f", {dtype}" if dtype else "")
+        cause = decline if refusals else trait.cause_for(kinds)
+        return f"{where} ({_cases(failing)}: {_n(len(failing), 'result')}; {_n(ok, 'other result')} pass): {cause}"
     if dtype:
-        return (f"only {dtype.removeprefix('only in ')} fails ({_cases(failing)}: {_n(len(failing), 'result')}; "
-                f"{_n(ok, 'result')} of other dtypes pass): look at that dtype's own path (conversion, accumulation "
-                "type)")
+        only = dtype.removeprefix("only in ")
+        cause = decline if refusals else "look at that dtype's own path (conversion, accumulation type)"
+        return (f"only {only} {verb}s ({_cases(failing)}: {_n(len(failing), 'result')}; {_n(ok, 'result')} of other "
+                f"dtypes pass): {cause}")
+    if refusals:
+        return f"{_n(len(failing), 'result')} raise ({_cases(failing)}): {decline}"
     return None
+
+
+def numerics_hint(results: Sequence[CheckResult]) -> str | None:
+    """A hint from one provider-and-op's numerics results, or None when no trait explains the failures."""
+    op = next((r.op for r in results if r.op), None)
+    refused = [r for r in results if is_refusal(r)]
+    wrong = [r for r in results if r.outcome in FAILED and not is_refusal(r)]
+    passing = _items(results, PASSED)
+    hints = [_pattern_hint(_items(wrong, FAILED), passing, op, refusals=False),
+             _pattern_hint(_items(refused, FAILED), passing, op, refusals=True)]
+    hints = [h for h in hints if h]
+    return "; ".join(hints) if hints else None
 
 
 def cause_hint(results: Sequence[CheckResult]) -> str | None:

@@ -233,6 +233,19 @@ def _run_line(run: dict | None) -> str:
             f"{'complete' if run.get('complete') else 'INCOMPLETE'}, selection narrowed by: {narrowed_text}")
 
 
+CRASH_STACK_LINES = 60
+
+
+def _crash_stacks(message: str | None) -> list[str]:
+    """A CRASH message's lines after the first (the crashed process's stacks), as an indented code block."""
+    rest = (message or "").strip().splitlines()[1:]
+    if not rest:
+        return []
+    if len(rest) > CRASH_STACK_LINES:
+        rest = rest[:CRASH_STACK_LINES] + [f"... {len(rest) - CRASH_STACK_LINES} more lines in the results file"]
+    return ["  - stacks of the crashed process:", "", "    ```", *(f"    {line}" for line in rest), "    ```"]
+
+
 def render_markdown(doc: dict) -> str:
     """A compatibility report of one results file."""
     results = [CheckResult.from_json(r) for r in doc["results"]]
@@ -270,6 +283,8 @@ def render_markdown(doc: dict) -> str:
             out.append(f"- **{r.outcome.value}** `{r.nodeid}`: {_first_line(r.message, 400)}")
             if r.repro:
                 out.append(f"  - repro: `{r.repro}`")
+            if r.outcome is Outcome.CRASH:
+                out += _crash_stacks(r.message)
         for (op, provider, outcome), n in sorted(not_run.items()):
             out.append(f"- **{outcome}** x{n} `{op}` (provider `{provider}`): not run, because a provider they need "
                        "hung or crashed twice earlier in the run (each message names it)")

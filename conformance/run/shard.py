@@ -29,6 +29,7 @@ CHECK_COST_S = {
     "aliasing.ir_case": 0.1,
     "dispatch.supports_args": 0.1,
     "numerics.layer_case": 0.03,
+    "numerics.ir_repeat": 0.03,
     "numerics.ir_case": 0.02,
 }
 DEFAULT_CHECK_COST_S = 0.005

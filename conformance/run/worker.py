@@ -6,8 +6,10 @@ dies (segfault, abort) is reported as CRASH, one that overruns the per-check tim
 reported as TIMEOUT; either way the next check gets a fresh worker.
 
 Protocol: length-prefixed pickles on the worker's stdin/stdout; the worker moves its own fd 1 onto
-fd 2 at start so kernels that print cannot corrupt the stream. fd 2 goes to a log file whose tail
-(faulthandler's traceback included) ends up in CRASH messages.
+fd 2 at start so kernels that print cannot corrupt the stream. Each worker has three files of its
+own: fd 2 goes to a log (where torch's fatal-signal handler prints native stacks), faulthandler
+writes Python stacks to a second, and the running note (conformance.run.running_note) says what runs;
+a CRASH message is built from those (conformance.run.crash_report), never from another worker's output.
 """
 
 from __future__ import annotations
@@ -24,8 +26,12 @@ import tempfile
 import time
 from typing import Any
 
-from conformance.collect.units import Unit
+from conformance.run import running_note
+from conformance.run.crash_report import crash_message, describe_exit, running_line  # noqa: F401 - describe_exit kept here
 from conformance.results.result import Outcome
+from conformance.collect.units import Unit
+
+FAULT_FILE_ENV = "CONFORMANCE_FAULT_FILE"
 
 _HEADER = struct.Struct("!I")
 # first lines of crash reports in a worker's log: faulthandler's, and the handlers some kernel
@@ -55,7 +61,8 @@ def serve(platform: str, seed: int, level: str) -> int:
     proto_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    faulthandler.enable()
+    enable_crash_stacks(faulthandler)
+    running_note.open_from_environment()
     proto_in = sys.stdin.buffer
     if os.environ.get("CONFORMANCE_WORKER_THREADS"):
         import torch
@@ -78,10 +85,32 @@ def serve(platform: str, seed: int, level: str) -> int:
             return 0
         unit = Unit.from_dict(request["unit"])
         print(f"--- conformance worker: {unit.family}.{unit.check} {unit.id}", file=sys.stderr, flush=True)
+        running_note.start_unit(unit.to_dict())
         verdict, duration = run_unit(ctx, unit)
         _send(proto_out, {"outcome": verdict.outcome.value, "message": verdict.message,
                           "max_abs_err": verdict.max_abs_err, "max_rel_err": verdict.max_rel_err,
-                          "duration_s": duration})
+                          "duration_s": duration, "draw": verdict.draw})
+
+
+_FAULT_FILE = []   # faulthandler writes through this file object: it must stay open for the process's life
+
+
+def enable_crash_stacks(faulthandler) -> None:
+    """On a fatal signal: torch's handler prints every thread's native stack to stderr (this process's own log),
+    and faulthandler, which runs first and then hands over to it, writes the Python stacks to the file the
+    parent named (or stderr)."""
+    try:
+        import torch
+
+        torch._C._set_print_stack_traces_on_fatal_signal(True)
+    except (ImportError, AttributeError):   # an older torch: Python stacks only
+        pass
+    path = os.environ.get(FAULT_FILE_ENV)
+    if path:
+        _FAULT_FILE.append(open(path, "w"))  # noqa: SIM115 - kept open on purpose
+        faulthandler.enable(file=_FAULT_FILE[0], all_threads=True)
+    else:
+        faulthandler.enable(all_threads=True)
 
 
 def prepare_reference_kernels(inventory) -> None:
@@ -113,13 +142,19 @@ class KernelWorker:
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
         self.log_path: str | None = None
+        self.fault_path: str | None = None
+        self.note_path: str | None = None
         self.starts = 0
 
     def _spawn(self) -> None:
-        self._remove_log()   # the previous worker's log (its tail is already in a CRASH message)
+        self._remove_log()   # the previous worker's files (what they said is already in a CRASH message)
         fd, self.log_path = tempfile.mkstemp(prefix="conformance-worker-", suffix=".log")
+        self.fault_path = _empty_file("conformance-worker-", ".faulthandler")
+        self.note_path = _empty_file("conformance-worker-", ".running.json")
         env = dict(os.environ)
-        env.setdefault("PYTHONFAULTHANDLER", "1")
+        env.setdefault("PYTHONFAULTHANDLER", "1")   # until the worker names its own file: a crash at import
+        env[FAULT_FILE_ENV] = self.fault_path
+        env[running_note.NOTE_ENV] = self.note_path
         workers = int(env.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
         if workers > 1:   # share the cores between the xdist workers' kernel workers
             threads = str(max(1, (os.cpu_count() or 1) // workers))
@@ -161,21 +196,16 @@ class KernelWorker:
                 return pickle.loads(buf[_HEADER.size:_HEADER.size + length])
 
     def _log_tail(self, offset: int, limit: int = 2500) -> str:
-        if not self.log_path:
-            return ""
-        try:
-            with open(self.log_path, "rb") as fh:
-                fh.seek(offset)
-                text = fh.read().decode(errors="replace")
-        except OSError:
-            return ""
-        text = "\n".join(ln for ln in text.splitlines() if not ln.startswith("--- conformance worker:"))
+        text = "\n".join(ln for ln in self._log_text(offset).splitlines() if not ln.startswith("--- conformance worker:"))
         # a crash report (faulthandler's, or a library's own handler's) starts with the crashing frames;
         # the stacks of other threads that may follow it are cut, not the frames that say where it died
         starts = [i for i in (text.find(m) for m in CRASH_REPORT_MARKERS) if i >= 0]
         if starts:
             return text[min(starts):min(starts) + limit].strip()
         return text[-limit:].strip()
+
+    def _log_text(self, offset: int) -> str:
+        return _read_text(self.log_path, offset)
 
     def _log_size(self) -> int:
         try:
@@ -194,19 +224,23 @@ class KernelWorker:
             _send(self.proc.stdin, {"unit": unit.to_dict()})
             reply = self._read(timeout)
         except TimeoutError:
+            note = running_note.read(self.note_path)
             self.stop()
-            return {"outcome": Outcome.TIMEOUT.value, "duration_s": time.monotonic() - start,
+            return {"outcome": Outcome.TIMEOUT.value, "duration_s": time.monotonic() - start, "draw": note.get("draw"),
                     "message": f"no result within the per-check limit of {timeout:g} s "
-                               "(--conformance-timeout); the worker was killed and restarted"}
+                               f"(--conformance-timeout), {running_line(note)}; the worker was killed and restarted"}
         except (BrokenPipeError, OSError):
             reply = None
         if reply is None:
             rc = self.proc.wait() if self.proc else None
-            tail = self._log_tail(offset)
             self.proc = None
-            return {"outcome": Outcome.CRASH.value, "duration_s": time.monotonic() - start,
-                    "message": f"the worker process running this check died ({describe_exit(rc)}); a new worker "
-                               f"runs the next check. Its last output:\n{tail or '(none)'}"}
+            note = running_note.read(self.note_path)
+            message = crash_message(rc, note, _read_text(self.fault_path, 0), self._log_text(offset),
+                                    "the worker process running this check")
+            first, _, rest = message.partition("\n")
+            message = f"{first} A new worker runs the next check." + (f"\n{rest}" if rest else "")
+            return {"outcome": Outcome.CRASH.value, "duration_s": time.monotonic() - start, "message": message,
+                    "draw": note.get("draw")}
         return reply
 
     def stop(self) -> None:
@@ -237,23 +271,31 @@ class KernelWorker:
         self._remove_log()
 
     def _remove_log(self) -> None:
-        if self.log_path:
-            try:
-                os.unlink(self.log_path)
-            except FileNotFoundError:
-                pass
-            self.log_path = None
+        for name in ("log_path", "fault_path", "note_path"):
+            path = getattr(self, name)
+            if path:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                setattr(self, name, None)
 
 
-def describe_exit(rc: int | None) -> str:
-    if rc is None:
-        return "exit status unknown"
-    if rc < 0:
-        try:
-            return f"killed by signal {signal.Signals(-rc).name} ({-rc})"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exit status {rc}"
+def _empty_file(prefix: str, suffix: str) -> str:
+    fd, path = tempfile.mkstemp(prefix=prefix, suffix=suffix)
+    os.close(fd)
+    return path
+
+
+def _read_text(path: str | None, offset: int) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def main(argv: list[str] | None = None) -> int:

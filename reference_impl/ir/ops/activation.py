@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from reference_impl.ir import strategies
+from reference_impl.ir import real_models, strategies
 from reference_impl.ir.cases import OpCase, make_input
 from reference_impl.ir.op import register_op
 
@@ -112,6 +112,15 @@ _GATED_CASES = [
 ]
 # Element-wise (not gated) ops take the same shapes, any last dim.
 _UNARY_CASES = [(n.replace(",d=", ",hidden="), s, lvl, o) for n, s, lvl, o in _GATED_CASES]
+# Real models' MLP widths (reference_impl.ir.real_models): gated ops at Llama-3-8B's and Qwen2-7B's intermediate
+# sizes and a DeepSeek-V2-Lite routed expert's; the element-wise GELUs at the widths of the non-gated MLPs of
+# Phi-2 (gelu_new) and Falcon-7B (4 * 4544).
+_GATED_CASES += [(f"tokens=2,d={size},model={name}", (2, 2 * size), "standard", {}) for name, size in (
+    ("Meta-Llama-3-8B", real_models.by_name("Meta-Llama-3-8B").intermediate_size),
+    ("Qwen2-7B", real_models.by_name("Qwen2-7B").intermediate_size),
+    ("DeepSeek-V2-Lite", real_models.by_name("DeepSeek-V2-Lite").moe_intermediate_size))]
+_UNARY_CASES += [(f"tokens=2,hidden={m.intermediate_size},model={m.short_name}", (2, m.intermediate_size), "standard", {})
+                 for m in (real_models.by_name("phi-2"), real_models.by_name("falcon-7b"))]
 
 
 def make_activation(shape, dtype, device, gen, opts) -> Tensor:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from reference_impl.ir import strategies
+from reference_impl.ir import real_models, strategies
 from reference_impl.ir.cases import OpCase, randn, row_strided
 from reference_impl.ir.op import register_op
 from reference_impl.ir.ops.layernorm import fused_add_rms_norm, rms_norm
-from reference_impl.ir.ops.quant import FP8_MAX, FP8_MIN_SCALE, QUANT_TOLERANCES, static_quant_fp8
+from reference_impl.ir.ops.quant import FP8_MAX, FP8_MIN_SCALE, QUANT_TOLERANCES, SATURATION, static_quant_fp8
 
 
 @register_op(tolerances=QUANT_TOLERANCES)
@@ -43,13 +43,19 @@ _FUSED_CASES = [
     ("tokens=3,hidden=127,prime", (3, 127), "standard", {}),
     ("tokens=16,hidden=4096", (16, 4096), "standard", {}),
     ("tokens=64,hidden=7168", (64, 7168), "full", {}),
+    # static scales calibrated on a quarter of the normalized values' range: codes beyond +-448 must saturate
+    ("tokens=4,hidden=256,saturated", (4, 256), "quick", {"saturate": SATURATION}),
+    ("tokens=4,hidden=256,per_token,saturated", (4, 256), "quick", {"saturate": SATURATION, "per_token": True}),
 ]
+# real models' hidden sizes (reference_impl.ir.real_models): Qwen2-7B's 3584, Falcon-7B's 4544 = 64 * 71
+_FUSED_CASES += [(f"tokens=3,hidden={m.hidden_size},model={m.short_name}", (3, m.hidden_size), "standard", {})
+                 for m in (real_models.by_name("Qwen2-7B"), real_models.by_name("falcon-7b"))]
 
 
-def _scale_for(normalized: Tensor, per_token: bool) -> Tensor:
+def _scale_for(normalized: Tensor, per_token: bool, saturate: float = 1.0) -> Tensor:
     ref = normalized.float().abs()
     amax = ref.amax(dim=-1, keepdim=True) if per_token else ref.amax().reshape(1)
-    return (amax / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+    return (amax / (FP8_MAX * saturate)).clamp(min=FP8_MIN_SCALE)
 
 
 def _fused_case(name, shape, level, opts, with_residual):
@@ -62,7 +68,7 @@ def _fused_case(name, shape, level, opts, with_residual):
             normalized = fused_add_rms_norm.native_fn(x, res, w, 1e-6, vs)[0]
         else:
             normalized = rms_norm.native_fn(x, w, 1e-6, vs)
-        scale = _scale_for(normalized, opts.get("per_token", False))
+        scale = _scale_for(normalized, opts.get("per_token", False), opts.get("saturate", 1.0))
         if opts.get("layout") == "row_strided":
             x = row_strided(x)
             res = row_strided(res) if res is not None else None

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from reference_impl.ir import strategies
+from reference_impl.ir import real_models, strategies
 from reference_impl.ir.cases import OpCase, make_input, pinned_dtype, randn
 from reference_impl.ir.op import register_op
 
@@ -79,6 +79,10 @@ _NORM_CASES = [
     ("tokens=1,hidden=1", (1, 1), "full", {}),
     ("tokens=64,hidden=5120,no_weight,strided", (64, 5120), "full", {"weight": False, "layout": "strided"}),
 ]
+# Hidden sizes of real models that are no power of two (Qwen2.5-0.5B's 896, Gemma-2's 2304, Falcon-7B's 4544 = 64 * 71,
+# ...), from reference_impl.ir.real_models, named after the first model with that size.
+_NORM_CASES += [(f"tokens=3,hidden={h},model={m}", (3, h), "standard", {})
+                for h, m in real_models.first_model_per(lambda m: m.hidden_size)]
 
 
 # Five values, exact in bfloat16 and float16, whose squares sum to 5 (so their mean square is 1).

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from reference_impl.ir import strategies
+from reference_impl.ir import real_models, strategies
 from reference_impl.ir.cases import OpCase, make_input
 from reference_impl.ir.op import register_op
 
@@ -92,6 +92,14 @@ _QUANT_SHAPES = [
     ("tokens=16,hidden=4096", (16, 4096), "standard", {}),
     ("tokens=64,hidden=7168", (64, 7168), "full", {}),
 ]
+# Real models' hidden sizes (reference_impl.ir.real_models): Qwen2.5-0.5B's 896 = 7 * 128, Qwen2-7B's 3584 = 28 * 128,
+# Falcon-7B's 4544 = 64 * 71 (no multiple of 128: no 128-wide groups there, 64-wide ones instead).
+_QUANT_SHAPES += [(f"tokens=3,hidden={m.hidden_size},model={m.short_name}", (3, m.hidden_size), "standard", {})
+                  for m in map(real_models.by_name, ("Qwen2.5-0.5B", "Qwen2-7B", "falcon-7b"))]
+# Static scales calibrated on a quarter of the values' range, as a scale calibrated offline meets larger activations
+# in serving: x / scale reaches 4 * 448, and every code beyond +-448 must saturate there.
+SATURATION = 4.0
+_SATURATED = ("tokens=4,hidden=256,saturated", (4, 256), "quick", {"saturate": SATURATION})
 
 
 # The IR ops take any leading dims; vLLM 0.32's quantization (QuantFP8's native form, which these
@@ -119,14 +127,15 @@ def _static_case(name, shape, level, opts, kind):
             scale = ref.amax(dim=-1, keepdim=True)
         else:
             scale = ref.reshape(*x.shape[:-1], -1, 128).amax(dim=-1)
-        scale = (scale / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+        scale = (scale / (FP8_MAX * opts.get("saturate", 1.0))).clamp(min=FP8_MIN_SCALE)
         return (x, scale)
 
     return OpCase(f"{name},{kind}", make_args, level=level, beyond_vllm=_beyond_vllm(shape, kind != "per_tensor"))
 
 
 for _kind in ("per_tensor", "per_token", "per_group"):
-    static_quant_fp8.add_cases(*(_static_case(*row, kind=_kind) for row in _QUANT_SHAPES))
+    static_quant_fp8.add_cases(*(_static_case(*row, kind=_kind) for row in _QUANT_SHAPES + [_SATURATED]
+                                 if _kind != "per_group" or row[1][-1] % 128 == 0))
 
 
 def _dynamic_case(name, shape, level, opts, per_token, with_ub):
@@ -150,7 +159,7 @@ def _group_case(name, shape, level, opts, group_size):
     return OpCase(f"{name},group={group_size}", make_args, level=level)
 
 
-dynamic_group_quant_fp8.add_cases(*(_group_case(*row, 128) for row in _QUANT_SHAPES))
+dynamic_group_quant_fp8.add_cases(*(_group_case(*row, 128 if row[1][-1] % 128 == 0 else 64) for row in _QUANT_SHAPES))
 dynamic_group_quant_fp8.add_cases(_group_case(*_QUANT_SHAPES[1], 64))
 # A hidden size that is not a multiple of the group: the last group is zero-padded (vLLM 0.32 pads).
 dynamic_group_quant_fp8.add_cases(_group_case("tokens=4,hidden=200,ragged", (4, 200), "quick", {}, 128),

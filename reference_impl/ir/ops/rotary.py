@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from reference_impl.ir import strategies
+from reference_impl.ir import real_models, strategies
 from reference_impl.ir.cases import OpCase, randn, row_strided
 from reference_impl.ir.op import register_op
 
@@ -99,9 +99,42 @@ _ROPE_CASES = [
 MAX_POSITION = 4096
 
 
+def _real_model_rows():
+    """One standard-level case per distinct rotary configuration of the real models (head size, rotary dim, style,
+    GQA ratio), named after the first model that has it: partial rotary (rot 16, 20, 24, 32, 64 of larger
+    heads) and head sizes 64, 80, 96, 112, 128, 256. Head counts keep the model's GQA ratio with one or two kv
+    heads (multi-query and MLA models: one key head)."""
+    rows, seen = [], set()
+    for m in real_models.MODELS:
+        key = (m.head_dim, m.rotary_dim, m.is_neox_style, m.rope_ratio)
+        if key in seen:
+            continue
+        seen.add(key)
+        kv = 1 if m.rope_ratio >= 8 else 2
+        q = kv * m.rope_ratio
+        style = "neox" if m.is_neox_style else "gptj"
+        rot = "" if m.rotary_dim == m.head_dim else f",rot={m.rotary_dim}"
+        rows.append((f"tokens=5,heads={q}/{kv},head={m.head_dim}{rot},{style},model={m.short_name}", 5, q, kv,
+                     m.head_dim, m.rotary_dim, m.is_neox_style, "standard", {}))
+    for head in real_models.EXTRA_HEAD_SIZES:
+        rows.append((f"tokens=5,heads=4/2,head={head},neox", 5, 4, 2, head, head, True, "standard", {}))
+    return rows
+
+
+# Mixed dtypes: the cache in float32 with 16-bit queries (native converts cos and sin to the query's dtype).
+_MIXED_CASES = [
+    ("tokens=5,heads=4/2,head=128,neox,cache=float32", 5, 4, 2, 128, 128, True, "standard",
+     {"cache_dtype": torch.float32, "dtypes": (torch.float16, torch.bfloat16)}),
+    ("tokens=5,heads=4/2,head=80,rot=32,gptj,cache=float32", 5, 4, 2, 80, 32, False, "standard",
+     {"cache_dtype": torch.float32, "dtypes": (torch.float16, torch.bfloat16)}),
+]
+_ROPE_CASES += _real_model_rows() + _MIXED_CASES
+
+
 def _rope_inputs(tokens, q_heads, kv_heads, head_size, rotary_dim, dtype, device, gen, opts):
     positions = torch.randint(0, MAX_POSITION, (tokens,), generator=gen).to(device)
-    cache = compute_cos_sin_cache(head_size, rotary_dim, MAX_POSITION, 10000.0, dtype).to(device)
+    cache_dtype = opts.get("cache_dtype", dtype)
+    cache = compute_cos_sin_cache(head_size, rotary_dim, MAX_POSITION, 10000.0, cache_dtype).to(device)
     scale = opts.get("scale", 1.0)
     if opts.get("layout") == "3d":
         q = randn((tokens, q_heads, head_size), dtype, device, gen, scale)
@@ -121,7 +154,7 @@ def _rope_case(name, tokens, qh, kh, hs, rot, neox, level, opts, with_key):
             return (positions, q, k, hs, cache, neox)
         return (positions, q, hs, cache, neox)
 
-    return OpCase(name, make_args, level=level)
+    return OpCase(name, make_args, level=level, dtypes=opts.get("dtypes"))
 
 
 rotary_embedding.add_cases(*(_rope_case(*row, with_key=True) for row in _ROPE_CASES))

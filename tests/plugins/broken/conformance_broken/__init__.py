@@ -8,7 +8,9 @@ its qualified name. tests/plugins/README.md lists the faults and how to add one.
 FAULTS = ("odd_numerics", "strides", "wrong_dtype", "mutates_input", "writes_weight", "returns_input",
           "batch_guard", "nonbool_supports", "oot_name", "missing_default", "raises", "hangs", "segfault",
           "traced_branch", "untraceable", "batch_guard_large", "contiguous_only",
-          "oot_never_runs", "missing_epsilon")
+          "oot_never_runs", "missing_epsilon", "segfault_shape", "precise_rotary", "coarse_rotary",
+          "cache_dtype", "ignores_neox", "no_saturation", "caches_per_signature", "reuses_output",
+          "refuses_tail", "tanh_gelu")
 
 
 def _register(fault: str):

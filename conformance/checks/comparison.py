@@ -1,0 +1,279 @@
+"""Outputs against native within tolerance, graded against a float64 run of native (the true value).
+
+One template for every FAIL message, naming the element behind the ratio it reports; an override
+of the tolerance is offered only where the failure looks like rounding. Where a float64 result
+exists, an implementation at least as close to it as native never FAILs: the difference from
+native is then native's own rounding (see AS_CLOSE_FACTOR).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+from conformance.results.result import Outcome
+from conformance.collect.units import dtype_name
+
+# A tolerance override is offered only when the worst error is at most this many times the allowed
+# error (atol + rtol*|native|). A correct kernel differs from native by rounding alone (another
+# reduction order, fused multiply-adds, another rsqrt or exp approximation): a few ulps of the output
+# dtype, the scale the declared tolerances are set at, so a correct kernel that still misses lands
+# within a few times the tolerance; 4x leaves room for two more bits of rounding error. Far beyond
+# that the error is structural (a dropped epsilon, a wrong formula, a misread stride), and advice to
+# loosen the tolerance would hide a bug (a missing-epsilon rms_norm is 300,000x out in float32).
+# Where a float64 result grades both, an implementation clearly further from it than native is not
+# rounding either (the same test as QUALITY_WARNING).
+OVERRIDE_FACTOR = 4.0
+
+# QUALITY_WARNING: error against float64 more than this many times native's, and above the floor.
+QUALITY_FACTOR = 4.0
+QUALITY_FLOOR_OF_ATOL = 0.25
+
+# "At least as close to float64 as native": the implementation's max error against the float64 run is
+# at most AS_CLOSE_FACTOR times native's plus one ulp of the output dtype at the output's magnitude,
+# both in absolute terms and relative to |float64| (there the ulp is the dtype's epsilon). Why these: a
+# result rounded once to the output dtype is within half an ulp of the true value, and native's own
+# error is at least that wherever it rounds at all; one ulp is the largest error of a faithfully
+# rounded result, so a kernel that rounds its last step the other way than native still qualifies
+# even where native happens to be exact. The factor 1.25 (a quarter more than native's error, two bits
+# below the 4x of QUALITY_FACTOR) covers a different but equally valid order of intermediate roundings;
+# anything beyond it is less precise than the reference and is judged against native as usual. The
+# relative test keeps a wrong small element from hiding behind native's error at large ones.
+AS_CLOSE_FACTOR = 1.25
+
+BUG = "which points to a bug in the implementation rather than a tolerance to loosen"
+DECLINE = "fix the kernel, or decline these arguments in `supports_args` so that they run elsewhere"
+
+
+@dataclasses.dataclass
+class Comparison:
+    """The outcome of one comparison; for a numeric FAIL, `advice` is the message's last sentence."""
+
+    outcome: Outcome
+    message: str
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    advice: str | None = None
+
+    def with_advice(self, advice: str) -> Comparison:
+        """The same result with its advice replaced (the oracle's diagnosis of an ignored argument)."""
+        if self.advice is None or not self.message.endswith(self.advice):
+            return self
+        body = self.message[: len(self.message) - len(self.advice)]
+        return dataclasses.replace(self, message=body + advice, advice=advice)
+
+
+def _as_f64(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    if t.dtype.is_floating_point and t.element_size() == 1:
+        t = t.to(torch.float32)
+    if t.is_complex():
+        return torch.view_as_real(t).to(torch.float64)
+    return t.to(torch.float64)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def ulp(dtype: torch.dtype, magnitude: float) -> float:
+    """The gap between adjacent values of `dtype` at `magnitude` (subnormal spacing below the normals);
+    0 for dtypes that are not floating point."""
+    if not dtype.is_floating_point:
+        return 0.0
+    info = torch.finfo(dtype)
+    m = max(abs(magnitude), info.smallest_normal) if math.isfinite(magnitude) else info.max
+    return 2.0 ** math.floor(math.log2(m)) * info.eps
+
+
+@dataclasses.dataclass(frozen=True)
+class GoldenErrors:
+    """Max errors of the implementation and of native against float64, absolute and relative."""
+
+    impl_abs: float
+    native_abs: float
+    impl_rel: float
+    native_rel: float
+    ulp_abs: float      # one ulp of the output dtype at the output's largest |float64| value
+    ulp_rel: float      # the output dtype's epsilon
+
+    @property
+    def as_close_as_native(self) -> bool:
+        return (self.impl_abs <= AS_CLOSE_FACTOR * self.native_abs + self.ulp_abs
+                and self.impl_rel <= AS_CLOSE_FACTOR * self.native_rel + self.ulp_rel)
+
+
+def golden_errors(a: torch.Tensor, b: torch.Tensor, gold: torch.Tensor, mask: torch.Tensor, atol: float,
+                  out_dtype: torch.dtype) -> GoldenErrors:
+    """`a` (implementation) and `b` (native) against `gold` over `mask`; relative errors where |gold| > atol."""
+    m = mask & torch.isfinite(gold) & torch.isfinite(b)
+    if not bool(m.any()):
+        return GoldenErrors(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    g = gold[m]
+    ea, eb = (a[m] - g).abs(), (b[m] - g).abs()
+    ea = torch.where(torch.isnan(ea), torch.full_like(ea, math.inf), ea)
+    big = g.abs() > max(atol, 1e-300)
+    ra = float((ea[big] / g[big].abs()).max()) if bool(big.any()) else 0.0
+    rb = float((eb[big] / g[big].abs()).max()) if bool(big.any()) else 0.0
+    eps = torch.finfo(out_dtype).eps if out_dtype.is_floating_point else 0.0
+    return GoldenErrors(float(ea.max()), float(eb.max()), ra, rb, ulp(out_dtype, float(g.abs().max())), eps)
+
+
+def compare_outputs(out: Any, ref: Any, golden: Any | None, *, atol: float, rtol: float,
+                    compare_nan: bool, dtype: torch.dtype, tolerance_hint: str) -> Comparison:
+    """Structure, dtype and shape exactly; values within atol + rtol*|native|, or at least as close to the
+    float64 result as native; golden grading of the rest.
+
+    `tolerance_hint` is a format string taking atol and rtol, naming the override that would accept
+    (offered only when plausible, see OVERRIDE_FACTOR); a hint without `{atol}` is a requirement.
+    """
+    outs, refs = as_outputs(out), as_outputs(ref)
+    goldens = as_outputs(golden) if golden is not None else (None,) * len(refs)
+    if isinstance(out, (tuple, list)) != isinstance(ref, (tuple, list)) or len(outs) != len(refs):
+        return Comparison(Outcome.FAIL, f"returned {_structure(out)}, native returns {_structure(ref)}")
+    worst_abs = worst_rel = 0.0
+    quality_notes, cleared_notes = [], []
+    for k, (o, r, g) in enumerate(zip(outs, refs, goldens)):
+        label = f"output {k}" if len(outs) > 1 else "output"
+        if o is None and r is None:
+            continue  # e.g. a rotary layer's key output when called with key=None
+        problem = _structure_problem(label, o, r)
+        if problem:
+            return Comparison(Outcome.FAIL, problem)
+        if o.numel() == 0:
+            continue
+        a, b = _as_f64(o).cpu(), _as_f64(r).cpu()
+        gold = _as_f64(g).cpu() if isinstance(g, torch.Tensor) and tuple(g.shape) == tuple(r.shape) else None
+        problem = _special_value_problem(label, a, b, compare_nan)
+        if problem:
+            return Comparison(Outcome.FAIL, problem)
+        finite = ~torch.isnan(b) & ~torch.isinf(b)
+        diff = torch.where(finite, (a - b).abs(), torch.zeros_like(a))
+        diff = torch.where(finite & torch.isnan(a), torch.full_like(a, math.inf), diff)
+        allowed = atol + rtol * b.abs()
+        max_abs = float(diff.max())
+        rel = torch.where(finite & (b.abs() > atol), diff / b.abs().clamp_min(1e-300), torch.zeros_like(a))
+        max_rel = float(rel.max())
+        worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, max_rel)
+        outside = finite & (diff > allowed)
+        errs = golden_errors(a, b, gold, finite, atol, o.dtype) if gold is not None else None
+        if bool(outside.any()):
+            if errs is not None and errs.as_close_as_native:
+                cleared_notes.append(_cleared_note(label, int(outside.sum()), a.numel(), errs))
+                continue
+            return _failure(label, a, b, gold, diff, allowed, outside, max_abs, max_rel, errs, atol=atol, rtol=rtol,
+                            dtype=dtype, tolerance_hint=tolerance_hint)
+        if errs is not None:
+            floor = QUALITY_FLOOR_OF_ATOL * atol
+            if errs.impl_abs > QUALITY_FACTOR * errs.native_abs and errs.impl_abs > floor:
+                quality_notes.append(
+                    f"{label}: within tolerance of native, but max error against the float64 golden run is "
+                    f"{_fmt(errs.impl_abs)}, native's is {_fmt(errs.native_abs)} (clearly worse: > "
+                    f"{QUALITY_FACTOR:g}x native's and > {QUALITY_FLOOR_OF_ATOL:g}*atol = {_fmt(floor)})")
+    if quality_notes:
+        return Comparison(Outcome.QUALITY_WARNING, "; ".join(quality_notes), worst_abs, worst_rel)
+    if cleared_notes:
+        return Comparison(Outcome.PASS, "; ".join(cleared_notes), worst_abs, worst_rel)
+    return Comparison(Outcome.PASS, f"within atol={atol:g} rtol={rtol:g}", worst_abs, worst_rel)
+
+
+def _structure_problem(label: str, o: Any, r: Any) -> str | None:
+    if not isinstance(o, torch.Tensor) or not isinstance(r, torch.Tensor):
+        if not isinstance(r, torch.Tensor):
+            return f"{label} is {type(o).__name__}, native returns {type(r).__name__}"
+        return f"{label} is {type(o).__name__}, native returns a Tensor"
+    if o.dtype != r.dtype:
+        return (f"{label} dtype is {dtype_name(o.dtype)}, native gives {dtype_name(r.dtype)}: the output dtype "
+                "must equal native's exactly")
+    if tuple(o.shape) != tuple(r.shape):
+        return f"{label} shape is {tuple(o.shape)}, native gives {tuple(r.shape)}"
+    if o.device.type != r.device.type:
+        return f"{label} is on {o.device}, native's on {r.device}"
+    return None
+
+
+def _special_value_problem(label: str, a: torch.Tensor, b: torch.Tensor, compare_nan: bool) -> str | None:
+    """NaN positions (when compared) and infinities must be native's exactly."""
+    if compare_nan:
+        nan_mismatch = torch.isnan(a) != torch.isnan(b)
+        if bool(nan_mismatch.any()):
+            idx = _unravel(int(nan_mismatch.flatten().nonzero()[0]), a.shape)
+            return (f"{label}: nan positions differ from native ({int(nan_mismatch.sum())} elements); first at "
+                    f"index {idx}: got {_fmt(float(a[idx]))}, native {_fmt(float(b[idx]))}")
+    inf_mismatch = ~torch.isnan(b) & torch.isinf(b) & (a != b)
+    if bool(inf_mismatch.any()):
+        idx = _unravel(int(inf_mismatch.flatten().nonzero()[0]), a.shape)
+        return f"{label}: native gives {_fmt(float(b[idx]))} at index {idx}, got {_fmt(float(a[idx]))}"
+    return None
+
+
+def _cleared_note(label: str, n_out: int, numel: int, errs: GoldenErrors) -> str:
+    return (f"{label}: {n_out} of {numel} elements differ from native by more than the tolerance, but the "
+            f"implementation is at least as close to the float64 result as native (max err {_fmt(errs.impl_abs)}, "
+            f"native's {_fmt(errs.native_abs)}; max rel err {_fmt(errs.impl_rel)}, native's "
+            f"{_fmt(errs.native_rel)}; allowed: {AS_CLOSE_FACTOR:g}x native's plus one ulp): native itself is the "
+            "less precise one")
+
+
+def _failure(label, a, b, gold, diff, allowed, outside, max_abs, max_rel, errs, *, atol, rtol, dtype,
+             tolerance_hint) -> Comparison:
+    """The one FAIL template: count, the element with the largest error-to-tolerance ratio (its index, values
+    and ratio), the maxima, the float64 grade, and the advice."""
+    ratios = torch.where(outside, diff / allowed.clamp_min(1e-300), torch.zeros_like(diff))
+    flat = int(ratios.flatten().argmax())
+    idx = _unravel(flat, a.shape)
+    ratio = float(ratios.flatten()[flat])
+    finite = ~torch.isnan(b) & ~torch.isinf(b)
+    need_atol = float((diff - rtol * b.abs())[finite].max())
+    need_atol = float(f"{need_atol * 1.1:.2g}") if math.isfinite(need_atol) else math.inf
+    at_gold = f", float64 {_fmt(float(gold[idx]))}" if gold is not None else ""
+    graded = (f"; against float64: implementation max err {_fmt(errs.impl_abs)}, native's {_fmt(errs.native_abs)}"
+              if errs is not None else "")
+    advice = _advice(ratio, errs, atol, tolerance_hint, need_atol, rtol)
+    err = (f"abs err {_fmt(float(diff[idx]))} = {_fmt(ratio)}x the tolerance atol + rtol*|native| = "
+           f"{_fmt(float(allowed[idx]))} there" if math.isfinite(ratio)
+           else "a non-finite value where native's is finite")
+    msg = (f"{label}: {int(outside.sum())} of {a.numel()} elements outside atol={atol:g} rtol={rtol:g} "
+           f"({dtype_name(dtype)}); worst at index {idx}: got {_fmt(float(a[idx]))}, native {_fmt(float(b[idx]))}"
+           f"{at_gold}, {err}; max abs err {_fmt(max_abs)}, max rel err {_fmt(max_rel)}{graded}. " + advice)
+    return Comparison(Outcome.FAIL, msg, max_abs, max_rel, advice=advice)
+
+
+def _advice(ratio: float, errs: GoldenErrors | None, atol: float, tolerance_hint: str, need_atol: float,
+            rtol: float) -> str:
+    """The override `tolerance_hint` names, only when the failure looks like rounding: the worst error within
+    OVERRIDE_FACTOR of the tolerance and, where graded, the implementation not clearly further from
+    float64 than native (QUALITY_FACTOR, above atol). Otherwise say why it points to a bug."""
+    if not math.isfinite(ratio):
+        return f"A non-finite result is far beyond rounding differences, {BUG}: {DECLINE}"
+    if ratio > OVERRIDE_FACTOR:
+        return (f"The worst error is {_fmt(ratio)}x the tolerance: far beyond rounding differences (an override is "
+                f"offered up to {OVERRIDE_FACTOR:g}x), {BUG}: {DECLINE}")
+    if errs is not None and errs.impl_abs > QUALITY_FACTOR * errs.native_abs and errs.impl_abs > atol:
+        return (f"Against float64 the implementation is off by {_fmt(errs.impl_abs)}, native by "
+                f"{_fmt(errs.native_abs)}: not a rounding difference (> {QUALITY_FACTOR:g}x native's and > atol), "
+                f"{BUG}: {DECLINE}")
+    if "{atol" not in tolerance_hint:      # a requirement, not an override (e.g. compiled and eager must agree)
+        return f"The worst error is {_fmt(ratio)}x the tolerance {tolerance_hint}"
+    return f"To accept: {tolerance_hint.format(atol=need_atol, rtol=rtol)} or a waiver"
+
+
+def as_outputs(value: Any) -> tuple:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _unravel(flat: int, shape) -> tuple[int, ...]:
+    idx = []
+    for size in reversed(tuple(shape)):
+        idx.append(flat % size)
+        flat //= size
+    return tuple(reversed(idx))
+
+
+def _structure(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return type(value).__name__
