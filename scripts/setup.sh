@@ -9,7 +9,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade "pip>=23" "setuptools>=68" wheel
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[bench]" --no-build-isolation
+# extras: bench (pytest-benchmark), test (transformers, which the runtime's checkpoint tests compare
+# with), text (tokenizers, for text prompts)
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[bench,test,text]" --no-build-isolation
 .venv/bin/python -c "import torch, reference_impl, conformance; print('set-up ok: torch', torch.__version__)"
 # The harness's pytest is the one in .venv: another pytest on PATH does not know --platform.
 echo "use it with: source .venv/bin/activate (then pytest --platform=cpu), or .venv/bin/pytest --platform=cpu"

@@ -30,6 +30,7 @@ from reference_impl.models.checkpoint import (
     write_random_checkpoint,
 )
 from reference_impl.models.kv_cache import KVCache, using_kv_cache
+from reference_impl.models.rope import RopeScaling
 
 DENSE = DecoderConfig()
 MOE = DecoderConfig(num_experts=4, num_experts_per_tok=2)
@@ -47,7 +48,7 @@ def _recompute(model, prompt, new_tokens):
 def test_kv_cache_decode_equals_full_recompute(config):
     model = build_model(config, torch.float32, seed=11)
     new = 3 if config.num_experts else 5   # the reference MoE experts loop in Python: slow to recompute
-    out = generate(model, PROMPTS, new, cache=model.allocate_kv_cache(4, 16))
+    out = generate(model, PROMPTS, new, cache=model.allocate_kv_cache(4, 16), prompt_logits=True)
     assert [len(t) for t in out.tokens] == [new] * 3 and out.step_logits.shape == (new, 3, config.vocab_size)
     assert [p.shape[0] for p in out.prompt_logits] == [len(p) for p in PROMPTS] and out.prompt_tokens == 14
     for s, prompt in enumerate(PROMPTS):
@@ -108,12 +109,41 @@ def test_checkpoint_round_trip(tmp_path, config):
     loaded, fresh = load_checkpoint(tmp_path), build_model(config, torch.float32, seed=4)
     ids = torch.tensor(PROMPTS[0])
     assert torch.equal(loaded(ids, torch.arange(ids.numel())), fresh(ids, torch.arange(ids.numel())))
-    # stored in bfloat16: loads as the weights rounded once
+    # stored in bfloat16 and asked for in float32: loads as the weights rounded once
     save_checkpoint(tmp_path / "bf16", config, random_checkpoint(config, 4), torch.bfloat16)
     rounded = {k: v.to(torch.bfloat16).float() for k, v in random_checkpoint(config, 4).items()}
-    torch.testing.assert_close(load_checkpoint(tmp_path / "bf16")(ids, torch.arange(ids.numel())),
+    torch.testing.assert_close(load_checkpoint(tmp_path / "bf16", torch.float32)(ids, torch.arange(ids.numel())),
                                build_model(config, checkpoint=rounded)(ids, torch.arange(ids.numel())),
                                atol=0, rtol=0)
+    # by default in the dtype its config names
+    assert load_checkpoint(tmp_path / "bf16").dtype == torch.bfloat16
+
+
+VARIANTS = {
+    "llama3 rope, gelu, biases": DecoderConfig(rope_theta=5e5, hidden_act="gelu", qkv_bias=True, o_proj_bias=True,
+                                               mlp_bias=True, rope_scaling=RopeScaling("llama3", 8.0, 64, 1.0, 4.0)),
+    "qwen2 window on layer 1, yarn": DecoderConfig(qkv_bias=True, sliding_window=4, sliding_window_layers=(1,),
+                                                   rope_scaling=RopeScaling("yarn", 4.0, 64, attention_factor=1.2)),
+    "mistral window": DecoderConfig(sliding_window=4, head_dim=24, tie_word_embeddings=True),
+    "mixtral window": DecoderConfig(num_experts=4, sliding_window=3, hidden_act="gelu_pytorch_tanh"),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_config_variants_round_trip_through_config_json(tmp_path, name):
+    config = VARIANTS[name]
+    write_random_checkpoint(tmp_path, config, seed=2)
+    assert read_config(tmp_path) == config
+    ids = torch.tensor(PROMPTS[0])
+    torch.testing.assert_close(load_checkpoint(tmp_path)(ids, torch.arange(ids.numel())),
+                               build_model(config, seed=2)(ids, torch.arange(ids.numel())), atol=0, rtol=0)
+
+
+def test_config_with_no_transformers_model_type_is_not_written(tmp_path):
+    with pytest.raises(ValueError, match="no transformers model type holds this config"):
+        write_random_checkpoint(tmp_path, DecoderConfig(sliding_window=4, mlp_bias=True))
+    with pytest.raises(ValueError, match="hidden_act='relu' is not supported"):
+        DecoderConfig(hidden_act="relu")
 
 
 def _edit_config(directory, **changes):
@@ -293,9 +323,10 @@ def test_command_bad_arguments_give_one_line(capsys, args, message):
 # ----- end of sequence ----------------------------------------------------------------------------
 def test_sequences_end_at_their_first_stop_token_and_the_batch_at_the_last():
     model = build_model(DENSE, torch.float32, seed=11)
-    full = generate(model, PROMPTS, 6, cache=model.allocate_kv_cache(4, 16))
+    full = generate(model, PROMPTS, 6, cache=model.allocate_kv_cache(4, 16), prompt_logits=True)
     stop = full.tokens[0][2]                       # sequence 0 ends at its third token
-    out = generate(model, PROMPTS, 6, cache=model.allocate_kv_cache(4, 16), stop_token_ids={stop})
+    out = generate(model, PROMPTS, 6, cache=model.allocate_kv_cache(4, 16), stop_token_ids={stop},
+                   prompt_logits=True)
     for s, tokens in enumerate(full.tokens):
         cut = tokens.index(stop) + 1 if stop in tokens else len(tokens)
         assert out.tokens[s] == tokens[:cut], s

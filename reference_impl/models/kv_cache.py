@@ -9,8 +9,9 @@ ragged batches share a large pool, which the small models and batches run here n
 `cached_attention` is one opaque torch op (`reference_model::cached_attention`) over packed tokens:
 token `t` of sequence `s` (rows `cu_seqlens[s]:cu_seqlens[s + 1]`) at position `positions[t]` first
 writes its key and value to `cache[s, positions[t]]`, then attends causally to `cache[s, :positions[t]
-+ 1]`. Prefill packs whole prompts (varlen: one segment per sequence); a decode step packs one token
-per sequence and reads each row up to its own length `seq_lens[s]`. Like vLLM's attention op, the
++ 1]` (with a sliding `window` W > 0, to the last W of those positions only). Prefill packs whole
+prompts (varlen: one segment per sequence); a decode step packs one token per sequence and reads
+each row up to its own length `seq_lens[s]`. Like vLLM's attention op, the
 cache is found through the forward context (`using_kv_cache`), not passed as an argument, so a
 compiled graph holds one opaque call per layer with no cache copies, and its shapes depend only on
 the number of tokens and sequences (marked dynamic), never on the sequence lengths.
@@ -85,7 +86,7 @@ def _check_fits(cache: KVCache, layer: int, num_seqs: int, positions: torch.Tens
 @torch.library.custom_op("reference_model::cached_attention", mutates_args=())
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                      cu_seqlens: torch.Tensor, seq_lens: torch.Tensor, layer: int, num_heads: int,
-                     num_kv_heads: int, scale: float) -> torch.Tensor:
+                     num_kv_heads: int, scale: float, window: int) -> torch.Tensor:
     """Write `k`, `v` ([tokens, kv_heads * head_dim]) to the current cache, attend `q` causally; `[tokens,
     num_heads * head_dim]` in q's dtype (see the module docstring for the packing)."""
     cache = current_kv_cache()
@@ -102,7 +103,10 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
         longest = int(seq_lens.max())
         keys = k_cache[:num_seqs, :longest].transpose(1, 2)          # [seqs, kv_heads, longest, dim]
         values = v_cache[:num_seqs, :longest].transpose(1, 2)
-        mask = torch.arange(longest, device=q.device)[None, :] < seq_lens[:, None]
+        columns = torch.arange(longest, device=q.device)[None, :]
+        mask = columns < seq_lens[:, None]
+        if window > 0:
+            mask &= columns >= seq_lens[:, None] - window
         out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask[:, None, None],
                                              scale=scale, enable_gqa=gqa)
         return out.reshape(tokens, num_heads * head_dim)
@@ -114,7 +118,10 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
         length = int(seq_lens[s])
         keys = k_cache[s, :length].transpose(0, 1)[None]            # [1, kv_heads, length, dim]
         values = v_cache[s, :length].transpose(0, 1)[None]
-        mask = torch.arange(length, device=q.device)[None, :] <= positions[start:end, None]
+        columns = torch.arange(length, device=q.device)[None, :]
+        mask = columns <= positions[start:end, None]
+        if window > 0:
+            mask &= columns > positions[start:end, None] - window
         seg = F.scaled_dot_product_attention(q[start:end].transpose(0, 1)[None], keys, values,
                                              attn_mask=mask[None, None], scale=scale, enable_gqa=gqa)
         out[start:end] = seg[0].transpose(0, 1)
@@ -122,5 +129,5 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
 
 
 @cached_attention.register_fake
-def _(q, k, v, positions, cu_seqlens, seq_lens, layer, num_heads, num_kv_heads, scale):
+def _(q, k, v, positions, cu_seqlens, seq_lens, layer, num_heads, num_kv_heads, scale, window):
     return q.new_empty(q.shape)
