@@ -292,7 +292,7 @@ def test_command_tp2_gives_the_single_process_tokens(tmp_path):
     (["--random", "tiny", "--prompt-ids", "1,x", "--max-new-tokens", "2"], "--prompt-ids: '1,x' is not a comma"),
     (["--random", "tiny", "--prompt-ids", "1,300", "--max-new-tokens", "2"], "token ids [300] are outside"),
     (["--random", "tiny", "--prompt-ids", "1", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
-    (["--random", "tiny", "--max-new-tokens", "2"], "give --prompt-ids or --batch-file"),
+    (["--random", "tiny", "--max-new-tokens", "2"], "give --prompt, --prompt-ids or --batch-file"),
     (["--random", "tiny", "--prompt-ids", "1", "--max-new-tokens", "2", "--platform", "nope"],
      "--platform nope: unknown platform 'nope'"),
     (["--random", "tiny", "--prompt-ids", "1", "--max-new-tokens", "2", "--tp", "3"],

@@ -229,3 +229,89 @@ def test_scaled_rotary_cache_matches_transformers_at_full_size(name):
     # positions 0..2 carry no rounding worth the name: the frequencies and the magnitude agree tightly
     torch.testing.assert_close(cache[:3, :half], cos[0, :3, :half].double(), atol=1e-6, rtol=0)
     torch.testing.assert_close(cache[:3, half:], sin[0, :3, :half].double(), atol=1e-6, rtol=0)
+
+
+# ----- text in, text out ----------------------------------------------------------------------------
+WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away"]
+
+
+def _write_tokenizer(directory, vocab_size: int) -> None:
+    """A word-level tokenizer.json over WORDS plus filler words up to `vocab_size`, BOS id 1 prepended."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for word in WORDS + [f"w{i}" for i in range(vocab_size)]:
+        if len(vocab) < vocab_size:
+            vocab.setdefault(word, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    from tokenizers import decoders
+
+    tok.decoder = decoders.WordPiece(prefix="##")   # joins words with spaces
+    tok.save(str(directory / "tokenizer.json"))
+
+
+def _command(*args):
+    return subprocess.run([sys.executable, "-m", "reference_impl.generate", *args], capture_output=True, text=True,
+                          timeout=240)
+
+
+def test_text_prompt_in_text_out_through_the_checkpoints_tokenizer(checkpoints, tmp_path):
+    import shutil
+
+    from transformers import PreTrainedTokenizerFast
+
+    from reference_impl.models import generate
+    from reference_impl.models.tokenizer import load_tokenizer
+
+    directory = tmp_path / "with_tokenizer"
+    shutil.copytree(checkpoints("llama"), directory)
+    _write_tokenizer(directory, hf.BASE["vocab_size"])
+    tokenizer = load_tokenizer(directory)
+    text = "the cat sat on the mat"
+    ids = tokenizer.encode(text)
+    assert ids[0] == 1 and len(ids) == 7
+    assert ids == PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"))(text)["input_ids"]
+    batch = tmp_path / "prompts.jsonl"
+    batch.write_text(json.dumps({"prompt": "a dog ran"}) + "\n" + json.dumps("far away") + "\n")
+    out = tmp_path / "out.json"
+    run = _command("--checkpoint", str(directory), "--prompt", text, "--batch-file", str(batch), "--max-new-tokens",
+                   "5", "--ignore-eos", "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    model = load_checkpoint(directory)
+    prompts = [ids, tokenizer.encode("a dog ran"), tokenizer.encode("far away")]
+    expected = generate(model, prompts, 5, cache=model.allocate_kv_cache(3, 16)).tokens
+    report = json.loads(out.read_text())
+    assert report["tokens"] == expected
+    assert report["text"] == [tokenizer.decode(t) for t in expected]
+    assert report["prompt_text"] == [text, "a dog ran", "far away"]
+    assert f"sequence 0: prompt {text!r} -> {tokenizer.decode(expected[0])!r} (ids {ids} -> {expected[0]})" in run.stdout
+    # ids mode on the same checkpoint prints ids only
+    run = _command("--checkpoint", str(directory), "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", "5",
+                   "--ignore-eos")
+    assert run.returncode == 0 and f"sequence 0: prompt {ids} -> {expected[0]}" in run.stdout, run.stderr
+
+
+def test_text_without_a_tokenizer_is_one_clear_line(checkpoints, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from reference_impl import generate as command
+
+    with pytest.raises(SystemExit) as info:
+        command.main(["--checkpoint", str(checkpoints("llama")), "--prompt", "hello", "--max-new-tokens", "2"])
+    assert info.value.code == 2
+    assert "has no tokenizer.json: text prompts need one (give token ids instead)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        command.main(["--random", "tiny", "--prompt", "hello", "--max-new-tokens", "2"])
+    assert "text prompts need --checkpoint with a tokenizer.json" in capsys.readouterr().err
+    directory = tmp_path / "with_tokenizer"
+    shutil.copytree(checkpoints("llama"), directory)
+    _write_tokenizer(directory, 64)
+    monkeypatch.setitem(sys.modules, "tokenizers", None)      # the [text] extra is not installed
+    with pytest.raises(SystemExit):
+        command.main(["--checkpoint", str(directory), "--prompt", "the cat", "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "text prompts need the 'tokenizers' package: pip install " \
+                                    "'reference-impl-conformance[text]'" in err, err
