@@ -287,7 +287,8 @@ def test_text_prompt_in_text_out_through_the_checkpoints_tokenizer(checkpoints, 
     assert report["tokens"] == expected
     assert report["text"] == [tokenizer.decode(t) for t in expected]
     assert report["prompt_text"] == [text, "a dog ran", "far away"]
-    assert f"sequence 0: prompt {text!r} -> {tokenizer.decode(expected[0])!r} (ids {ids} -> {expected[0]})" in run.stdout
+    line = f"sequence 0: prompt {text!r} -> {tokenizer.decode(expected[0])!r} (ids {ids} -> {expected[0]})"
+    assert line in run.stdout
     # ids mode on the same checkpoint prints ids only
     run = _command("--checkpoint", str(directory), "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", "5",
                    "--ignore-eos")
