@@ -199,9 +199,12 @@ def _dtype(args) -> torch.dtype:
 
 def _load(args, dtype: torch.dtype, device: str):
     if args.random is not None:
+        from reference_impl.layers.cpu_gemm import pack_cpu_gemms
         from reference_impl.models.llama import build_model
 
-        return build_model(PRESETS[args.random], dtype, seed=args.weights_seed, device=device)
+        model = build_model(PRESETS[args.random], dtype, seed=args.weights_seed, device=device)
+        pack_cpu_gemms(model)   # as load_checkpoint does on the CPU
+        return model
     from reference_impl.models.checkpoint import load_checkpoint
 
     return load_checkpoint(args.checkpoint, dtype, device)
@@ -247,6 +250,7 @@ def run(args: argparse.Namespace, prompts: list[list[int]], rank: int = 0) -> di
         if backend is not None:
             providers = compiled_providers(backend)
         paths = custom_op_paths(model)
+        packed = sum("cpu_gemm" in m.__dict__ for m in model.modules())
     decode_tokens = result.decode_tokens
     tokenizer = getattr(args, "tokenizer", None)
     report = {
@@ -259,6 +263,7 @@ def run(args: argparse.Namespace, prompts: list[list[int]], rank: int = 0) -> di
         "prefill_tokens": result.prompt_tokens, "prefill_seconds": result.prefill_seconds,
         "decode_tokens": decode_tokens, "decode_seconds": result.decode_seconds,
         "graphs_compiled": backend.num_compilations if backend is not None else None,
+        "cpu_gemm_layers": packed,
     }
     if rank == 0:
         _print(args, model.config, prompts, report, providers, paths)
@@ -299,6 +304,8 @@ def _print(args, config: DecoderConfig, prompts, report, providers, paths) -> No
           f"tp {args.tp}, {mode}")
     print(f"IR providers selected: {describe(providers)}")
     print(f"CustomOp paths: {describe(paths)}")
+    if report["cpu_gemm_layers"]:
+        print(f"CPU GEMM: prepacked oneDNN weights in {report['cpu_gemm_layers']} layers (layers/cpu_gemm.py)")
     for i, (prompt, tokens) in enumerate(zip(prompts, report["tokens"])):
         if report["text"] is not None:
             print(f"sequence {i}: prompt {report['prompt_text'][i]!r} -> {report['text'][i]!r} (ids {prompt} -> "

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import queue as queue_mod
@@ -106,13 +107,14 @@ def test_checkpoint_round_trip(tmp_path, config):
     doc = json.loads((tmp_path / "config.json").read_text())
     assert doc["model_type"] == ("mixtral" if config.num_experts else "llama")
     assert read_config(tmp_path) == config
-    loaded, fresh = load_checkpoint(tmp_path), build_model(config, torch.float32, seed=4)
+    loaded, fresh = load_checkpoint(tmp_path, cpu_gemm=False), build_model(config, torch.float32, seed=4)
     ids = torch.tensor(PROMPTS[0])
     assert torch.equal(loaded(ids, torch.arange(ids.numel())), fresh(ids, torch.arange(ids.numel())))
     # stored in bfloat16 and asked for in float32: loads as the weights rounded once
     save_checkpoint(tmp_path / "bf16", config, random_checkpoint(config, 4), torch.bfloat16)
     rounded = {k: v.to(torch.bfloat16).float() for k, v in random_checkpoint(config, 4).items()}
-    torch.testing.assert_close(load_checkpoint(tmp_path / "bf16", torch.float32)(ids, torch.arange(ids.numel())),
+    torch.testing.assert_close(load_checkpoint(tmp_path / "bf16", torch.float32, cpu_gemm=False)(
+                                   ids, torch.arange(ids.numel())),
                                build_model(config, checkpoint=rounded)(ids, torch.arange(ids.numel())),
                                atol=0, rtol=0)
     # by default in the dtype its config names
@@ -135,7 +137,7 @@ def test_config_variants_round_trip_through_config_json(tmp_path, name):
     write_random_checkpoint(tmp_path, config, seed=2)
     assert read_config(tmp_path) == config
     ids = torch.tensor(PROMPTS[0])
-    torch.testing.assert_close(load_checkpoint(tmp_path)(ids, torch.arange(ids.numel())),
+    torch.testing.assert_close(load_checkpoint(tmp_path, cpu_gemm=False)(ids, torch.arange(ids.numel())),
                                build_model(config, seed=2)(ids, torch.arange(ids.numel())), atol=0, rtol=0)
 
 
@@ -144,6 +146,46 @@ def test_config_with_no_transformers_model_type_is_not_written(tmp_path):
         write_random_checkpoint(tmp_path, DecoderConfig(sliding_window=4, mlp_bias=True))
     with pytest.raises(ValueError, match="hidden_act='relu' is not supported"):
         DecoderConfig(hidden_act="relu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prepacked_cpu_gemms_compute_the_same_logits(tmp_path, dtype):
+    from reference_impl.layers import cpu_gemm
+
+    if not cpu_gemm.available():
+        pytest.skip("this torch build has no oneDNN linear ops")
+    config = dataclasses.replace(VARIANTS["llama3 rope, gelu, biases"], vocab_size=4096)
+    write_random_checkpoint(tmp_path, config, seed=3)
+    by_default = load_checkpoint(tmp_path, dtype)    # packs the weights of 2^18 elements or more: the LM head
+    assert [n for n, m in by_default.named_modules() if "cpu_gemm" in m.__dict__] == ["lm_head"]
+    packed, plain = load_checkpoint(tmp_path, dtype, cpu_gemm=False), load_checkpoint(tmp_path, dtype, cpu_gemm=False)
+    assert cpu_gemm.pack_cpu_gemms(packed, min_elements=0) == 4 * config.num_layers + 1   # qkv, o, gate_up, down
+    assert not any("cpu_gemm" in m.__dict__ for m in plain.modules())
+    calls = []
+    pack = packed.lm_head.cpu_gemm
+
+    class Spy:
+        is_current = pack.is_current
+
+        def __call__(self, x, bias):
+            calls.append(tuple(x.shape))
+            return pack(x, bias)
+    packed.lm_head.cpu_gemm = Spy()
+    ids = torch.tensor(PROMPTS[0])
+    got, want = packed(ids, torch.arange(ids.numel())), plain(ids, torch.arange(ids.numel()))
+    assert calls == [(len(PROMPTS[0]), config.hidden_size)]        # the LM head ran through its pack
+    tol = 2e-5 if dtype == torch.float32 else 0.1                     # summation order only
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    # a weight written after packing is used as written: the stale pack is bypassed
+    packed.lm_head.cpu_gemm = pack
+    with torch.no_grad():
+        packed.lm_head.weight.mul_(2)
+        plain.lm_head.weight.mul_(2)
+    torch.testing.assert_close(packed(ids, torch.arange(ids.numel())).float(),
+                               plain(ids, torch.arange(ids.numel())).float(), atol=2 * tol, rtol=tol)
+    assert not pack.is_current(packed.lm_head.weight)
+    cpu_gemm.unpack_cpu_gemms(packed)
+    assert not any("cpu_gemm" in m.__dict__ for m in packed.modules())
 
 
 def _edit_config(directory, **changes):

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from reference_impl.layers.cpu_gemm import pack_cpu_gemms
 from reference_impl.models.hf_config import (  # noqa: F401 - CheckpointError and config_from_hf re-exported
     CONFIG_FILE,
     CheckpointError,
@@ -147,17 +148,21 @@ def read_tensors(directory: str | Path, dtype: torch.dtype) -> dict[str, torch.T
     raise CheckpointError(f"checkpoint directory {directory} has no {WEIGHTS_FILE} or {INDEX_FILE}{hint}")
 
 
-def load_checkpoint(directory: str | Path, dtype: torch.dtype | None = None,
-                    device: torch.device | str = "cpu") -> LlamaForCausalLM:
+def load_checkpoint(directory: str | Path, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
+                    *, cpu_gemm: bool = True) -> LlamaForCausalLM:
     """The decoder of a checkpoint directory, this rank's shards, on `device` (CheckpointError on problems).
 
-    `dtype` None: the config's `dtype` (float32 when it names none).
+    `dtype` None: the config's `dtype` (float32 when it names none). On the CPU the projections and the
+    LM head run prepacked oneDNN GEMMs (layers/cpu_gemm.py) unless `cpu_gemm=False`.
     """
     config = read_config(directory)
     dtype = dtype if dtype is not None else read_dtype(directory)
     tensors = read_tensors(directory, dtype)
     try:
-        return build_model(config, dtype, checkpoint=tensors, device=device)
+        model = build_model(config, dtype, checkpoint=tensors, device=device)
     except (KeyError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         raise CheckpointError(f"{Path(directory)}: {message}") from None
+    if cpu_gemm:
+        pack_cpu_gemms(model)
+    return model

@@ -40,7 +40,7 @@ from reference_impl.layers.linear import (
 )
 from reference_impl.layers.logits_processor import LogitsProcessor
 from reference_impl.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-from reference_impl.models.kv_cache import KVCache
+from reference_impl.models.kv_cache import CachedBatch, KVCache, attend_cached, plan_batch
 from reference_impl.models.rope import RopeScaling, build_rotary
 
 # hidden_act of a transformers config -> the gated layer computing act(gate) * up (vLLM's and-mul
@@ -134,15 +134,16 @@ class LlamaAttention(nn.Module):
                                        config.rope_scaling, dtype)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-                batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                batch: CachedBatch | tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
         if batch is not None:   # packed sequences against the current KV cache
-            cu_seqlens, seq_lens = batch
-            attn = torch.ops.reference_model.cached_attention(q, k, v, positions, cu_seqlens, seq_lens,
-                                                              self.layer_index, self.num_heads, self.num_kv_heads,
-                                                              self.head_dim ** -0.5, self.window or 0)
+            args = (self.layer_index, self.num_heads, self.num_kv_heads, self.head_dim ** -0.5, self.window or 0)
+            if isinstance(batch, CachedBatch):    # eager: planned once for all layers
+                attn = attend_cached(q, k, v, batch, *args)
+            else:                                 # compiled: one opaque op per layer
+                attn = torch.ops.reference_model.cached_attention(q, k, v, positions, *batch, *args)
             out, _ = self.o_proj(attn)
             return out
         n = hidden_states.shape[0]
@@ -264,6 +265,8 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         hidden_states = self.embed_tokens(input_ids)
+        if batch is not None and not torch.compiler.is_compiling():
+            batch = plan_batch(positions, *batch, num_layers=len(self.layers))
         residual = None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual, batch)
