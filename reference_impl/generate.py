@@ -1,14 +1,17 @@
 """`python -m reference_impl.generate`: run the reference decoder on a platform with a KV cache.
 
     python -m reference_impl.generate (--checkpoint DIR | --random tiny|small|moe) --platform NAME
-        (--prompt-ids 1,2,3 | --batch-file prompts.jsonl) --max-new-tokens N
+        (--prompt TEXT | --prompt-ids 1,2,3 | --batch-file prompts.jsonl) --max-new-tokens N
         [--compile] [--tp N] [--dtype float32|float16|bfloat16] [--temperature T --top-k K --seed S]
 
-Prints the generated tokens, the provider selected for each IR op and the forward each CustomOp
-layer class runs, and prefill / decode tokens per second; a progress bar (stderr) for long runs.
-`--tp N` spawns N ranks on torch.distributed (gloo on the CPU, nccl on CUDA) that each load their
-shard; rank 0 prints. A batch file holds one prompt per line: a JSON list of token ids or an object
-with "prompt_ids". Bad arguments: one `error:` line and exit status 2. Nothing is ever downloaded.
+Prints the generated tokens (and text, for text prompts), the provider selected for each IR op and
+the forward each CustomOp layer class runs, and prefill / decode tokens per second; a progress bar
+(stderr) for long runs. Text prompts go through the checkpoint's tokenizer.json (the `[text]`
+extra, models/tokenizer.py). `--dtype` defaults to the checkpoint config's dtype (float32 for
+--random). `--tp N` spawns N ranks on torch.distributed (gloo on the CPU, nccl on CUDA) that each
+load their shard; rank 0 prints. A batch file holds one prompt per line: a JSON list of token ids,
+an object with "prompt_ids" or "prompt" (text), or a JSON string (text). Bad arguments: one
+`error:` line and exit status 2. Nothing is ever downloaded.
 """
 
 from __future__ import annotations
@@ -52,14 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--random", choices=sorted(PRESETS), help="seeded random weights of a preset shape")
     p.add_argument("--weights-seed", type=int, default=0, help="seed of --random weights (default 0)")
     p.add_argument("--platform", default=None, help="platform name (default: the detected one)")
+    p.add_argument("--prompt", metavar="TEXT", help="one text prompt (needs the checkpoint's tokenizer.json)")
     p.add_argument("--prompt-ids", metavar="IDS", help="comma-separated token ids of one prompt")
-    p.add_argument("--batch-file", metavar="JSONL", help="one prompt per line (list of ids or {\"prompt_ids\": [...]})")
+    p.add_argument("--batch-file", metavar="JSONL", help="one prompt per line: a list of ids, {\"prompt_ids\": "
+                   "[...]}, {\"prompt\": \"text\"} or a JSON string")
     p.add_argument("--max-new-tokens", type=int, required=True)
     p.add_argument("--compile", action="store_true", help="compile through ReferenceCompileBackend")
     p.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default="aot_eager",
                    help="inner compiler of --compile (default aot_eager)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="default: the checkpoint config's dtype (float32 when it names none, and for --random)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k largest logits (0: all)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -80,7 +86,7 @@ def _parse_ids(text: str, where: str) -> list[int]:
     return ids
 
 
-def _read_batch_file(path: str) -> list[list[int]]:
+def _read_batch_file(path: str) -> list[list[int] | str]:
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
@@ -93,26 +99,43 @@ def _read_batch_file(path: str) -> list[list[int]]:
             item = json.loads(line)
         except json.JSONDecodeError:
             raise ValueError(f"--batch-file {path} line {n}: not valid JSON") from None
-        ids = item.get("prompt_ids") if isinstance(item, dict) else item
+        ids = item.get("prompt_ids", item.get("prompt")) if isinstance(item, dict) else item
+        if isinstance(ids, str) and ids:
+            prompts.append(ids)
+            continue
         if not (isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
-            raise ValueError(f"--batch-file {path} line {n}: expected a non-empty list of token ids or "
-                             "{\"prompt_ids\": [...]}")
+            raise ValueError(f"--batch-file {path} line {n}: expected a non-empty list of token ids, "
+                             "{\"prompt_ids\": [...]}, {\"prompt\": \"text\"} or a JSON string")
         prompts.append(ids)
     if not prompts:
         raise ValueError(f"--batch-file {path}: no prompts")
     return prompts
 
 
+def _tokenize(args, prompts: list[list[int] | str]) -> list[list[int]]:
+    """Token ids of every prompt; text ones through the checkpoint's tokenizer (sets `args.tokenizer`)."""
+    args.tokenizer = None
+    if not any(isinstance(p, str) for p in prompts):
+        return prompts
+    if args.checkpoint is None:
+        raise ValueError("text prompts need --checkpoint with a tokenizer.json (--random models have none); "
+                         "give --prompt-ids instead")
+    from reference_impl.models.tokenizer import load_tokenizer
+
+    args.tokenizer = load_tokenizer(args.checkpoint)
+    return [args.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]
+
+
 def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[list[int]]:
-    """The prompts, or `parser.error` (one line, exit 2) for arguments that cannot run."""
+    """The prompts' token ids, or `parser.error` (one line, exit 2) for arguments that cannot run."""
     if args.max_new_tokens < 1:
         parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if args.tp < 1:
         parser.error(f"--tp must be at least 1, got {args.tp}")
     if args.temperature < 0 or args.top_k < 0:
         parser.error("--temperature and --top-k must be >= 0")
-    if args.prompt_ids is None and args.batch_file is None:
-        parser.error("give --prompt-ids or --batch-file")
+    if args.prompt is None and args.prompt_ids is None and args.batch_file is None:
+        parser.error("give --prompt, --prompt-ids or --batch-file")
     if args.stop_token_ids is not None and args.ignore_eos:
         parser.error("--stop-token-ids and --ignore-eos contradict each other; give one")
     if args.platform is not None:
@@ -122,13 +145,18 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[
             load_platform(args.platform)
         except Exception as exc:  # noqa: BLE001 - unknown name, absent device, failing plugin: one line
             parser.error(f"--platform {args.platform}: {str(exc).splitlines()[0]}")
-    prompts = []
+    prompts: list[list[int] | str] = []
     try:
+        if args.prompt is not None:
+            if not args.prompt:
+                raise ValueError("--prompt is empty")
+            prompts.append(args.prompt)
         if args.prompt_ids is not None:
             prompts.append(_parse_ids(args.prompt_ids, "--prompt-ids"))
         if args.batch_file is not None:
             prompts.extend(_read_batch_file(args.batch_file))
         config = _config(args)
+        prompts = _tokenize(args, prompts)
         stop_ids = stop_token_ids(args)
     except ValueError as exc:
         parser.error(str(exc).splitlines()[0])
@@ -158,11 +186,25 @@ def _config(args) -> DecoderConfig:
     return read_config(args.checkpoint)
 
 
+def _dtype(args) -> torch.dtype:
+    """--dtype, else the checkpoint config's dtype (float32 when it names none, and for --random)."""
+    if args.dtype is not None:
+        return DTYPES[args.dtype]
+    if args.checkpoint is not None:
+        from reference_impl.models.checkpoint import read_dtype
+
+        return read_dtype(args.checkpoint)
+    return torch.float32
+
+
 def _load(args, dtype: torch.dtype, device: str):
     if args.random is not None:
+        from reference_impl.layers.cpu_gemm import pack_cpu_gemms
         from reference_impl.models.llama import build_model
 
-        return build_model(PRESETS[args.random], dtype, seed=args.weights_seed, device=device)
+        model = build_model(PRESETS[args.random], dtype, seed=args.weights_seed, device=device)
+        pack_cpu_gemms(model)   # as load_checkpoint does on the CPU
+        return model
     from reference_impl.models.checkpoint import load_checkpoint
 
     return load_checkpoint(args.checkpoint, dtype, device)
@@ -175,7 +217,7 @@ def run(args: argparse.Namespace, prompts: list[list[int]], rank: int = 0) -> di
     from reference_impl.models.introspect import compiled_providers, custom_op_paths, probe_providers
     from reference_impl.platforms import activate_platform, get_current_platform
 
-    dtype = DTYPES[args.dtype]
+    dtype = _dtype(args)
     chosen = activate_platform(args.platform) if args.platform else contextlib.nullcontext(get_current_platform())
     with chosen as platform:
         device = platform.device_type
@@ -208,15 +250,20 @@ def run(args: argparse.Namespace, prompts: list[list[int]], rank: int = 0) -> di
         if backend is not None:
             providers = compiled_providers(backend)
         paths = custom_op_paths(model)
+        packed = sum("cpu_gemm" in m.__dict__ for m in model.modules())
     decode_tokens = result.decode_tokens
+    tokenizer = getattr(args, "tokenizer", None)
     report = {
-        "platform": platform_name(args, platform), "device": device, "dtype": args.dtype, "tp": args.tp,
-        "compiled": bool(args.compile), "tokens": result.tokens, "stop_token_ids": sorted(stop_ids),
+        "platform": platform_name(args, platform), "device": device, "dtype": str(dtype).removeprefix("torch."),
+        "tp": args.tp, "compiled": bool(args.compile), "tokens": result.tokens, "stop_token_ids": sorted(stop_ids),
+        "prompt_text": [tokenizer.decode(p) for p in prompts] if tokenizer else None,
+        "text": [tokenizer.decode(t) for t in result.tokens] if tokenizer else None,
         "ir_providers": {k: sorted(v) for k, v in sorted(providers.items())},
         "custom_op_paths": {k: sorted(v) for k, v in sorted(paths.items())},
         "prefill_tokens": result.prompt_tokens, "prefill_seconds": result.prefill_seconds,
         "decode_tokens": decode_tokens, "decode_seconds": result.decode_seconds,
         "graphs_compiled": backend.num_compilations if backend is not None else None,
+        "cpu_gemm_layers": packed,
     }
     if rank == 0:
         _print(args, model.config, prompts, report, providers, paths)
@@ -250,15 +297,21 @@ def _print(args, config: DecoderConfig, prompts, report, providers, paths) -> No
     from reference_impl.models.introspect import describe
 
     source = f"checkpoint {args.checkpoint}" if args.checkpoint else f"random {args.random} (seed {args.weights_seed})"
-    kind = f"Mixtral, {config.num_experts} experts" if config.num_experts else "Llama"
+    kind = f"Mixtral-shaped, {config.num_experts} experts" if config.num_experts else "Llama-shaped"
     mode = f"compiled ({args.compile_backend}, {report['graphs_compiled']} graphs)" if args.compile else "eager"
     print(f"model: {source}: {kind}, {config.num_layers} layers, hidden {config.hidden_size}, vocab "
-          f"{config.vocab_size}; platform {report['platform']} (device {report['device']}), {args.dtype}, "
+          f"{config.vocab_size}; platform {report['platform']} (device {report['device']}), {report['dtype']}, "
           f"tp {args.tp}, {mode}")
     print(f"IR providers selected: {describe(providers)}")
     print(f"CustomOp paths: {describe(paths)}")
+    if report["cpu_gemm_layers"]:
+        print(f"CPU GEMM: prepacked oneDNN weights in {report['cpu_gemm_layers']} layers (layers/cpu_gemm.py)")
     for i, (prompt, tokens) in enumerate(zip(prompts, report["tokens"])):
-        print(f"sequence {i}: prompt {prompt} -> {tokens}")
+        if report["text"] is not None:
+            print(f"sequence {i}: prompt {report['prompt_text'][i]!r} -> {report['text'][i]!r} (ids {prompt} -> "
+                  f"{tokens})")
+        else:
+            print(f"sequence {i}: prompt {prompt} -> {tokens}")
     if report["stop_token_ids"]:
         ended = sum(bool(t) and t[-1] in report["stop_token_ids"] for t in report["tokens"])
         print(f"stop tokens {report['stop_token_ids']}: {ended} of {len(prompts)} sequences ended on one")

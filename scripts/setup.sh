@@ -21,9 +21,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade "pip>=23" "setuptools>=68" wheel
-EXTRAS=bench
+# extras: bench (pytest-benchmark), test (transformers, which the runtime's checkpoint tests compare
+# with), text (tokenizers, for text prompts); vllm with --vllm
+EXTRAS=bench,test,text
 if [ "$WITH_VLLM" = 1 ]; then
-  EXTRAS=bench,vllm
+  EXTRAS=$EXTRAS,vllm
 fi
 .venv/bin/python -m pip install -q -c constraints.txt -e ".[$EXTRAS]" --no-build-isolation
 if [ "$WITH_VLLM" = 1 ]; then

@@ -18,7 +18,7 @@ def generate_from(directory: str):
 
     model = load_checkpoint(directory, torch.float32)
     cache = model.allocate_kv_cache(len(PROMPTS), 16)
-    out = generate(model, PROMPTS, NEW_TOKENS, cache=cache)
+    out = generate(model, PROMPTS, NEW_TOKENS, cache=cache, prompt_logits=True)
     return out.tokens, [p.tolist() for p in out.prompt_logits], out.step_logits.tolist()
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import queue as queue_mod
@@ -30,6 +31,7 @@ from reference_impl.models.checkpoint import (
     write_random_checkpoint,
 )
 from reference_impl.models.kv_cache import KVCache, using_kv_cache
+from reference_impl.models.rope import RopeScaling
 
 DENSE = DecoderConfig()
 MOE = DecoderConfig(num_experts=4, num_experts_per_tok=2)
@@ -47,7 +49,7 @@ def _recompute(model, prompt, new_tokens):
 def test_kv_cache_decode_equals_full_recompute(config):
     model = build_model(config, torch.float32, seed=11)
     new = 3 if config.num_experts else 5   # the reference MoE experts loop in Python: slow to recompute
-    out = generate(model, PROMPTS, new, cache=model.allocate_kv_cache(4, 16))
+    out = generate(model, PROMPTS, new, cache=model.allocate_kv_cache(4, 16), prompt_logits=True)
     assert [len(t) for t in out.tokens] == [new] * 3 and out.step_logits.shape == (new, 3, config.vocab_size)
     assert [p.shape[0] for p in out.prompt_logits] == [len(p) for p in PROMPTS] and out.prompt_tokens == 14
     for s, prompt in enumerate(PROMPTS):
@@ -105,15 +107,85 @@ def test_checkpoint_round_trip(tmp_path, config):
     doc = json.loads((tmp_path / "config.json").read_text())
     assert doc["model_type"] == ("mixtral" if config.num_experts else "llama")
     assert read_config(tmp_path) == config
-    loaded, fresh = load_checkpoint(tmp_path), build_model(config, torch.float32, seed=4)
+    loaded, fresh = load_checkpoint(tmp_path, cpu_gemm=False), build_model(config, torch.float32, seed=4)
     ids = torch.tensor(PROMPTS[0])
     assert torch.equal(loaded(ids, torch.arange(ids.numel())), fresh(ids, torch.arange(ids.numel())))
-    # stored in bfloat16: loads as the weights rounded once
+    # stored in bfloat16 and asked for in float32: loads as the weights rounded once
     save_checkpoint(tmp_path / "bf16", config, random_checkpoint(config, 4), torch.bfloat16)
     rounded = {k: v.to(torch.bfloat16).float() for k, v in random_checkpoint(config, 4).items()}
-    torch.testing.assert_close(load_checkpoint(tmp_path / "bf16")(ids, torch.arange(ids.numel())),
+    torch.testing.assert_close(load_checkpoint(tmp_path / "bf16", torch.float32, cpu_gemm=False)(
+                                   ids, torch.arange(ids.numel())),
                                build_model(config, checkpoint=rounded)(ids, torch.arange(ids.numel())),
                                atol=0, rtol=0)
+    # by default in the dtype its config names
+    assert load_checkpoint(tmp_path / "bf16").dtype == torch.bfloat16
+
+
+VARIANTS = {
+    "llama3 rope, gelu, biases": DecoderConfig(rope_theta=5e5, hidden_act="gelu", qkv_bias=True, o_proj_bias=True,
+                                               mlp_bias=True, rope_scaling=RopeScaling("llama3", 8.0, 64, 1.0, 4.0)),
+    "qwen2 window on layer 1, yarn": DecoderConfig(qkv_bias=True, sliding_window=4, sliding_window_layers=(1,),
+                                                   rope_scaling=RopeScaling("yarn", 4.0, 64, attention_factor=1.2)),
+    "mistral window": DecoderConfig(sliding_window=4, head_dim=24, tie_word_embeddings=True),
+    "mixtral window": DecoderConfig(num_experts=4, sliding_window=3, hidden_act="gelu_pytorch_tanh"),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_config_variants_round_trip_through_config_json(tmp_path, name):
+    config = VARIANTS[name]
+    write_random_checkpoint(tmp_path, config, seed=2)
+    assert read_config(tmp_path) == config
+    ids = torch.tensor(PROMPTS[0])
+    torch.testing.assert_close(load_checkpoint(tmp_path, cpu_gemm=False)(ids, torch.arange(ids.numel())),
+                               build_model(config, seed=2)(ids, torch.arange(ids.numel())), atol=0, rtol=0)
+
+
+def test_config_with_no_transformers_model_type_is_not_written(tmp_path):
+    with pytest.raises(ValueError, match="no transformers model type holds this config"):
+        write_random_checkpoint(tmp_path, DecoderConfig(sliding_window=4, mlp_bias=True))
+    with pytest.raises(ValueError, match="hidden_act='relu' is not supported"):
+        DecoderConfig(hidden_act="relu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prepacked_cpu_gemms_compute_the_same_logits(tmp_path, dtype):
+    from reference_impl.layers import cpu_gemm
+
+    if not cpu_gemm.available():
+        pytest.skip("this torch build has no oneDNN linear ops")
+    config = dataclasses.replace(VARIANTS["llama3 rope, gelu, biases"], vocab_size=4096)
+    write_random_checkpoint(tmp_path, config, seed=3)
+    by_default = load_checkpoint(tmp_path, dtype)    # packs the weights of 2^18 elements or more: the LM head
+    assert [n for n, m in by_default.named_modules() if "cpu_gemm" in m.__dict__] == ["lm_head"]
+    packed, plain = load_checkpoint(tmp_path, dtype, cpu_gemm=False), load_checkpoint(tmp_path, dtype, cpu_gemm=False)
+    assert cpu_gemm.pack_cpu_gemms(packed, min_elements=0) == 4 * config.num_layers + 1   # qkv, o, gate_up, down
+    assert not any("cpu_gemm" in m.__dict__ for m in plain.modules())
+    calls = []
+    pack = packed.lm_head.cpu_gemm
+
+    class Spy:
+        is_current = pack.is_current
+
+        def __call__(self, x, bias):
+            calls.append(tuple(x.shape))
+            return pack(x, bias)
+    packed.lm_head.cpu_gemm = Spy()
+    ids = torch.tensor(PROMPTS[0])
+    got, want = packed(ids, torch.arange(ids.numel())), plain(ids, torch.arange(ids.numel()))
+    assert calls == [(len(PROMPTS[0]), config.hidden_size)]        # the LM head ran through its pack
+    tol = 2e-5 if dtype == torch.float32 else 0.1                     # summation order only
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    # a weight written after packing is used as written: the stale pack is bypassed
+    packed.lm_head.cpu_gemm = pack
+    with torch.no_grad():
+        packed.lm_head.weight.mul_(2)
+        plain.lm_head.weight.mul_(2)
+    torch.testing.assert_close(packed(ids, torch.arange(ids.numel())).float(),
+                               plain(ids, torch.arange(ids.numel())).float(), atol=2 * tol, rtol=tol)
+    assert not pack.is_current(packed.lm_head.weight)
+    cpu_gemm.unpack_cpu_gemms(packed)
+    assert not any("cpu_gemm" in m.__dict__ for m in packed.modules())
 
 
 def _edit_config(directory, **changes):
@@ -262,7 +334,7 @@ def test_command_tp2_gives_the_single_process_tokens(tmp_path):
     (["--random", "tiny", "--prompt-ids", "1,x", "--max-new-tokens", "2"], "--prompt-ids: '1,x' is not a comma"),
     (["--random", "tiny", "--prompt-ids", "1,300", "--max-new-tokens", "2"], "token ids [300] are outside"),
     (["--random", "tiny", "--prompt-ids", "1", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
-    (["--random", "tiny", "--max-new-tokens", "2"], "give --prompt-ids or --batch-file"),
+    (["--random", "tiny", "--max-new-tokens", "2"], "give --prompt, --prompt-ids or --batch-file"),
     (["--random", "tiny", "--prompt-ids", "1", "--max-new-tokens", "2", "--platform", "nope"],
      "--platform nope: unknown platform 'nope'"),
     (["--random", "tiny", "--prompt-ids", "1", "--max-new-tokens", "2", "--tp", "3"],
@@ -293,9 +365,10 @@ def test_command_bad_arguments_give_one_line(capsys, args, message):
 # ----- end of sequence ----------------------------------------------------------------------------
 def test_sequences_end_at_their_first_stop_token_and_the_batch_at_the_last():
     model = build_model(DENSE, torch.float32, seed=11)
-    full = generate(model, PROMPTS, 6, cache=model.allocate_kv_cache(4, 16))
+    full = generate(model, PROMPTS, 6, cache=model.allocate_kv_cache(4, 16), prompt_logits=True)
     stop = full.tokens[0][2]                       # sequence 0 ends at its third token
-    out = generate(model, PROMPTS, 6, cache=model.allocate_kv_cache(4, 16), stop_token_ids={stop})
+    out = generate(model, PROMPTS, 6, cache=model.allocate_kv_cache(4, 16), stop_token_ids={stop},
+                   prompt_logits=True)
     for s, tokens in enumerate(full.tokens):
         cut = tokens.index(stop) + 1 if stop in tokens else len(tokens)
         assert out.tokens[s] == tokens[:cut], s

@@ -131,7 +131,7 @@ def _generate(model, batch, device):
 
     owner = getattr(model, "module", model)   # a CompiledModule's cache comes from the module it compiled
     cache = owner.allocate_kv_cache(len(batch), max(map(len, batch)) + NEW_TOKENS)
-    return generate(model, batch, NEW_TOKENS, cache=cache, device=device)
+    return generate(model, batch, NEW_TOKENS, cache=cache, device=device, prompt_logits=True)
 
 
 def _golden(config, checkpoint, batch, tokens, device) -> list[torch.Tensor]:

@@ -5,7 +5,8 @@ so `y = x W^T + b` (vLLM's docstrings write the same product as `Y = XA + b` wit
 `forward` returns `output`, or `(output, output_bias)` when `return_bias` (the default, as in vLLM);
 `output_bias` is the bias when `skip_bias_add` (which leaves it out of `output`), else None.
 `weight_loader(param, loaded_weight[, loaded_shard_id])` copies this rank's shard of a full
-checkpoint tensor into `param` (the layer's `weight` or `bias`).
+checkpoint tensor into `param` (the layer's `weight` or `bias`). The product runs through
+`cpu_gemm.linear`: F.linear, or a prepacked oneDNN GEMM a runtime installed (layers/cpu_gemm.py).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from reference_impl.custom_op import PluggableLayer
 from reference_impl.distributed import GroupCoordinator, divide, get_tp_group
 from reference_impl.distributed.parallel_state import _DEFAULT_TP
 from reference_impl.ir.cases import randn, strided
+from reference_impl.layers import cpu_gemm
 from reference_impl.layers.cases import LayerCase, declare_cases
 
 # Matmuls accumulate over the input size: looser than elementwise ops (vendor GEMMs block differently).
@@ -113,7 +114,7 @@ class ReplicatedLinear(LinearBase):
 
     def forward_native(self, x: torch.Tensor):
         self._check_input(x, self.input_size)
-        output = F.linear(x, self.weight, None if self.skip_bias_add else self.bias)
+        output = cpu_gemm.linear(self, x, self.weight, None if self.skip_bias_add else self.bias)
         return self._result(output)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
@@ -153,7 +154,7 @@ class ColumnParallelLinear(LinearBase):
 
     def forward_native(self, x: torch.Tensor):
         self._check_input(x, self.input_size)
-        output = F.linear(x, self.weight, None if self.skip_bias_add else self.bias)
+        output = cpu_gemm.linear(self, x, self.weight, None if self.skip_bias_add else self.bias)
         if self.gather_output:
             output = self.tp_group.all_gather(output, dim=-1)
         return self._result(output)
@@ -302,7 +303,7 @@ class RowParallelLinear(LinearBase):
             n = self.input_size_per_partition
             x_parallel = x[..., self.tp_rank * n:(self.tp_rank + 1) * n]
         add_bias = self.bias is not None and not self.skip_bias_add and self.tp_rank == 0
-        output = F.linear(x_parallel, self.weight, self.bias if add_bias else None)
+        output = cpu_gemm.linear(self, x_parallel, self.weight, self.bias if add_bias else None)
         if self.reduce_results:
             output = self.tp_group.all_reduce(output)
         return self._result(output)

@@ -21,6 +21,7 @@ from reference_impl.distributed import GroupCoordinator, get_tp_group
 from reference_impl.distributed.parallel_state import _DEFAULT_TP
 from reference_impl.ir.cases import randn
 from reference_impl.ir.op import DEFAULT_TOLERANCES
+from reference_impl.layers import cpu_gemm
 from reference_impl.layers.cases import LayerCase, declare_cases
 from reference_impl.layers.linear import LINEAR_TOLERANCES
 
@@ -269,7 +270,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         if hidden_states.shape[-1] != self.embedding_dim:
             raise ValueError(f"ParallelLMHead({self.prefix!r}) expected hidden size {self.embedding_dim}, got shape "
                              f"{tuple(hidden_states.shape)}")
-        return F.linear(hidden_states, self.weight, self.bias)
+        return cpu_gemm.linear(self, hidden_states, self.weight, self.bias)
 
 
 # ----- conformance cases (single rank) ---------------------------------------------------------------

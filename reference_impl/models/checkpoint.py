@@ -1,9 +1,12 @@
-"""Hugging Face-style checkpoint directories: `config.json` + `model.safetensors`, Llama / Mixtral names.
+"""Hugging Face-style checkpoint directories: `config.json` + `model.safetensors` (or shards listed by
+`model.safetensors.index.json`), Llama / Mistral / Qwen2 / Mixtral names.
 
 `save_checkpoint` writes one (`write_random_checkpoint`: seeded random weights, for tests and demos);
-`load_checkpoint` reads one into the reference decoder on this rank: every tensor's shape is checked
-against the config (the error names the tensor) and the tensor-parallel layers keep only this rank's
-shard (`--tp N` on torch.distributed). Only local files are read: nothing is ever downloaded.
+`load_checkpoint` reads one into the reference decoder on this rank: the config is read key by key
+(models/hf_config.py: honoured or refused, never ignored), every tensor's shape is checked against
+it (the error names the tensor) and the tensor-parallel layers keep only this rank's shard (`--tp N`
+on torch.distributed). The config's `dtype` is the default dtype. Only local files are read:
+nothing is ever downloaded.
 """
 
 from __future__ import annotations
@@ -14,97 +17,18 @@ from typing import Any
 
 import torch
 
+from reference_impl.layers.cpu_gemm import pack_cpu_gemms
+from reference_impl.models.hf_config import (  # noqa: F401 - CheckpointError and config_from_hf re-exported
+    CONFIG_FILE,
+    CheckpointError,
+    checkpoint_dtype,
+    config_from_hf,
+    config_to_hf,
+)
 from reference_impl.models.llama import DecoderConfig, LlamaForCausalLM, build_model, random_checkpoint
 
-CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-DENSE_TYPE, MOE_TYPE = "llama", "mixtral"
-
-# HF config key -> DecoderConfig field, for keys every config must have
-_REQUIRED = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "intermediate_size": "intermediate_size",
-    "num_hidden_layers": "num_layers",
-    "num_attention_heads": "num_heads",
-}
-# optional keys; absent ones take DecoderConfig's default (num_key_value_heads: num_attention_heads)
-_OPTIONAL = {
-    "num_key_value_heads": "num_kv_heads",
-    "head_dim": "head_dim",
-    "rope_theta": "rope_theta",
-    "max_position_embeddings": "max_position_embeddings",
-    "rms_norm_eps": "rms_norm_eps",
-    "tie_word_embeddings": "tie_word_embeddings",
-    "num_local_experts": "num_experts",
-    "num_experts_per_tok": "num_experts_per_tok",
-}
-_FLOATS = {"rope_theta", "rms_norm_eps"}
-_BOOLS = {"tie_word_embeddings"}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory that cannot be loaded: missing files, a bad config key, a misshapen tensor."""
-
-
-def config_to_hf(config: DecoderConfig, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-    """The `config.json` contents for `config` (Llama, or Mixtral when it has experts)."""
-    moe = config.num_experts > 0
-    doc: dict[str, Any] = {
-        "architectures": ["MixtralForCausalLM" if moe else "LlamaForCausalLM"],
-        "model_type": MOE_TYPE if moe else DENSE_TYPE,
-        "torch_dtype": str(dtype).removeprefix("torch."),
-    }
-    for key, field in {**_REQUIRED, **_OPTIONAL}.items():
-        if key in ("num_local_experts", "num_experts_per_tok") and not moe:
-            continue
-        doc[key] = getattr(config, field)
-    return doc
-
-
-def _typed(key: str, value: Any) -> Any:
-    if key in _BOOLS:
-        if not isinstance(value, bool):
-            raise CheckpointError(f"{CONFIG_FILE}: key {key!r} must be true or false, got {value!r}")
-        return value
-    if key in _FLOATS:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise CheckpointError(f"{CONFIG_FILE}: key {key!r} must be a positive number, got {value!r}")
-        return float(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise CheckpointError(f"{CONFIG_FILE}: key {key!r} must be a positive integer, got {value!r}")
-    return value
-
-
-def config_from_hf(doc: dict[str, Any]) -> DecoderConfig:
-    """A DecoderConfig from `config.json` contents; CheckpointError names the offending key."""
-    model_type = doc.get("model_type")
-    if model_type not in (DENSE_TYPE, MOE_TYPE):
-        raise CheckpointError(f"{CONFIG_FILE}: key 'model_type' is {model_type!r}; the reference decoder loads "
-                              f"{DENSE_TYPE!r} and {MOE_TYPE!r}")
-    fields: dict[str, Any] = {}
-    for key, field in _REQUIRED.items():
-        if key not in doc:
-            raise CheckpointError(f"{CONFIG_FILE}: required key {key!r} is missing")
-        fields[field] = _typed(key, doc[key])
-    for key, field in _OPTIONAL.items():
-        if doc.get(key) is not None:
-            fields[field] = _typed(key, doc[key])
-    if model_type == MOE_TYPE and "num_experts" not in fields:
-        raise CheckpointError(f"{CONFIG_FILE}: required key 'num_local_experts' is missing (model_type "
-                              f"{MOE_TYPE!r})")
-    if model_type == DENSE_TYPE:
-        fields.pop("num_experts", None)
-    fields.setdefault("num_kv_heads", fields["num_heads"])
-    if "head_dim" not in fields:
-        if fields["hidden_size"] % fields["num_heads"]:
-            raise CheckpointError(f"{CONFIG_FILE}: key 'hidden_size' ({fields['hidden_size']}) is not a multiple "
-                                  f"of 'num_attention_heads' ({fields['num_heads']}) and no 'head_dim' is given")
-        fields["head_dim"] = fields["hidden_size"] // fields["num_heads"]
-    try:
-        return DecoderConfig(**fields)
-    except ValueError as exc:
-        raise CheckpointError(f"{CONFIG_FILE}: {exc}") from None
+INDEX_FILE = "model.safetensors.index.json"
 
 
 def save_checkpoint(directory: str | Path, config: DecoderConfig, tensors: dict[str, torch.Tensor],
@@ -126,7 +50,8 @@ def write_random_checkpoint(directory: str | Path, config: DecoderConfig, seed: 
     return save_checkpoint(directory, config, random_checkpoint(config, seed, torch.float32), dtype)
 
 
-def read_config(directory: str | Path) -> DecoderConfig:
+def read_config_json(directory: str | Path) -> dict[str, Any]:
+    """The parsed `config.json` of a checkpoint directory (CheckpointError when missing or not a JSON object)."""
     path = _existing(directory) / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"checkpoint directory {directory} has no {CONFIG_FILE}")
@@ -136,7 +61,16 @@ def read_config(directory: str | Path) -> DecoderConfig:
         raise CheckpointError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(doc, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
-    return config_from_hf(doc)
+    return doc
+
+
+def read_config(directory: str | Path) -> DecoderConfig:
+    return config_from_hf(read_config_json(directory))
+
+
+def read_dtype(directory: str | Path) -> torch.dtype:
+    """The checkpoint's default dtype: its config's `dtype` / `torch_dtype`, float32 when it names none."""
+    return checkpoint_dtype(read_config_json(directory)) or torch.float32
 
 
 def read_eos_token_ids(directory: str | Path) -> list[int]:
@@ -163,14 +97,10 @@ def _existing(directory: str | Path) -> Path:
     return path
 
 
-def read_tensors(directory: str | Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every tensor of `model.safetensors`, cast to `dtype` (on the CPU)."""
+def _read_file(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    path = _existing(directory) / WEIGHTS_FILE
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint directory {directory} has no {WEIGHTS_FILE}")
     try:
         tensors = load_file(str(path), device="cpu")
     except SafetensorError as exc:
@@ -178,13 +108,61 @@ def read_tensors(directory: str | Path, dtype: torch.dtype) -> dict[str, torch.T
     return {k: v.to(dtype) for k, v in tensors.items()}
 
 
-def load_checkpoint(directory: str | Path, dtype: torch.dtype = torch.float32,
-                    device: torch.device | str = "cpu") -> LlamaForCausalLM:
-    """The decoder of a checkpoint directory, this rank's shards, on `device` (CheckpointError on problems)."""
+def _read_sharded(directory: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The tensors of every shard the index's `weight_map` names, each found in the shard it names."""
+    index_path = directory / INDEX_FILE
+    try:
+        weight_map = json.loads(index_path.read_text()).get("weight_map")
+    except (json.JSONDecodeError, AttributeError):
+        weight_map = None
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(f, str) and "/" not in f and "\\" not in f for f in weight_map.values()):
+        raise CheckpointError(f"{index_path}: expected a JSON object whose 'weight_map' maps tensor names to "
+                              "shard file names in the same directory")
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        path = directory / shard
+        if not path.is_file():
+            raise CheckpointError(f"{index_path}: shard {shard} is missing from {directory}")
+        got = _read_file(path, dtype)
+        for name in got:
+            if weight_map.get(name) != shard:
+                raise CheckpointError(f"{path}: tensor {name} is not listed for this shard in {INDEX_FILE}")
+        tensors.update(got)
+    absent = sorted(set(weight_map) - set(tensors))
+    if absent:
+        raise CheckpointError(f"{index_path}: tensor {absent[0]} is listed but not in shard {weight_map[absent[0]]}")
+    return tensors
+
+
+def read_tensors(directory: str | Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every tensor of `model.safetensors`, or of the shards `model.safetensors.index.json` lists, cast to
+    `dtype` (on the CPU)."""
+    directory = _existing(directory)
+    if (directory / WEIGHTS_FILE).is_file():
+        return _read_file(directory / WEIGHTS_FILE, dtype)
+    if (directory / INDEX_FILE).is_file():
+        return _read_sharded(directory, dtype)
+    others = sorted(p.name for p in directory.glob("*.bin")) + sorted(p.name for p in directory.glob("*.pt"))
+    hint = f" (found {', '.join(others)}: only safetensors files are read)" if others else ""
+    raise CheckpointError(f"checkpoint directory {directory} has no {WEIGHTS_FILE} or {INDEX_FILE}{hint}")
+
+
+def load_checkpoint(directory: str | Path, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
+                    *, cpu_gemm: bool = True) -> LlamaForCausalLM:
+    """The decoder of a checkpoint directory, this rank's shards, on `device` (CheckpointError on problems).
+
+    `dtype` None: the config's `dtype` (float32 when it names none). On the CPU the projections and the
+    LM head run prepacked oneDNN GEMMs (layers/cpu_gemm.py) unless `cpu_gemm=False`.
+    """
     config = read_config(directory)
+    dtype = dtype if dtype is not None else read_dtype(directory)
     tensors = read_tensors(directory, dtype)
     try:
-        return build_model(config, dtype, checkpoint=tensors, device=device)
+        model = build_model(config, dtype, checkpoint=tensors, device=device)
     except (KeyError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        raise CheckpointError(f"{Path(directory) / WEIGHTS_FILE}: {message}") from None
+        raise CheckpointError(f"{Path(directory)}: {message}") from None
+    if cpu_gemm:
+        pack_cpu_gemms(model)
+    return model

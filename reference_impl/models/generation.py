@@ -3,7 +3,8 @@
 `greedy_generate` recomputes the whole sequence at every step with `model(input_ids, positions)`.
 `generate` prefills a batch of prompts of different lengths as packed tokens (`cu_seqlens`), then
 decodes one token per sequence per step against the KV cache, sampling greedily or with a seeded
-temperature / top-k sampler.
+temperature / top-k sampler. The LM head runs on the sampled rows only (each sequence's last
+token) unless the prompt's logits are asked for.
 """
 
 from __future__ import annotations
@@ -95,19 +96,21 @@ class Sampler:
 @dataclasses.dataclass
 class BatchGeneration:
     """`tokens[s]`: sequence s's generated ids (up to and including its first stop token);
-    `prompt_logits[s]`: `[len(prompt s), vocab]`; `step_logits[i]`: `[seqs, vocab]`, the logits that
-    chose every sequence's token i (step 0 is the prompt's last position; a batch runs until its
-    last sequence stops); times in seconds (device synchronized)."""
+    `prompt_logits[s]`: `[len(prompt s), vocab]` (empty unless `generate(prompt_logits=True)`);
+    `step_logits[i]`: `[seqs, vocab]`, the logits that chose every sequence's token i (step 0 is
+    the prompt's last position; a batch runs until its last sequence stops); times in seconds
+    (device synchronized)."""
 
     tokens: list[list[int]]
     prompt_logits: list[torch.Tensor]
     step_logits: torch.Tensor
     prefill_seconds: float
     decode_seconds: float
+    prompt_lens: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(p.shape[0] for p in self.prompt_logits)
+        return sum(self.prompt_lens)
 
     @property
     def decode_tokens(self) -> int:
@@ -116,6 +119,8 @@ class BatchGeneration:
 
     def sequence_logits(self, s: int) -> torch.Tensor:
         """Logits of sequence s's positions 0 .. P+G-2: its prompt's, then every step's but the last."""
+        if not self.prompt_logits:
+            raise ValueError("the prompt's logits were not kept: generate(..., prompt_logits=True)")
         return torch.cat([self.prompt_logits[s], self.step_logits[1:len(self.tokens[s]), s]])
 
 
@@ -141,13 +146,15 @@ def _as_prompts(prompts: Sequence[Sequence[int] | torch.Tensor]) -> list[list[in
 def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int] | torch.Tensor],
              max_new_tokens: int, *, cache: KVCache, sampler: Sampler | None = None,
              device: torch.device | str = "cpu", on_step: Callable[[int], None] | None = None,
-             stop_token_ids: Collection[int] = ()) -> BatchGeneration:
+             stop_token_ids: Collection[int] = (), prompt_logits: bool = False) -> BatchGeneration:
     """Prefill `prompts` (packed, varlen) then decode up to `max_new_tokens - 1` steps of one token each.
 
-    `model(input_ids, positions, cu_seqlens, seq_lens)` runs against `cache` (rows 0..seqs-1 are
-    overwritten); `on_step(i)` is called after every step (progress bars). A sequence that samples
-    one of `stop_token_ids` (end of sequence) ends there, that token included; the batch keeps its
-    shape (one compiled graph) and stops early once every sequence has ended.
+    `model(input_ids, positions, cu_seqlens, seq_lens, logits_indices)` runs against `cache` (rows
+    0..seqs-1 are overwritten); the LM head runs on each sequence's last token, or on every prompt
+    token with `prompt_logits` (kept in the result). `on_step(i)` is called after every step
+    (progress bars). A sequence that samples one of `stop_token_ids` (end of sequence) ends there,
+    that token included; the batch keeps its shape (one compiled graph) and stops early once every
+    sequence has ended.
     """
     prompts_ = _as_prompts(prompts)
     if max_new_tokens < 1:
@@ -163,16 +170,21 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
     cu_seqlens[1:] = lens.cumsum(0)
     input_ids = torch.tensor([t for p in prompts_ for t in p], dtype=torch.int64, device=device)
     positions = torch.cat([torch.arange(n, dtype=torch.int64, device=device) for n in lens.tolist()])
+    last_rows = cu_seqlens[1:] - 1    # each sequence's last token; in a decode step, every row
     steps = []
     with torch.no_grad(), using_kv_cache(cache):
         _synchronize(device)
         start = time.perf_counter()
-        logits = model(input_ids, positions, cu_seqlens, lens)
-        last = logits[cu_seqlens[1:] - 1]
+        if prompt_logits:
+            logits = model(input_ids, positions, cu_seqlens, lens,
+                           torch.arange(input_ids.numel(), dtype=torch.int64, device=device))
+            last = logits[last_rows]
+        else:
+            last = model(input_ids, positions, cu_seqlens, lens, last_rows)
         next_ids = sampler(last)
         _synchronize(device)
         prefill_seconds = time.perf_counter() - start
-        prompt_logits = list(logits.split(lens.tolist()))
+        kept = list(logits.split(lens.tolist())) if prompt_logits else []
         steps.append(last)
         generated = [next_ids]
         if on_step is not None:
@@ -180,13 +192,14 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
         stop = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.int64, device=device)
         ended = torch.isin(next_ids, stop)
         decode_cu = torch.arange(seqs + 1, dtype=torch.int64, device=device)
+        decode_rows = decode_cu[:-1]
         start = time.perf_counter()
         for i in range(1, max_new_tokens):
             if stop.numel() and bool(ended.all()):
                 break
             positions = lens
             lens = lens + 1
-            logits = model(next_ids, positions, decode_cu, lens)
+            logits = model(next_ids, positions, decode_cu, lens, decode_rows)
             next_ids = sampler(logits)
             steps.append(logits)
             generated.append(next_ids)
@@ -197,7 +210,8 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
         _synchronize(device)
         decode_seconds = time.perf_counter() - start
     tokens = [_up_to_stop(row, stop_token_ids) for row in torch.stack(generated, dim=1).tolist()]
-    return BatchGeneration(tokens, prompt_logits, torch.stack(steps), prefill_seconds, decode_seconds)
+    return BatchGeneration(tokens, kept, torch.stack(steps), prefill_seconds, decode_seconds,
+                           [len(p) for p in prompts_])
 
 
 def _up_to_stop(tokens: list[int], stop_token_ids: Collection[int]) -> list[int]:

@@ -2,14 +2,17 @@
 
 Embedding (VocabParallelEmbedding) -> N x [RMSNorm, attention (QKV column-parallel projection,
 rotary, causal attention, row-parallel output projection), RMSNorm, MLP (merged gate/up
-column-parallel projection, SiluAndMul, row-parallel down projection) or a sparse MoE block (a
-replicated router and FusedMoE over this rank's slice of every expert, all-reduced)] -> RMSNorm ->
-ParallelLMHead + LogitsProcessor. The residual stream goes through `RMSNorm(x, residual)` (IR
-`fused_add_rms_norm.maybe_inplace`).
+column-parallel projection, SiluAndMul or GeluAndMul, row-parallel down projection) or a sparse MoE
+block (a replicated router and FusedMoE over this rank's slice of every expert, all-reduced)] ->
+RMSNorm -> ParallelLMHead + LogitsProcessor. The residual stream goes through `RMSNorm(x, residual)`
+(IR `fused_add_rms_norm.maybe_inplace`). The config also covers the Llama-shaped families' variants:
+rope scaling (models/rope.py), projection biases (Qwen2's q/k/v, Llama's attention_bias / mlp_bias),
+a sliding attention window (Mistral, Qwen2) and a gelu-gated MLP.
 
 `forward(input_ids, positions)` is one sequence recomputed whole (causal SDPA, no cache).
 `forward(input_ids, positions, cu_seqlens, seq_lens)` runs packed tokens of several sequences
 against the current KV cache (`kv_cache.using_kv_cache`): prefill or one decode step.
+`logits_indices` keeps the LM head to the rows that are sampled (each sequence's last token).
 Weights come from a full (unsharded) checkpoint dict with Hugging Face Llama / Mixtral names:
 `random_checkpoint` makes a seeded one and `load_weights` checks every tensor's shape
 (`expected_shapes`) and shards it onto this rank through the layers' weight loaders.
@@ -26,7 +29,7 @@ import torch.nn.functional as F
 
 from reference_impl.distributed import divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from reference_impl.distributed import tensor_model_parallel_all_reduce
-from reference_impl.layers.activation import SiluAndMul
+from reference_impl.layers.activation import GeluAndMul, SiluAndMul
 from reference_impl.layers.fused_moe import FusedMoE
 from reference_impl.layers.layernorm import RMSNorm
 from reference_impl.layers.linear import (
@@ -36,9 +39,19 @@ from reference_impl.layers.linear import (
     RowParallelLinear,
 )
 from reference_impl.layers.logits_processor import LogitsProcessor
-from reference_impl.layers.rotary_embedding import RotaryEmbedding
 from reference_impl.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-from reference_impl.models.kv_cache import KVCache
+from reference_impl.models.kv_cache import CachedBatch, KVCache, attend_cached, plan_batch
+from reference_impl.models.rope import RopeScaling, build_rotary
+
+# hidden_act of a transformers config -> the gated layer computing act(gate) * up (vLLM's and-mul
+# registry; gelu_new is the tanh approximation's formula written out)
+GATED_ACTIVATIONS = {
+    "silu": lambda: SiluAndMul(),
+    "swish": lambda: SiluAndMul(),
+    "gelu": lambda: GeluAndMul("none"),
+    "gelu_pytorch_tanh": lambda: GeluAndMul("tanh"),
+    "gelu_new": lambda: GeluAndMul("tanh"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +59,8 @@ class DecoderConfig:
     """Shape of the decoder; the defaults are the tiny model (hidden 64, 2 layers, vocab 300).
 
     `num_experts` > 0 makes every MLP a Mixtral-style sparse MoE block (`num_experts_per_tok` of
-    them per token, each of width `intermediate_size`).
+    them per token, each of width `intermediate_size`). `sliding_window` W lets a token attend to
+    the W positions ending at its own, on `sliding_window_layers` (None: every layer).
     """
 
     vocab_size: int = 300
@@ -65,8 +79,24 @@ class DecoderConfig:
     tie_word_embeddings: bool = False
     num_experts: int = 0
     num_experts_per_tok: int = 2
+    rope_scaling: RopeScaling | None = None
+    hidden_act: str = "silu"
+    qkv_bias: bool = False
+    o_proj_bias: bool = False
+    mlp_bias: bool = False
+    sliding_window: int | None = None
+    sliding_window_layers: tuple[int, ...] | None = None
 
     def __post_init__(self):
+        if self.hidden_act not in GATED_ACTIVATIONS:
+            raise ValueError(f"hidden_act={self.hidden_act!r} is not supported; supported: "
+                             f"{', '.join(GATED_ACTIVATIONS)}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window={self.sliding_window} must be a positive number of tokens")
+        if self.sliding_window_layers is not None and not all(0 <= i < self.num_layers
+                                                              for i in self.sliding_window_layers):
+            raise ValueError(f"sliding_window_layers={self.sliding_window_layers} must be layers in "
+                             f"[0, {self.num_layers})")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be in [1, "
                              f"num_experts={self.num_experts}]")
@@ -74,6 +104,14 @@ class DecoderConfig:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even (rotary embedding)")
+
+    def attention_window(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window in tokens, or None (full causal attention)."""
+        if self.sliding_window is None:
+            return None
+        if self.sliding_window_layers is not None and layer not in self.sliding_window_layers:
+            return None
+        return self.sliding_window
 
 
 class LlamaAttention(nn.Module):
@@ -83,34 +121,41 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.layer_index = layer_index
         self.head_dim = config.head_dim
+        self.window = config.attention_window(layer_index)
         self.qkv_proj = QKVParallelLinear(config.hidden_size, config.head_dim, config.num_heads, config.num_kv_heads,
-                                          bias=False, params_dtype=dtype, prefix=f"{prefix}.qkv_proj")
+                                          bias=config.qkv_bias, params_dtype=dtype, prefix=f"{prefix}.qkv_proj")
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.o_proj = RowParallelLinear(config.num_heads * config.head_dim, config.hidden_size, bias=False,
-                                        params_dtype=dtype, prefix=f"{prefix}.o_proj")
-        self.rotary_emb = RotaryEmbedding(config.head_dim, config.head_dim, config.max_position_embeddings,
-                                          config.rope_theta, True, dtype)
+        self.o_proj = RowParallelLinear(config.num_heads * config.head_dim, config.hidden_size,
+                                        bias=config.o_proj_bias, params_dtype=dtype, prefix=f"{prefix}.o_proj")
+        self.rotary_emb = build_rotary(config.head_dim, config.max_position_embeddings, config.rope_theta,
+                                       config.rope_scaling, dtype)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-                batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                batch: CachedBatch | tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
         if batch is not None:   # packed sequences against the current KV cache
-            cu_seqlens, seq_lens = batch
-            attn = torch.ops.reference_model.cached_attention(q, k, v, positions, cu_seqlens, seq_lens,
-                                                              self.layer_index, self.num_heads, self.num_kv_heads,
-                                                              self.head_dim ** -0.5)
+            args = (self.layer_index, self.num_heads, self.num_kv_heads, self.head_dim ** -0.5, self.window or 0)
+            if isinstance(batch, CachedBatch):    # eager: planned once for all layers
+                attn = attend_cached(q, k, v, batch, *args)
+            else:                                 # compiled: one opaque op per layer
+                attn = torch.ops.reference_model.cached_attention(q, k, v, positions, *batch, *args)
             out, _ = self.o_proj(attn)
             return out
         n = hidden_states.shape[0]
         q = q.reshape(n, self.num_heads, self.head_dim).transpose(0, 1).unsqueeze(0)
         k = k.reshape(n, self.num_kv_heads, self.head_dim).transpose(0, 1).unsqueeze(0)
         v = v.reshape(n, self.num_kv_heads, self.head_dim).transpose(0, 1).unsqueeze(0)
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.head_dim ** -0.5,
+        mask = None
+        if self.window is not None:   # causal and within the window: 0 <= i - j < window
+            distance = positions[:, None] - positions[None, :]
+            mask = ((distance >= 0) & (distance < self.window))[None, None]
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                              scale=self.head_dim ** -0.5,
                                               enable_gqa=self.num_heads != self.num_kv_heads)
         attn = attn.squeeze(0).transpose(0, 1).reshape(n, self.q_size)
         out, _ = self.o_proj(attn)
@@ -120,11 +165,12 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = ""):
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2, bias=False,
-                                                       params_dtype=dtype, prefix=f"{prefix}.gate_up_proj")
-        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=False,
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2,
+                                                       bias=config.mlp_bias, params_dtype=dtype,
+                                                       prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias,
                                            params_dtype=dtype, prefix=f"{prefix}.down_proj")
-        self.act_fn = SiluAndMul()
+        self.act_fn = GATED_ACTIVATIONS[config.hidden_act]()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up, _ = self.gate_up_proj(x)
@@ -219,6 +265,8 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         hidden_states = self.embed_tokens(input_ids)
+        if batch is not None and not torch.compiler.is_compiling():
+            batch = plan_batch(positions, *batch, num_layers=len(self.layers))
         residual = None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual, batch)
@@ -227,11 +275,12 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """`forward(input_ids, positions[, cu_seqlens, seq_lens]) -> logits [num_tokens, vocab_size]`.
+    """`forward(input_ids, positions[, cu_seqlens, seq_lens][, logits_indices]) -> logits [rows, vocab_size]`.
 
     Without `cu_seqlens` the tokens are one sequence, recomputed whole. With them they are packed
     sequences (`cu_seqlens` `[seqs + 1]` int64 offsets; `seq_lens` `[seqs]` each sequence's length
-    once these tokens are in) run against the current KV cache (see `kv_cache`).
+    once these tokens are in) run against the current KV cache (see `kv_cache`). The logits are
+    those of every token, or of the tokens `logits_indices` names (the LM head runs on those only).
     """
 
     def __init__(self, config: DecoderConfig, dtype: torch.dtype = torch.float32):
@@ -247,11 +296,14 @@ class LlamaForCausalLM(nn.Module):
                                                 soft_cap=config.final_logit_softcap)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
-                seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+                seq_lens: torch.Tensor | None = None, logits_indices: torch.Tensor | None = None) -> torch.Tensor:
         if (cu_seqlens is None) != (seq_lens is None):
             raise ValueError("cu_seqlens and seq_lens go together: pass both (KV-cache batch) or neither")
         batch = None if cu_seqlens is None else (cu_seqlens, seq_lens)
-        return self.compute_logits(self.model(input_ids, positions, batch))
+        hidden_states = self.model(input_ids, positions, batch)
+        if logits_indices is not None:
+            hidden_states = hidden_states.index_select(0, logits_indices)
+        return self.compute_logits(hidden_states)
 
     def allocate_kv_cache(self, max_seqs: int, max_len: int) -> KVCache:
         """A zeroed cache for this rank's KV heads, in the model's dtype and on its device."""
@@ -329,10 +381,13 @@ def expected_shapes(config: DecoderConfig) -> dict[str, tuple[int, ...]]:
     for i in range(config.num_layers):
         p = f"model.layers.{i}"
         shapes[f"{p}.input_layernorm.weight"] = (h,)
-        shapes[f"{p}.self_attn.q_proj.weight"] = (config.num_heads * d, h)
-        shapes[f"{p}.self_attn.k_proj.weight"] = (config.num_kv_heads * d, h)
-        shapes[f"{p}.self_attn.v_proj.weight"] = (config.num_kv_heads * d, h)
+        for proj, rows in (("q", config.num_heads * d), ("k", config.num_kv_heads * d), ("v", config.num_kv_heads * d)):
+            shapes[f"{p}.self_attn.{proj}_proj.weight"] = (rows, h)
+            if config.qkv_bias:
+                shapes[f"{p}.self_attn.{proj}_proj.bias"] = (rows,)
         shapes[f"{p}.self_attn.o_proj.weight"] = (h, config.num_heads * d)
+        if config.o_proj_bias:
+            shapes[f"{p}.self_attn.o_proj.bias"] = (h,)
         shapes[f"{p}.post_attention_layernorm.weight"] = (h,)
         if config.num_experts:
             shapes[f"{p}.block_sparse_moe.gate.weight"] = (config.num_experts, h)
@@ -345,6 +400,9 @@ def expected_shapes(config: DecoderConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"{p}.mlp.gate_proj.weight"] = (inter, h)
             shapes[f"{p}.mlp.up_proj.weight"] = (inter, h)
             shapes[f"{p}.mlp.down_proj.weight"] = (h, inter)
+            if config.mlp_bias:
+                shapes.update({f"{p}.mlp.gate_proj.bias": (inter,), f"{p}.mlp.up_proj.bias": (inter,),
+                               f"{p}.mlp.down_proj.bias": (h,)})
     shapes["model.norm.weight"] = (h,)
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, h)
@@ -357,13 +415,15 @@ def random_checkpoint(config: DecoderConfig, seed: int, dtype: torch.dtype = tor
     Values are drawn in float32 on the CPU and then cast, so every dtype and rank sees the same
     model. Projections (router included) ~ N(0, 1/fan_in); norm weights ~ 1 + N(0, 0.1^2);
     embeddings ~ N(0, 1); the LM head ~ N(0, (3/sqrt(hidden))^2), so logits have a standard
-    deviation of about 3.
+    deviation of about 3; biases ~ N(0, 0.1^2).
     """
     gen = torch.Generator().manual_seed(seed)
     ckpt = {}
     for name, shape in expected_shapes(config).items():
         if name.endswith("norm.weight"):
             std, mean = 0.1, 1.0
+        elif name.endswith(".bias"):
+            std, mean = 0.1, 0.0
         elif name == "model.embed_tokens.weight":
             std, mean = 1.0, 0.0
         elif name == "lm_head.weight":
