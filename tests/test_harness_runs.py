@@ -32,7 +32,8 @@ def test_hanging_provider_costs_two_limits_and_every_check_is_still_reported(tmp
     # two xdist workers may each be inside a hang before either has recorded one: at most 2 + 1 real waits
     assert 2 <= len(waited) <= 3, [r["nodeid"] for r in waited]
     assert all(r["duration_s"] >= LIMIT for r in waited)
-    assert sum(r["duration_s"] for r in run.results) < 3 * LIMIT + 30   # was one limit per check: ~60 limits
+    # the cost bound without a clock: at most three real waits (above) and every other check of the provider was
+    # ended at once (below), whatever the speed of the machine (a bound on summed durations failed when loaded)
     skipped = [r for r in hung if r["message"].startswith("not run:")]
     assert all(re.match(r"not run: provider broken of op rms_norm hung in \w+\.\w+ \[rms_norm-broken-", r["message"])
                for r in skipped), skipped[0]["message"]
@@ -42,7 +43,7 @@ def test_hanging_provider_costs_two_limits_and_every_check_is_still_reported(tmp
                          "provider broken of op rms_norm hung" in r["message"] for r in model)
     assert run.outcomes(check="dispatch", provider=None) == {"NOT_IMPLEMENTED"}
     # killed and restarted kernel workers leave no logs behind, nor does the run its shared directory
-    assert not list(tmp_path.glob("conformance-worker-*.log")) and not list(tmp_path.glob("conformance-run-*"))
+    assert not list(tmp_path.glob("conformance-worker-*")) and not list(tmp_path.glob("conformance-run-*"))
 
 
 def test_run_killed_with_sigkill_leaves_an_incomplete_file(tmp_path):

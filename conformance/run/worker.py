@@ -69,11 +69,12 @@ def serve(platform: str, seed: int, level: str) -> int:
 
         torch.set_num_threads(int(os.environ["CONFORMANCE_WORKER_THREADS"]))
     try:
-        from conformance.checks import CheckContext, run_unit
+        from conformance.checks import CheckContext, registry, run_unit
         from conformance.collect.inventory import activate
 
         inventory = activate(platform)
         ctx = CheckContext(platform, inventory.platform, seed=seed, level=level)
+        registry()   # import every check module now: the first check's time limit is not for imports
         prepare_reference_kernels(inventory)
     except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
         _send(proto_out, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
