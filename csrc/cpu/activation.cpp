@@ -78,9 +78,11 @@ struct QuickGelu {
   static inline fVec apply(const fVec& v, const fVec&) { return x_sigmoid<kFullPrecision<T>>(v, fVec(-1.702f)); }
 };
 
+// relu(x)^2; clamp_min keeps a NaN's own bits (at::vec::maximum makes it all-ones, which the
+// bf16 store's rounding does not expect; see bf16_rounding_bits).
 struct Relu2 {
   static inline fVec apply(const fVec& v, const fVec&) {
-    const fVec r = at::vec::maximum(v, fVec(0.f));
+    const fVec r = clamp_min_keep_nan(v, fVec(0.f));
     return r * r;
   }
 };
@@ -188,14 +190,18 @@ void swigluoai_and_mul(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_
         fVec x0, x1, x2(0.f), x3(0.f);
         load_n(xr + 2 * j, in0, x0, x1);
         if (in1 > 0) load_n(xr + 2 * j + kChunk, in1, x2, x3);
-        auto [g0, u0] = at::vec::deinterleave2(x0, x1);
-        auto [g1, u1] = at::vec::deinterleave2(x2, x3);
+        fVec g0 = x0, u0 = x1, g1 = x2, u1 = x3;  // even/odd lanes: gates and ups already
+        if constexpr (!kEvenOddLanes<T>) {
+          std::tie(g0, u0) = at::vec::deinterleave2(x0, x1);
+          std::tie(g1, u1) = at::vec::deinterleave2(x2, x3);
+        }
         g0 = min_keep_nan(g0, vlim);
         g1 = min_keep_nan(g1, vlim);
         u0 = clamp_keep_nan(u0, vneg_lim, vlim);
         u1 = clamp_keep_nan(u1, vneg_lim, vlim);
-        const fVec o0 = (u0 + one()) * x_sigmoid<kFullPrecision<T>>(g0, neg_alpha);
-        const fVec o1 = (u1 + one()) * x_sigmoid<kFullPrecision<T>>(g1, neg_alpha);
+        fVec o0 = (u0 + one()) * x_sigmoid<kFullPrecision<T>>(g0, neg_alpha);
+        fVec o1 = (u1 + one()) * x_sigmoid<kFullPrecision<T>>(g1, neg_alpha);
+        to_lanes<T>(o0, o1);  // outputs j.. in order
         store_n(o + j, len, o0, o1);
       }
     }

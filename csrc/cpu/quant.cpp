@@ -13,8 +13,9 @@ namespace {
 // clamp to [-448, 448]; NaN passes through with its bits (and sign) intact, as torch.clamp does.
 inline fVec clamp_fp8(const fVec& v) { return clamp_keep_nan(v, fVec(-kFp8Max), fVec(kFp8Max)); }
 
-// Encodes the first n (<= kChunk) lanes of (a, b), already clamped, as fp8 codes.
-inline void store_fp8(uint8_t* out, int64_t n, const fVec& a, const fVec& b) {
+// Encodes the first n (<= kChunk) elements of a chunk (a, b) of T's lanes, already clamped, as fp8 codes.
+template <typename T>
+inline void store_fp8(uint8_t* out, int64_t n, fVec a, fVec b) {
 #if defined(CPU_CAPABILITY_AVX512)
   if (n == kChunk) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out), fp8_e4m3fn_codes(a));
@@ -22,6 +23,7 @@ inline void store_fp8(uint8_t* out, int64_t n, const fVec& a, const fVec& b) {
     return;
   }
 #endif
+  from_lanes<T>(a, b);
   alignas(64) float buf[kChunk];
   a.store(buf);
   b.store(buf + kF);
@@ -67,7 +69,7 @@ inline void quantize_into(const T* x, float mul, uint8_t* out, int64_t n, const 
       a = a * m;
       b = b * m;
     }
-    store_fp8(out + j, len, maybe_clamp_fp8<kClamp>(a), maybe_clamp_fp8<kClamp>(b));
+    store_fp8<T>(out + j, len, maybe_clamp_fp8<kClamp>(a), maybe_clamp_fp8<kClamp>(b));
   }
 }
 
@@ -155,7 +157,7 @@ inline float quantize_group_in_registers(const T* xg, uint8_t* out, const T* nex
   for (int i = 0; i < NC; ++i) {
     const fVec qa = via_reciprocal ? div_exact(a[i], vs, r) : a[i] / vs;
     const fVec qb = via_reciprocal ? div_exact(b[i], vs, r) : b[i] / vs;
-    store_fp8(out + i * kChunk, kChunk, maybe_clamp_fp8<Clamp::kNo>(qa), maybe_clamp_fp8<Clamp::kNo>(qb));
+    store_fp8<T>(out + i * kChunk, kChunk, maybe_clamp_fp8<Clamp::kNo>(qa), maybe_clamp_fp8<Clamp::kNo>(qb));
   }
   return s;
 }

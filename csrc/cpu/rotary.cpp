@@ -43,19 +43,25 @@ inline void rotate_neox(T* h, const float* cos, const float* sin, int64_t half) 
   }
 }
 
-// Interleaved pairs: kF pairs (one chunk of 2 kF elements) per step.
+// Interleaved pairs: kF pairs (one chunk of 2 kF elements) per step. With even/odd lanes
+// (kEvenOddLanes) the chunk loads as its first and second elements already.
 template <typename T>
 inline void rotate_gptj(T* h, const float* cos, const float* sin, int64_t half) {
   for (int64_t i = 0; i < half; i += kF) {
     const int64_t pairs = std::min<int64_t>(kF, half - i);
     fVec a, b;
     load_n(h + 2 * i, 2 * pairs, a, b);
-    auto [x1, x2] = at::vec::deinterleave2(a, b);
     const fVec c = fVec::loadu(cos + i), s = fVec::loadu(sin + i);
     fVec o1, o2;
-    rotate_pair<T>(x1, x2, c, s, o1, o2);
-    auto [o_a, o_b] = at::vec::interleave2(o1, o2);
-    store_n(h + 2 * i, 2 * pairs, o_a, o_b);
+    if constexpr (kEvenOddLanes<T>) {
+      rotate_pair<T>(a, b, c, s, o1, o2);
+      store_n(h + 2 * i, 2 * pairs, o1, o2);
+    } else {
+      auto [x1, x2] = at::vec::deinterleave2(a, b);
+      rotate_pair<T>(x1, x2, c, s, o1, o2);
+      auto [o_a, o_b] = at::vec::interleave2(o1, o2);
+      store_n(h + 2 * i, 2 * pairs, o_a, o_b);
+    }
   }
 }
 
@@ -75,6 +81,18 @@ inline void rotate_heads(const HeadsView<T>& v, int64_t t, const float* cos, con
       rotate_gptj(head, cos, sin, half);
     }
   }
+}
+
+// The fp32 cache's cos/sin rounded to the activation dtype, as native casts the cache to x.dtype;
+// a NaN becomes the canonical quiet NaN as in that cast (a NaN payload in the low bits could
+// otherwise carry through the bf16 rounding of the products).
+template <typename T>
+inline void round_cache_value(fVec& a, fVec& b) {
+  const fVec nan(std::numeric_limits<float>::quiet_NaN());
+  const fVec a_nan = a != a, b_nan = b != b;
+  Io<T>::round(a, b);
+  a = fVec::blendv(a, nan, a_nan);
+  b = fVec::blendv(b, nan, b_nan);
 }
 
 }  // namespace
@@ -99,9 +117,15 @@ void rotary_embedding(const int64_t* positions, int64_t tokens, HeadsView<T> que
         fVec ca, cb, sa, sb;
         load_n(row + i, len, ca, cb);
         load_n(row + half + i, len, sa, sb);
+        from_lanes<C>(ca, cb);  // in order
+        from_lanes<C>(sa, sb);
         if constexpr (!std::is_same_v<C, T>) {
-          Io<T>::round(ca, cb);
-          Io<T>::round(sa, sb);
+          round_cache_value<T>(ca, cb);
+          round_cache_value<T>(sa, sb);
+        }
+        if (is_neox) {  // neox multiplies whole chunks of a head: the chunk's lane order
+          to_lanes<T>(ca, cb);
+          to_lanes<T>(sa, sb);
         }
         ca.store(cos + i);
         cb.store(cos + i + kF);

@@ -32,8 +32,25 @@ inline int64_t row_grain(int64_t row_elems) {
   return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(row_elems, 1));
 }
 
-// Loads/stores kChunk elements of T as two fp32 vectors; the `n` overloads handle tails of
-// n < kChunk elements through a zero-filled buffer (never reading or writing past n).
+// Whether Io<T> holds a chunk in "even/odd" lanes instead of in order: bfloat16 on AVX2, where a
+// chunk of 16 bf16 values widens to fp32 in two instructions as its even elements (the 16-bit
+// words shifted up) and its odd ones (the words masked in place), and narrows back with one shift
+// and one word blend. In-order widening and narrowing take 4 and 4 shuffle/shift instructions,
+// and shuffles and shifts share two of Zen's four vector pipes, which bounded the 16-bit kernels.
+// Element-wise kernels do not care about the order as long as every operand of a chunk is loaded
+// through Io<T> (weights widened through it too); code that mixes in-order fp32 data with a
+// chunk, or whose lanes must be in order (interleaved pairs, fp8 codes), uses to_lanes /
+// from_lanes below.
+template <typename T>
+constexpr bool kEvenOddLanes = false;
+#if defined(CPU_CAPABILITY_AVX2)
+template <>
+constexpr bool kEvenOddLanes<c10::BFloat16> = true;
+#endif
+
+// Loads/stores kChunk elements of T as two fp32 vectors (in order, a: elements 0..kF-1, except
+// for kEvenOddLanes); the `n` overloads handle tails of n < kChunk elements through a
+// zero-filled buffer (never reading or writing past n).
 template <typename T>
 struct Io {
   using TVec = at::vec::Vectorized<T>;
@@ -81,6 +98,43 @@ inline void Io<c10::BFloat16>::round(fVec& a, fVec& b) {
   a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(packed)), 16));
   b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(packed, 1)), 16));
 }
+#elif defined(CPU_CAPABILITY_AVX2)
+// The fp32 bits plus the round-to-nearest-even bias (0x7fff, plus 1 where the bf16 result's last
+// bit is set): the high 16 bits are the rounded bf16, the low 16 bits are left over. The last bit
+// is tested with a compare rather than a shift, keeping the shift/shuffle pipes free. NaN stays
+// NaN: the NaNs reaching a store come from bf16 data or from invalid operations, whose low 16
+// bits are zero, so the bias never carries into the exponent (nor, as at::vec's conversion does,
+// are they replaced by 0xffff).
+inline __m256i bf16_rounding_bits(const __m256& v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i bit = _mm256_set1_epi32(0x10000);
+  const __m256i odd = _mm256_cmpeq_epi32(_mm256_and_si256(u, bit), bit);   // -1 where the last bit is set
+  return _mm256_sub_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd);
+}
+
+inline __m256 bf16_high_half(const __m256i& bits) {
+  return _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
+// Even/odd lanes (kEvenOddLanes): a holds elements 0, 2, .., 14 and b elements 1, 3, .., 15.
+template <>
+inline void Io<c10::BFloat16>::load(const c10::BFloat16* p, fVec& a, fVec& b) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  a = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  b = bf16_high_half(v);
+}
+
+template <>
+inline void Io<c10::BFloat16>::store(c10::BFloat16* p, const fVec& a, const fVec& b) {
+  const __m256i even = _mm256_srli_epi32(bf16_rounding_bits(a), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_blend_epi16(even, bf16_rounding_bits(b), 0xAA));
+}
+
+template <>
+inline void Io<c10::BFloat16>::round(fVec& a, fVec& b) {
+  a = bf16_high_half(bf16_rounding_bits(a));
+  b = bf16_high_half(bf16_rounding_bits(b));
+}
 #else
 template <>
 inline void Io<c10::BFloat16>::round(fVec& a, fVec& b) {
@@ -88,6 +142,36 @@ inline void Io<c10::BFloat16>::round(fVec& a, fVec& b) {
   b = round_bf16(b);
 }
 #endif
+
+// to_lanes: 16 fp32 values in order (a: 0..kF-1, b: kF..2kF-1) into Io<T>'s lane order;
+// from_lanes: back. The identity except for kEvenOddLanes.
+template <typename T>
+inline void to_lanes(fVec& a, fVec& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  if constexpr (kEvenOddLanes<T>) {
+    const __m256 even = _mm256_shuffle_ps(a, b, 0x88);   // a0 a2 b0 b2 | a4 a6 b4 b6
+    const __m256 odd = _mm256_shuffle_ps(a, b, 0xdd);    // a1 a3 b1 b3 | a5 a7 b5 b7
+    a = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), 0xd8));
+    b = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd), 0xd8));
+  }
+#endif
+  (void)a;
+  (void)b;
+}
+
+template <typename T>
+inline void from_lanes(fVec& a, fVec& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  if constexpr (kEvenOddLanes<T>) {
+    const __m256 lo = _mm256_unpacklo_ps(a, b);   // e0 o0 e1 o1 | e4 o4 e5 o5
+    const __m256 hi = _mm256_unpackhi_ps(a, b);   // e2 o2 e3 o3 | e6 o6 e7 o7
+    a = _mm256_permute2f128_ps(lo, hi, 0x20);
+    b = _mm256_permute2f128_ps(lo, hi, 0x31);
+  }
+#endif
+  (void)a;
+  (void)b;
+}
 
 template <>
 struct Io<float> {
@@ -215,6 +299,14 @@ inline fVec min_keep_nan(const fVec& v, const fVec& hi) {
   return at::vec::clamp_max(v, hi);
 #else
   return fVec::blendv(v, hi, v > hi);
+#endif
+}
+
+inline fVec clamp_min_keep_nan(const fVec& v, const fVec& lo) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  return at::vec::clamp_min(v, lo);
+#else
+  return fVec::blendv(v, lo, v < lo);
 #endif
 }
 
