@@ -220,9 +220,50 @@ def test_platform_default_naming_missing_provider_is_skipped_with_warning(caplog
     assert any("'ghost'" in r.getMessage() for r in caplog.records)
 
 
+class FixedPriorities:
+    """A priority source of the IR's own hook, with no config or platform behind it."""
+
+    def __init__(self, table: dict[str, list[str]]):
+        self.table = table
+        self.moves = 0
+
+    def priority(self, op_name, registered):
+        return list(self.table.get(op_name, []))
+
+    def generation(self):
+        return self.moves
+
+
+def test_the_installed_priority_source_drives_selection_until_its_generation_moves():
+    op = _declare_scale()
+    calls = _three_providers(op)
+    source = FixedPriorities({op.name: ["any"]})
+    previous = ir.set_priority_source(source)
+    try:
+        assert ir.get_priority_source() is source
+        assert op.get_priority() == ["any", "native"]
+        op(torch.ones(2), None)
+        source.table = {op.name: ["f32_only"]}
+        op(torch.ones(2), None)                      # the generation did not move: the cached selection
+        source.moves += 1
+        op(torch.ones(2), None)
+        assert calls == ["any", "any", "f32_only"]
+        source.table = {op.name: ["ghost"]}
+        source.moves += 1
+        with pytest.raises(ir.PriorityError, match="FixedPriorities names providers \\['ghost'\\]"):
+            op(torch.ones(2), None)
+    finally:
+        ir.set_priority_source(previous)
+    made = len(calls)
+    op(torch.ones(2), None)                          # the runtime's source again: no priorities for this op
+    assert len(calls) == made and op.dispatch(torch.ones(2), None).provider == "native"
+    with pytest.raises(TypeError, match="priority\\(op_name, registered\\) and generation\\(\\)"):
+        ir.set_priority_source(object())
+
+
 def test_set_priority_unknown_provider():
     op = _declare_scale()
-    with pytest.raises(ConfigError, match="unknown providers"):
+    with pytest.raises(ir.PriorityError, match="unknown providers"):
         with op.set_priority(["ghost"]):
             pass
 

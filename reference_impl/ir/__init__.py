@@ -1,4 +1,8 @@
-"""The functional IR: declare ops with `register_op`, implement them with `ir.ops.<name>.register_impl`."""
+"""The functional IR: declare ops with `register_op`, implement them with `ir.ops.<name>.register_impl`.
+
+A leaf of the package: it imports nothing else of `reference_impl`. Provider priorities reach it
+through one hook, `set_priority_source` (reference_impl/ir/priority.py), which the runtime installs.
+"""
 
 from reference_impl.ir.cases import OpCase
 from reference_impl.ir.op import (
@@ -11,7 +15,9 @@ from reference_impl.ir.op import (
     IrRegistrationError,
     register_op,
 )
+from reference_impl.ir.priority import PriorityError, PrioritySource, get_priority_source, set_priority_source
 from reference_impl.ir import ops
 
 __all__ = ["register_op", "IrOp", "IrOpImpl", "IrOpInplaceOverload", "IrRegistrationError",
-           "IrDispatchError", "OpCase", "ops", "LIB_NAMESPACE", "DEFAULT_TOLERANCES"]
+           "IrDispatchError", "OpCase", "ops", "LIB_NAMESPACE", "DEFAULT_TOLERANCES",
+           "PriorityError", "PrioritySource", "get_priority_source", "set_priority_source"]

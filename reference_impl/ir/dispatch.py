@@ -12,19 +12,14 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from reference_impl.config import config_generation
 from reference_impl.ir.guard import make_guard
+from reference_impl.ir.priority import get_priority_source
 from reference_impl.ir.signature import (argument_kinds, exact_signature_fn, generate, key_source, repeat_source,
                                          static_signature)
-from reference_impl.platforms import get_current_platform, platform_generation
-
-if TYPE_CHECKING:
-    from reference_impl.ir.op import IrOp
 
 logger = logging.getLogger("reference_impl.ir")
 
@@ -50,7 +45,7 @@ class IrOpImpl:
     """One provider's implementation of an op. Changing `supported` or `supports_args` resets the
     op's selections; `impl_fn` is read at every call, so replacing it takes effect at once."""
 
-    def __init__(self, op: IrOp, provider: str, impl_fn: Callable, supported: bool,
+    def __init__(self, op, provider: str, impl_fn: Callable, supported: bool,
                  supports_args: Callable[..., bool] | None, inplace: bool):
         self.op = op
         self.provider = provider
@@ -118,11 +113,11 @@ class Selector:
     Two maps: exact signature -> (impl, guard or None) (the hot path's key; the guard checks a
     repeat of that signature, reference_impl/ir/guard.py) and batch-free static signature -> impl
     (so a new batch size reuses a selection without running predicates). Everything is dropped
-    when the config or the platform changes (their public generation counters) or when the op's
-    registrations or priority overrides change (`invalidate`).
+    when the priority source changes or its generation moves (reference_impl/ir/priority.py), or
+    when the op's registrations or priority overrides change (`invalidate`).
     """
 
-    def __init__(self, op: IrOp):
+    def __init__(self, op):
         self.op = op
         self.batch_arg = op.activation_indices[0] if op.activation_indices else None
         self.activations = frozenset(op.activation_indices)
@@ -135,26 +130,27 @@ class Selector:
         self.candidates: list[IrOpImpl] = []
         self.exact: dict[tuple, tuple[IrOpImpl, object | None]] = {}
         self.static: dict[tuple, IrOpImpl] = {}
-        # What the eager hot path reads, in one tuple: the config and platform generations the
+        # What the eager hot path reads, in one tuple: the priority source and its generation the
         # candidates were computed for, the unconditional selection (the preferred impl has no
         # predicate) and (impl, guard, *repeat fields) of the latest selection.
-        self.state: tuple[int, int, IrOpImpl | None, tuple | None] = (-1, -1, None, None)
+        self.state: tuple[object, int, IrOpImpl | None, tuple | None] = (None, -1, None, None)
 
     def refresh(self) -> None:
-        """Recompute the candidates after a change of config, platform or registrations."""
+        """Recompute the candidates after a change of priorities or registrations."""
         op = self.op
-        get_current_platform()       # resolving the platform on first use bumps its generation
         self.invalidate()
+        source = get_priority_source()
         self.candidates = [op.impls[p] for p in op.get_priority() if op.impls[p].supported]
         first = self.candidates[0]
         # When the preferred impl accepts everything, selection needs no per-call work.
         unconditional = first if first.supports_args is None else None
-        self.state = (config_generation(), platform_generation(), unconditional, None)
+        # Read after the priorities: answering may move the generation (the platform resolves on first use).
+        self.state = (source, source.generation(), unconditional, None)
 
     def select(self, args: tuple) -> IrOpImpl:
         """The first candidate whose predicate accepts `args` (native last), cached per signature."""
-        config_gen, platform_gen, unconditional, _ = self.state
-        if config_gen != config_generation() or platform_gen != platform_generation():
+        source, generation, unconditional, _ = self.state
+        if source is not get_priority_source() or generation != source.generation():
             self.refresh()
             unconditional = self.state[2]
         if unconditional is not None:
@@ -173,8 +169,8 @@ class Selector:
         if key is not None and key in self.exact:      # remembered only where it was cached
             guard = make_guard(*self.guard_tensors(args))
             self.exact[key] = (chosen, guard)
-            config_gen, platform_gen, unconditional, _ = self.state
-            self.state = (config_gen, platform_gen, unconditional, (chosen, guard, *self.repeat_fields(args)))
+            source, generation, unconditional, _ = self.state
+            self.state = (source, generation, unconditional, (chosen, guard, *self.repeat_fields(args)))
         return chosen
 
     def _miss(self, args: tuple, key: tuple | None) -> IrOpImpl:
@@ -223,10 +219,10 @@ _EAGER_TEMPLATE = """
 def {op_name}({params}):
     if type({first}) is not Tensor or _dispatch_stack_len() or _function_mode_enabled():
         return None
-    _config_gen, _platform_gen, _chosen, _last = _sel.state
-    if _config_gen != config_generation() or _platform_gen != platform_generation():
+    _source, _generation, _chosen, _last = _sel.state
+    if _source is not get_priority_source() or _generation != _source.generation():
         _sel.refresh()
-        _config_gen, _platform_gen, _chosen, _last = _sel.state
+        _source, _generation, _chosen, _last = _sel.state
     if _chosen is not None:
         return None if {first}.is_meta else _chosen
     _guard = None
@@ -244,7 +240,7 @@ def {op_name}({params}):
         # new signature, no guard yet, or a guard that failed on a repeated signature (built
         # under another grad or inference mode, or for a parameter where this is a tensor)
         return _sel.eager_miss(({names},), _key)
-    _sel.state = (_config_gen, _platform_gen, None, (*_entry, {values}))
+    _sel.state = (_source, _generation, None, (*_entry, {values}))
     return _entry[0]
 """
 
@@ -276,7 +272,7 @@ def _eager_selector(selector: Selector, kinds: list[str]) -> Callable[..., IrOpI
     selector.repeat_fields = generate("repeat_fields", f"def repeat_fields(args):\n{unpack}\n"
                                       f"    return ({''.join(v + ', ' for v in values)})", {})
     return generate(op.name, source, {
-        "_sel": selector, "config_generation": config_generation, "platform_generation": platform_generation,
+        "_sel": selector, "get_priority_source": get_priority_source,
         "_dispatch_stack_len": _dispatch_stack_len, "_function_mode_enabled": _function_mode_enabled,
         **defaults})
 

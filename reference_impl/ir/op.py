@@ -18,10 +18,9 @@ from typing import Any
 import torch
 from torch.library import Library, infer_schema
 
-from reference_impl import config as _config
-from reference_impl import platforms as _platforms
 from reference_impl.ir.cases import OpCase
 from reference_impl.ir.dispatch import IrDispatchError, IrOpImpl, Selector  # noqa: F401 - IrDispatchError re-exported
+from reference_impl.ir.priority import PriorityError, get_priority_source
 
 logger = logging.getLogger("reference_impl.ir")
 
@@ -212,28 +211,19 @@ class IrOp:
 
     # ----- priority -----------------------------------------------------------------------
     def get_priority(self) -> list[str]:
-        """The effective provider order: override, else user priorities + platform defaults + native."""
+        """The effective provider order: the `set_priority` override, else the installed priority
+        source's answer (reference_impl/ir/priority.py); `native` always comes last."""
         if self._priority_override:
             return list(self._priority_override[-1])
-        user = _config.get_current_config().kernel_config.ir_op_priority.get(self.name, [])
-        unknown = [p for p in user if p not in self.impls]
+        source = get_priority_source()
+        order = list(source.priority(self.name, tuple(self.impls)))
+        unknown = [p for p in order if p not in self.impls]
         if unknown:
-            raise _config.ConfigError(
-                f"ir_op_priority for op '{self.name}' names unknown providers {unknown}; "
-                f"registered: {sorted(self.impls)}")
-        defaults = _platforms.get_current_platform().get_default_ir_op_priority().get(self.name, [])
-        merged = list(user)
-        for provider in defaults:
-            if provider in merged:
-                continue
-            if provider not in self.impls:
-                logger.warning("platform default priority for op %s names provider %r, which is not "
-                               "registered; skipping it", self.name, provider)
-                continue
-            merged.append(provider)
-        if "native" not in merged:
-            merged.append("native")
-        return merged
+            raise PriorityError(f"the priority source {type(source).__name__} names providers {unknown} for "
+                                f"op '{self.name}', which are not registered: {sorted(self.impls)}")
+        if "native" not in order:
+            order.append("native")
+        return order
 
     @contextlib.contextmanager
     def set_priority(self, priority: Sequence[str]) -> Iterator[None]:
@@ -241,7 +231,7 @@ class IrOp:
         priority = list(priority)
         unknown = [p for p in priority if p not in self.impls]
         if unknown:
-            raise _config.ConfigError(f"set_priority for op '{self.name}' names unknown providers "
+            raise PriorityError(f"set_priority for op '{self.name}' names unknown providers "
                                       f"{unknown}; registered: {sorted(self.impls)}")
         if "native" not in priority:
             priority.append("native")
