@@ -23,13 +23,14 @@ class RuntimePriorities:
     def priority(self, op_name: str, registered: Collection[str]) -> list[str]:
         """A user priority naming an unregistered provider is an error (the user asked for it); a
         platform default naming one is skipped with a warning (the platform's kernels may be off)."""
+        platform = get_current_platform()      # first: resolving it registers its kernels into `registered`
         user = get_current_config().kernel_config.ir_op_priority.get(op_name, [])
         unknown = [p for p in user if p not in registered]
         if unknown:
             raise ConfigError(f"ir_op_priority for op '{op_name}' names unknown providers {unknown}; "
                               f"registered: {sorted(registered)}")
         merged = list(user)
-        for provider in get_current_platform().get_default_ir_op_priority().get(op_name, []):
+        for provider in platform.get_default_ir_op_priority().get(op_name, []):
             if provider in merged:
                 continue
             if provider not in registered:

@@ -23,7 +23,8 @@ class PrioritySource(Protocol):
 
     def priority(self, op_name: str, registered: Collection[str]) -> list[str]:
         """Providers to try for `op_name`, best first (`native` may be left out: it always comes
-        last). `registered` holds the op's provider names; naming another one is an error."""
+        last). `registered` is a live view of the op's provider names (answering may register
+        more, as a platform resolved on first use does); naming another one is an error."""
 
     def generation(self) -> int:
         """A number that moves (never back) whenever an answer of `priority` may have changed."""
@@ -39,20 +40,22 @@ class NoPriorities:
         return 0
 
 
-_source: PrioritySource = NoPriorities()
+# The installed source. Selection reads it on every call (reference_impl/ir/dispatch.py);
+# install one with `set_priority_source`.
+installed: PrioritySource = NoPriorities()
 
 
 def set_priority_source(source: PrioritySource) -> PrioritySource:
     """Install `source` for every op; returns the previous one (to restore it). Ops select again
     on their next call, since each remembers the source its selections were made for."""
-    global _source
+    global installed
     if not (callable(getattr(source, "priority", None)) and callable(getattr(source, "generation", None))):
         raise TypeError(f"a priority source needs priority(op_name, registered) and generation() methods, "
                         f"got {type(source).__name__}")
-    previous, _source = _source, source
+    previous, installed = installed, source
     return previous
 
 
 def get_priority_source() -> PrioritySource:
     """The installed source."""
-    return _source
+    return installed
