@@ -4,7 +4,8 @@ Compares, for every IR op:
   direct    -- the work the call must do, called directly: the selected implementation's function
                (for the functional form of an in-place implementation, after cloning the activations)
   plain op  -- a plain torch library op (Library.define + CompositeExplicitAutograd impl) with that body
-  IR        -- `ir.ops.<op>(...)` (functional) and `ir.ops.<op>.maybe_inplace(...)`
+  IR        -- `ir.ops.<op>(...)` (functional) and `ir.ops.<op>.maybe_inplace(...)`, with the torch wrap
+               off (the default: an eager call goes straight to the selected implementation)
 The project's target: IR dispatch adds no more than torch's own dispatcher does for a plain op,
 i.e. (IR - direct) <= (plain op - direct), with any provider selected, predicates included. Each
 op is measured with the platform's default selection (a provider with a `supports_args`
@@ -32,6 +33,7 @@ import torch
 from tabulate import tabulate
 from torch.library import Library
 
+from reference_impl import ir
 from reference_impl.ir import guard
 from reference_impl.ir.op import IrOp   # importing reference_impl.ir declares every op
 from reference_impl.platforms import get_current_platform
@@ -116,7 +118,8 @@ def main() -> None:
     body = "the selected kernels" if args.real_kernels else "a stand-in body returning the inputs"
     print(f"platform {platform.device_name}, torch {torch.__version__}, {body}, best of {args.rounds} "
           f"interleaved rounds of {args.number} calls, "
-          f"{'torch TensorGuards' if guard.uses_torch_guards() else 'the Python fallback guard'}"
+          f"{'torch TensorGuards' if guard.uses_torch_guards() else 'the Python fallback guard'}, "
+          f"torch wrap {'on' if ir.torch_wrap_enabled() else 'off'}"
           f"{', weights as nn.Parameter' if args.parameters else ''}")
     print(tabulate(rows, headers=["op", "case", "form", "provider", "predicate", "direct us", "plain op us",
                                   "IR us", "IR overhead / plain overhead", "target met"]))

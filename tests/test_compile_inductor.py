@@ -22,7 +22,10 @@ _ALLOC = re.compile(r"\bbuf\d+ = empty_strided_\w+\(")
 
 
 @pytest.fixture(autouse=True)
-def env():
+def env(monkeypatch, tmp_path):
+    # A private, empty inductor cache: these tests read what the post-grad passes decided, which a
+    # graph served from the cache (an earlier run's) does not record (post_grad_cached).
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     torch._dynamo.reset()
     with activate_platform(CompileTestPlatform()), providers(), torch.no_grad():
         yield

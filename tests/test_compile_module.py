@@ -50,7 +50,10 @@ class TinyBlock(nn.Module):
 
 
 @pytest.fixture(autouse=True)
-def env():
+def env(monkeypatch, tmp_path):
+    # A private, empty inductor cache: the tests read what the post-grad passes decided, which a
+    # graph served from the cache (an earlier run's) does not record (post_grad_cached).
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     torch._dynamo.reset()
     with activate_platform(CompileTestPlatform()), providers(), torch.no_grad():
         yield

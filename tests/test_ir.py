@@ -220,9 +220,50 @@ def test_platform_default_naming_missing_provider_is_skipped_with_warning(caplog
     assert any("'ghost'" in r.getMessage() for r in caplog.records)
 
 
+class FixedPriorities:
+    """A priority source of the IR's own hook, with no config or platform behind it."""
+
+    def __init__(self, table: dict[str, list[str]]):
+        self.table = table
+        self.moves = 0
+
+    def priority(self, op_name, registered):
+        return list(self.table.get(op_name, []))
+
+    def generation(self):
+        return self.moves
+
+
+def test_the_installed_priority_source_drives_selection_until_its_generation_moves():
+    op = _declare_scale()
+    calls = _three_providers(op)
+    source = FixedPriorities({op.name: ["any"]})
+    previous = ir.set_priority_source(source)
+    try:
+        assert ir.get_priority_source() is source
+        assert op.get_priority() == ["any", "native"]
+        op(torch.ones(2), None)
+        source.table = {op.name: ["f32_only"]}
+        op(torch.ones(2), None)                      # the generation did not move: the cached selection
+        source.moves += 1
+        op(torch.ones(2), None)
+        assert calls == ["any", "any", "f32_only"]
+        source.table = {op.name: ["ghost"]}
+        source.moves += 1
+        with pytest.raises(ir.PriorityError, match="FixedPriorities names providers \\['ghost'\\]"):
+            op(torch.ones(2), None)
+    finally:
+        ir.set_priority_source(previous)
+    made = len(calls)
+    op(torch.ones(2), None)                          # the runtime's source again: no priorities for this op
+    assert len(calls) == made and op.dispatch(torch.ones(2), None).provider == "native"
+    with pytest.raises(TypeError, match="priority\\(op_name, registered\\) and generation\\(\\)"):
+        ir.set_priority_source(object())
+
+
 def test_set_priority_unknown_provider():
     op = _declare_scale()
-    with pytest.raises(ConfigError, match="unknown providers"):
+    with pytest.raises(ir.PriorityError, match="unknown providers"):
         with op.set_priority(["ghost"]):
             pass
 
@@ -357,3 +398,90 @@ def test_eager_fast_path_and_dispatcher_path_agree_and_modes_see_the_op():
     assert op.torch_op in rec.seen
     assert all(torch.equal(a, b) for a, b in zip(fast, slow))
     assert torch.equal(x, torch.arange(3.0))
+
+
+# ----- one call path, one switch -----------------------------------------------------------------
+def _profiled_event_names(fn) -> set[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events()}
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_positional_and_keyword_calls_take_the_same_path(wrap):
+    """Whether the torch op shows in a profile depends on the switch alone, never on the call style."""
+    op = _declare_add(allow_inplace=True)
+    x, y = torch.ones(3), torch.ones(3)
+    calls = {
+        "positional": lambda: op(x, y, 2.0),
+        "keyword": lambda: op(x, x_other=y, alpha=2.0),
+        "default left out": lambda: op(x, y),
+        "maybe_inplace positional": lambda: op.maybe_inplace(x.clone(), y.clone(), 2.0),
+        "maybe_inplace keyword": lambda: op.maybe_inplace(x=x.clone(), x_other=y.clone()),
+    }
+    with ir.enable_torch_wrap(wrap):
+        seen = {style: {n for n in _profiled_event_names(call) if n.startswith(ir.LIB_NAMESPACE + "::")}
+                for style, call in calls.items()}
+    expected_op = {f"{ir.LIB_NAMESPACE}::{op.name}"} if wrap else set()
+    assert seen == {style: expected_op for style in calls}, seen
+
+
+def test_autograd_follows_the_switch_not_the_call_style():
+    """Straight to the implementation, autograd sees only the implementation's own ops; through the
+    torch op (which has no autograd formula), backward warns that it passes through `reference_ir::<op>`."""
+    import warnings
+
+    op = _declare_scale()
+
+    def backward_warnings(call) -> list[str]:
+        x = torch.ones(3, requires_grad=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call(x).sum().backward()
+        assert torch.equal(x.grad, torch.full((3,), 3.0))
+        return [str(w.message) for w in caught if "autograd kernel was not registered" in str(w.message)]
+
+    styles = [lambda x: op(x, None, 3.0), lambda x: op(x, weight=None, factor=3.0)]
+    assert [backward_warnings(call) for call in styles] == [[], []]
+    with ir.enable_torch_wrap():
+        wrapped = [backward_warnings(call) for call in styles]
+    assert all(len(w) == 1 and f"{ir.LIB_NAMESPACE}::{op.name}" in w[0] for w in wrapped), wrapped
+
+
+def test_torch_wrap_switch_scopes_and_default():
+    assert not ir.torch_wrap_enabled()                   # the default: straight to the implementation
+    with ir.enable_torch_wrap():
+        assert ir.torch_wrap_enabled()
+        with ir.enable_torch_wrap(False):
+            assert not ir.torch_wrap_enabled()
+        assert ir.torch_wrap_enabled()
+    assert not ir.torch_wrap_enabled()
+    try:
+        ir.set_default_torch_wrap(True)
+        assert ir.torch_wrap_enabled()
+        with ir.enable_torch_wrap(False):
+            assert not ir.torch_wrap_enabled()
+        assert ir.torch_wrap_enabled()
+    finally:
+        ir.set_default_torch_wrap(False)
+    assert not ir.torch_wrap_enabled()
+
+
+def test_keyword_calls_under_a_mode_reach_the_torch_op_and_bad_keywords_fail():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    op = _declare_scale()
+    with Recorder() as rec:
+        out = op(torch.ones(2), weight=None, factor=4.0)
+    assert op.torch_op in rec.seen and torch.equal(out, torch.full((2,), 4.0))
+    with pytest.raises(TypeError, match="scale"):
+        op(torch.ones(2), None, scale=1.0)

@@ -13,7 +13,7 @@ from torch import Tensor
 from reference_impl import config, ir, platforms
 from reference_impl.config import KernelConfig, RuntimeConfig, set_current_config
 from reference_impl.ir import guard
-from reference_impl.ir.signature import BATCH, static_signature
+from reference_impl.ir.signature import BATCH, exact_signature, static_signature
 from reference_impl.platforms import Platform, PlatformEnum, activate_platform
 
 _ids = itertools.count()
@@ -248,7 +248,7 @@ def test_eager_repeats_are_guarded_per_signature(guard_kind, change):
         "strides": ((x, w, 2.0), (torch.ones(8, 4).t(), w, 2.0)),
         "weight present": ((x, w, 2.0), (x, None, 2.0)),
         "weight absent": ((x, None, 2.0), (x, w, 2.0)),
-        "empty weight": ((torch.ones(4, 0), None, 2.0), (torch.ones(4, 0), torch.empty(0), 2.0)),  # like ABSENT
+        "empty weight": ((torch.ones(4, 0), None, 2.0), (torch.ones(4, 0), torch.empty(0), 2.0)),
         "weight dtype": ((x, w, 2.0), (x, w.half(), 2.0)),
         "factor value": ((x, w, 2.0), (x, w, 3.0)),
         "factor type": ((x, w, 2.0), (x, w, 2)),
@@ -288,9 +288,9 @@ def test_a_guard_failing_on_a_repeated_signature_is_rebuilt(guard_kind):
     plain_weight = torch.ones(8)
     with op.set_priority(["fast"]):
         op(x, plain_weight)
-        first_guard = op.selector.state[3][1]
+        first_guard = op.selector.latest.guard
         op(x, grad_weight)
-        rebuilt = op.selector.state[3][1]
+        rebuilt = op.selector.latest.guard
         if guard_kind == "torch":      # the Python guard checks only the signature, so it passes here
             assert rebuilt is not first_guard
         with torch.inference_mode():
@@ -298,7 +298,7 @@ def test_a_guard_failing_on_a_repeated_signature_is_rebuilt(guard_kind):
                 assert op(x, plain_weight)[0, 0] == 1002
         for _ in range(3):
             op(x, grad_weight)
-        assert op.selector.state[3][1] is op.selector.exact[op.selector.exact_signature((x, grad_weight, 2.0))][1]
+        assert op.selector.latest is op.selector.exact[exact_signature((x, grad_weight, 2.0))]
     assert predicate.calls == 1
 
 
@@ -313,7 +313,7 @@ def test_a_guard_passes_only_where_the_signature_repeats(kind):
                 (x, torch.ones(9)), (x, torch.nn.Parameter(w)), (x, w.clone().requires_grad_()),
                 (torch.ones(5, 8)[1:], w), (x, None), (x, torch.ones(8, device="meta")),
                 (torch.ones(4, 8, dtype=torch.bfloat16), w)]
-    signature = ir.signature.exact_signature_fn(["tensor", "tensor"])
+    signature = exact_signature
     base = guard.make_guard(x, w) if kind == "torch" else guard.PythonGuard(x, w)
     passed = []
     for args in variants:

@@ -1,7 +1,7 @@
 // RMS norm CUDA kernels, one row per team (a warp for short rows, else a block). A row of up to
 // kTeamItems units per lane is read once in 16-byte units and held in registers: the fp32 sum of
 // squares of the first n_var features is reduced by warp shuffles, then the lane writes
-// cast(cast(x * inv_rms) * w) from its registers (as reference_impl/ir/ops/layernorm.py). Longer
+// cast(cast(x * inv_rms) * w) from its registers (as the native rms_norm of the IR). Longer
 // rows read the row a second time. The fused form holds s = x + residual in fp32 and writes
 // residual = cast(s) and x = normalized s in place: each element is read and then written by the
 // same lane, so the in-place update is safe.

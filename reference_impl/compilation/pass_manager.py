@@ -28,6 +28,8 @@ class PassContext:
     - `graph_snapshots`: stage -> copy of the graph after that stage (`"dynamo"`, each pass name,
       `"post_grad"` for AOTAutograd's output); `before(name)` / `after(name)` look them up.
     - `notes`: pass name -> human-readable decisions (fusions made, clones removed / kept and why).
+    - `post_grad_cached`: inductor served this compilation from its caches, so the post-grad
+      passes did not run (no lowering decisions, no post-grad snapshots).
     """
 
     index: int = 0
@@ -41,6 +43,7 @@ class PassContext:
     graph_snapshots: dict[str, Graph] = dataclasses.field(default_factory=dict)
     pass_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     notes: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    post_grad_cached: bool = False
 
     def snapshot(self, stage: str, graph: Graph) -> None:
         self.graph_snapshots[stage] = copy_graph(graph)

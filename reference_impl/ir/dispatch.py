@@ -1,30 +1,25 @@
 """Provider selection of an IR op: the `supports_args` contract, symbolic answers, and the selection cache.
 
 A predicate decides from static properties (device, dtypes, non-batch shapes and strides,
-non-tensor argument values), so an eager selection is cached per static signature and a
-predicate runs once per signature. Fake tensors (compile lowering) bypass the cache; there a
-`SymBool` answer is resolved by guarding on it, which specialises the compiled graph on that
-static property. docs/ir-dispatch.md states the contract.
+non-tensor argument values), so a selection is cached per static signature and a predicate runs
+once per signature. Fake tensors (compile lowering) bypass the cache; there a `SymBool` answer
+is resolved by guarding on it, which specialises the compiled graph on that static property.
+docs/ir-dispatch.md states the contract and the cache.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from operator import itemgetter
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from reference_impl.config import config_generation
+from reference_impl.ir import priority
 from reference_impl.ir.guard import make_guard
-from reference_impl.ir.signature import (argument_kinds, exact_signature_fn, generate, key_source, repeat_source,
-                                         static_signature)
-from reference_impl.platforms import get_current_platform, platform_generation
-
-if TYPE_CHECKING:
-    from reference_impl.ir.op import IrOp
+from reference_impl.ir.signature import exact_signature, static_signature
 
 logger = logging.getLogger("reference_impl.ir")
 
@@ -33,8 +28,6 @@ logger = logging.getLogger("reference_impl.ir")
 MAX_CACHED_SIGNATURES = 1024
 
 _SYMBOLIC_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
-_dispatch_stack_len = torch._C._len_torch_dispatch_stack
-_function_mode_enabled = torch._C._is_torch_function_mode_enabled
 
 
 class IrDispatchError(RuntimeError):
@@ -47,10 +40,11 @@ def _is_traced(args: tuple) -> bool:
 
 
 class IrOpImpl:
-    """One provider's implementation of an op. Changing `supported` or `supports_args` resets the
-    op's selections; `impl_fn` is read at every call, so replacing it takes effect at once."""
+    """One provider's implementation of `op` (the `IrOp` it belongs to). Changing `supported` or
+    `supports_args` resets the op's selections; `impl_fn` is read at every call, so replacing it
+    takes effect at once."""
 
-    def __init__(self, op: IrOp, provider: str, impl_fn: Callable, supported: bool,
+    def __init__(self, op, provider: str, impl_fn: Callable, supported: bool,
                  supports_args: Callable[..., bool] | None, inplace: bool):
         self.op = op
         self.provider = provider
@@ -112,88 +106,159 @@ class IrOpImpl:
                 f"inplace={self.inplace}, supports_args={'yes' if self.supports_args else 'None'})")
 
 
-class Selector:
-    """Priority-order selection for one op, with eager selections cached per static signature.
+class Remembered(NamedTuple):
+    """A selection, with what a later call must repeat to reuse it without computing its signature:
+    its tensor arguments pass `guard` (reference_impl/ir/guard.py), its other arguments have the
+    same types and values (True == 1 == 1.0, so types too). Which arguments are tensors is read from
+    the call it was made for (an optional tensor may be None); a call that differs there fails the
+    guard (None is no tensor) or the values (a tensor is not None). `Selector.select` runs the
+    two checks on every call; both are closures over the positions, made once here."""
 
-    Two maps: exact signature -> (impl, guard or None) (the hot path's key; the guard checks a
-    repeat of that signature, reference_impl/ir/guard.py) and batch-free static signature -> impl
-    (so a new batch size reuses a selection without running predicates). Everything is dropped
-    when the config or the platform changes (their public generation counters) or when the op's
+    impl: IrOpImpl
+    guard: object
+    tensors_pass: Callable[[tuple], bool] | None       # do an argument tuple's tensors pass `guard`? (None:
+                                                       # every argument is a tensor, `guard.check(*args)`)
+    values_pass: Callable[[tuple], bool] | None        # are its other arguments the same? (None: there are none)
+
+
+def remember(impl: IrOpImpl, args: tuple) -> Remembered:
+    """`impl` selected for `args`, guarded under the caller's grad and inference modes."""
+    tensor_positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+    value_positions = [i for i in range(len(args)) if i not in tensor_positions]
+    guard = make_guard(*(args[i] for i in tensor_positions))
+    return Remembered(impl, guard, _guard_check(guard, tensor_positions) if value_positions else None,
+                      _same_values(value_positions, [args[i] for i in value_positions]))
+
+
+# The two checks below are spelled out for the usual numbers of arguments: each is one line of
+# plain Python that indexes the arguments, since building a tuple per call to compare or to
+# star-call the guard costs as much as the check itself (benchmarks/bench_ir_dispatch.py).
+
+def _guard_check(guard, positions: list[int]) -> Callable[[tuple], bool]:
+    """`args -> guard.check(<the arguments at positions>)`."""
+    if len(positions) == 1:
+        (a,) = positions
+        return lambda args: guard.check(args[a])
+    if len(positions) == 2:
+        a, b = positions
+        return lambda args: guard.check(args[a], args[b])
+    if len(positions) == 3:
+        a, b, c = positions
+        return lambda args: guard.check(args[a], args[b], args[c])
+    if len(positions) == 4:
+        a, b, c, d = positions
+        return lambda args: guard.check(args[a], args[b], args[c], args[d])
+    return lambda args: guard.check(*(args[i] for i in positions))
+
+
+def _same_values(positions: list[int], values: list) -> Callable[[tuple], bool] | None:
+    """`args -> whether the arguments at positions have the types and values of `values`` (types
+    first, so that no value is compared with an object of another type); None for no positions."""
+    types = [type(v) for v in values]
+    if not positions:
+        return None
+    if len(positions) == 1:
+        (a,), (v,), (t,) = positions, values, types
+        return lambda args: type(args[a]) is t and args[a] == v
+    if len(positions) == 2:
+        (a, b), (v, w), (t, u) = positions, values, types
+        return lambda args: type(args[a]) is t and type(args[b]) is u and args[a] == v and args[b] == w
+    pick, values, types = itemgetter(*positions), tuple(values), tuple(types)
+    return lambda args: tuple(map(type, pick(args))) == types and pick(args) == values
+
+
+class Selector:
+    """Priority-order selection for one op, cached per static signature.
+
+    The candidates are the op's priority list without unsupported providers. When the first one
+    has no predicate it is the answer for every call (`unconditional`). Otherwise a call that
+    repeats the signature of the latest selection (`latest`, checked by its guard) reuses it; the
+    rest compute the exact signature and look it up, then look up the static (batch-free)
+    signature, so that a new batch size reuses a selection without asking the predicates, and
+    only then walk the candidates. Everything is dropped when another priority source is
+    installed or its generation moves (reference_impl/ir/priority.py), and when the op's
     registrations or priority overrides change (`invalidate`).
     """
 
-    def __init__(self, op: IrOp):
+    def __init__(self, op):
         self.op = op
         self.batch_arg = op.activation_indices[0] if op.activation_indices else None
         self.activations = frozenset(op.activation_indices)
-        kinds = argument_kinds(op.torch_op._schema)
-        self.exact_signature = exact_signature_fn(kinds)
-        self.eager = _eager_selector(self, kinds)
         self.invalidate()
 
     def invalidate(self) -> None:
         self.candidates: list[IrOpImpl] = []
-        self.exact: dict[tuple, tuple[IrOpImpl, object | None]] = {}
+        self.exact: dict[tuple, Remembered] = {}
         self.static: dict[tuple, IrOpImpl] = {}
-        # What the eager hot path reads, in one tuple: the config and platform generations the
-        # candidates were computed for, the unconditional selection (the preferred impl has no
-        # predicate) and (impl, guard, *repeat fields) of the latest selection.
-        self.state: tuple[int, int, IrOpImpl | None, tuple | None] = (-1, -1, None, None)
+        # What `select` reads on every call, in one tuple: the priority source the candidates come
+        # from, its `generation` method and the generation then, the unconditional selection (the
+        # first candidate has no predicate) and the latest remembered selection.
+        self.state: tuple = (None, None, -1, None, None)
+
+    @property
+    def latest(self) -> Remembered | None:
+        return self.state[4]
 
     def refresh(self) -> None:
-        """Recompute the candidates after a change of config, platform or registrations."""
+        """Recompute the candidates after a change of priorities or registrations."""
         op = self.op
-        get_current_platform()       # resolving the platform on first use bumps its generation
         self.invalidate()
+        source = priority.installed
         self.candidates = [op.impls[p] for p in op.get_priority() if op.impls[p].supported]
         first = self.candidates[0]
-        # When the preferred impl accepts everything, selection needs no per-call work.
         unconditional = first if first.supports_args is None else None
-        self.state = (config_generation(), platform_generation(), unconditional, None)
+        # Read the generation after the priorities: answering may move it (the platform resolves on first use).
+        self.state = (source, source.generation, source.generation(), unconditional, None)
 
-    def select(self, args: tuple) -> IrOpImpl:
-        """The first candidate whose predicate accepts `args` (native last), cached per signature."""
-        config_gen, platform_gen, unconditional, _ = self.state
-        if config_gen != config_generation() or platform_gen != platform_generation():
+    def select(self, args: tuple, direct: bool = False) -> IrOpImpl | None:
+        """The first candidate whose predicate accepts `args` (complete, positional), native last.
+
+        `direct`: for an eager call that would run the implementation straight away; the answer is
+        then None for a meta first tensor (the call must go through the torch op, whose fake runs).
+        """
+        source, current_generation, generation, unconditional, latest = self.state
+        if source is not priority.installed or current_generation() != generation:
             self.refresh()
-            unconditional = self.state[2]
+            source, current_generation, generation, unconditional, latest = self.state
         if unconditional is not None:
-            return unconditional
-        key = self.exact_signature(args)
-        entry = self.exact.get(key)     # None is never stored: uncacheable arguments miss
-        return entry[0] if entry is not None else self._miss(args, key)
+            return None if direct and args[0].is_meta else unconditional
+        if latest is not None:      # does this call repeat the latest selection's signature?
+            impl, guard, tensors_pass, values_pass = latest
+            if values_pass is None:                     # tensors only
+                if guard.check(*args):
+                    return impl     # (so the first tensor is not meta: none is remembered for one)
+            elif tensors_pass(args) and values_pass(args):
+                return impl
+        return self._select_by_signature(args, direct)
 
-    def eager_miss(self, args: tuple, key: tuple | None) -> IrOpImpl | None:
-        """`eager` past its fast paths: None for a meta first tensor (the torch op's fake runs), else
-        select. A cacheable signature gets a guard (built here, under the caller's grad and
-        inference modes) and becomes the latest selection, which the next call compares with."""
-        if args[0].is_meta:
-            return None
-        chosen = self._miss(args, key)
-        if key is not None and key in self.exact:      # remembered only where it was cached
-            guard = make_guard(*self.guard_tensors(args))
-            self.exact[key] = (chosen, guard)
-            config_gen, platform_gen, unconditional, _ = self.state
-            self.state = (config_gen, platform_gen, unconditional, (chosen, guard, *self.repeat_fields(args)))
-        return chosen
-
-    def _miss(self, args: tuple, key: tuple | None) -> IrOpImpl:
-        """A new exact signature: reuse the selection of its static (batch-free) signature, or walk
-        the candidates. Uncacheable arguments (key None), a meta first tensor and sparse or
-        all-zero-stride tensors are not stored. Stored entries are (impl, guard or None)."""
-        entry = self.exact.get(key) if key is not None else None
-        if entry is not None:
-            return entry[0]
+    def _select_by_signature(self, args: tuple, direct: bool) -> IrOpImpl | None:
+        """Past the latest selection: the exact signature's remembered selection, else the static
+        signature's, else a walk of the candidates. Arguments without a signature (fake, subclassed
+        or symbolic values, other types), a meta first tensor, and sparse or all-zero-stride tensors
+        are walked every time and nothing is stored."""
         first = args[0]
-        if key is None or (isinstance(first, Tensor) and first.is_meta) or not _strided(args):
+        if isinstance(first, Tensor) and first.is_meta:
+            return None if direct else self._walk(args)
+        key = exact_signature(args)
+        if key is None or not _strided(args):
             return self._walk(args)
-        static_key = static_signature(args, self.batch_arg, self.activations)
-        chosen = self.static.get(static_key)
-        if chosen is None:
-            chosen = self._walk(args)
-            _bounded_store(self.static, static_key, chosen)
-        _bounded_store(self.exact, key, (chosen, None))
-        return chosen
+        latest = self.state[4]
+        remembered = self.exact.get(key)
+        if remembered is None:
+            static_key = static_signature(args, self.batch_arg, self.activations)
+            impl = self.static.get(static_key)
+            if impl is None:
+                impl = self._walk(args)
+                _bounded_store(self.static, static_key, impl)
+            remembered = remember(impl, args)
+            _bounded_store(self.exact, key, remembered)
+        elif remembered is latest:
+            # The signature repeats but the guard failed: it checks more than the signature (grad
+            # and inference modes, a parameter where a plain tensor was). Guard this call instead.
+            remembered = remember(remembered.impl, args)
+            self.exact[key] = remembered
+        self.state = (*self.state[:4], remembered)
+        return remembered.impl
 
     def _walk(self, args: tuple) -> IrOpImpl:
         chosen = self.op.impls["native"]
@@ -219,68 +284,6 @@ class Selector:
                      f" (passed over {'; '.join(reasons)})" if reasons else "")
 
 
-_EAGER_TEMPLATE = """
-def {op_name}({params}):
-    if type({first}) is not Tensor or _dispatch_stack_len() or _function_mode_enabled():
-        return None
-    _config_gen, _platform_gen, _chosen, _last = _sel.state
-    if _config_gen != config_generation() or _platform_gen != platform_generation():
-        _sel.refresh()
-        _config_gen, _platform_gen, _chosen, _last = _sel.state
-    if _chosen is not None:
-        return None if {first}.is_meta else _chosen
-    _guard = None
-    if _last is not None:
-        _chosen, _guard, {fields} = _last
-        if {compare}:
-            return _chosen
-{checks}
-    try:
-        _key = {expr}
-    except RuntimeError:  # a layout without strides (sparse, nested)
-        return _sel.eager_miss(({names},), None)
-    _entry = _sel.exact.get(_key)
-    if _entry is None or _entry[1] is None or _entry[1] is _guard:
-        # new signature, no guard yet, or a guard that failed on a repeated signature (built
-        # under another grad or inference mode, or for a parameter where this is a tensor)
-        return _sel.eager_miss(({names},), _key)
-    _sel.state = (_config_gen, _platform_gen, None, (*_entry, {values}))
-    return _entry[0]
-"""
-
-
-def _eager_selector(selector: Selector, kinds: list[str]) -> Callable[..., IrOpImpl | None]:
-    """`selector.eager(*args)`: the selection for a direct eager call, or None when the call must
-    go through the torch dispatcher (dispatch or function modes, or a first argument that is not a
-    plain, non-meta tensor). The hot path of every eager IR call, generated with the op's
-    parameters (and defaults) unrolled: the mode and generation checks, then the latest
-    selection's guard (one C++ call over the tensors) and non-tensor values, then the
-    exact-signature map. Also sets `selector.guard_tensors` and `selector.repeat_fields`, the
-    pieces `eager_miss` needs to remember a selection."""
-    op = selector.op
-    names = list(op.param_names)
-    if any(n.startswith("_") for n in names):     # keep clear of the template's own names
-        names = [f"a{i}" for i in range(len(names))]
-    defaults = {f"_default_{n}": d for n, d in zip(names, op._defaults) if d is not inspect.Parameter.empty}
-    params = ", ".join(f"{n}=_default_{n}" if f"_default_{n}" in defaults else n for n in names)
-    miss = f"return _sel.eager_miss(({', '.join(names)},), None)"
-    checks, expr = key_source(names, kinds, miss)
-    checks = [c for c in checks if c != f"if type({names[0]}) not in PLAIN_TENSOR_TYPES: {miss}"]  # checked first
-    guarded, fields, values, compare = repeat_source(names, kinds)
-    source = _EAGER_TEMPLATE.format(op_name=op.name, params=params, first=names[0], names=", ".join(names),
-                                    expr=expr, fields="".join(f"{f}, " for f in fields), compare=compare,
-                                    values=", ".join(values), checks="\n".join(f"    {c}" for c in checks))
-    unpack = f"    {', '.join(names)}, = args"
-    selector.guard_tensors = generate("guard_tensors", f"def guard_tensors(args):\n{unpack}\n"
-                                      f"    return ({guarded},)", {})
-    selector.repeat_fields = generate("repeat_fields", f"def repeat_fields(args):\n{unpack}\n"
-                                      f"    return ({''.join(v + ', ' for v in values)})", {})
-    return generate(op.name, source, {
-        "_sel": selector, "config_generation": config_generation, "platform_generation": platform_generation,
-        "_dispatch_stack_len": _dispatch_stack_len, "_function_mode_enabled": _function_mode_enabled,
-        **defaults})
-
-
 def _strided(args: tuple) -> bool:
     """Whether no tensor argument is sparse or has only zero strides. A sparse COO tensor reports
     all-zero strides, so neither it nor a dense tensor that looks the same (a broadcast scalar) is
@@ -289,8 +292,8 @@ def _strided(args: tuple) -> bool:
                    for a in args)
 
 
-def _bounded_store(cache: dict, key: tuple, impl: IrOpImpl) -> None:
+def _bounded_store(cache: dict, key: tuple, value) -> None:
     """Store, starting over when full (signatures are few in practice; this bounds pathological callers)."""
     if len(cache) >= MAX_CACHED_SIGNATURES:
         cache.clear()
-    cache[key] = impl
+    cache[key] = value

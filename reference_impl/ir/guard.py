@@ -1,7 +1,7 @@
-"""Tensor-metadata guards: does a call repeat the tensor signature of the latest eager selection?
+"""Tensor-metadata guards: does a call repeat the tensor signature of the latest selection?
 
-The eager hot path of an IR op (reference_impl/ir/dispatch.py) compares each call with the
-signature of its latest selection. Reading dtype, device, shape and strides from Python costs
+The hot path of IR selection (reference_impl/ir/dispatch.py) compares each call with the
+signature of its op's latest selection. Reading dtype, device, shape and strides from Python costs
 about 0.3 us a tensor; torch's C++ `TensorGuards` (the check Dynamo's tensor guards are built
 on) compares them all in one call, at about a third of that. It checks more than the signature
 (Python type, requires_grad, dispatch keys, which follow grad and inference modes), so a guard
@@ -20,9 +20,6 @@ from torch import Tensor
 # Tensor types a signature covers (reference_impl/ir/signature.py): plain tensors and parameters
 # (a layer's weights); subclasses (fake, functional, wrappers) may answer metadata queries their own way.
 PLAIN_TENSOR_TYPES = frozenset({Tensor, torch.nn.Parameter})
-# Stands in for an absent optional tensor (None) in a guard; the eager path also compares the
-# None-ness of each optional argument itself, so a real tensor like this one never matches it.
-ABSENT = torch.empty(0)
 
 
 class PythonGuard:

@@ -4,6 +4,13 @@ An op's native function is its semantics. Each op is also a real torch library o
 `reference_ir` namespace (functional `default` overload, plus `maybe_inplace` where allowed),
 opaque to Dynamo and with a fake implementation, so eager calls and compiled graphs go through the
 same `IrOp.dispatch` selection rule.
+
+The call path, the same for positional and keyword arguments: a call that Dynamo traces, or any
+eager call while the torch wrap is on (`enable_torch_wrap`, `set_default_torch_wrap`), goes
+through the torch op, so profilers, autograd and dispatch modes see `reference_ir::<op>`; with the
+wrap off (the default) an eager call runs the selected implementation directly, unless it must
+go through the torch op to be seen at all (a dispatch or function mode is active, or the first
+argument is not a plain, non-meta tensor). docs/ir-dispatch.md describes both.
 """
 
 from __future__ import annotations
@@ -16,12 +23,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 from torch.library import Library, infer_schema
 
-from reference_impl import config as _config
-from reference_impl import platforms as _platforms
 from reference_impl.ir.cases import OpCase
 from reference_impl.ir.dispatch import IrDispatchError, IrOpImpl, Selector  # noqa: F401 - IrDispatchError re-exported
+from reference_impl.ir.priority import PriorityError, get_priority_source
 
 logger = logging.getLogger("reference_impl.ir")
 
@@ -37,6 +44,38 @@ DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float16: (1e-3, 1e-3),
     torch.bfloat16: (1e-2, 1.6e-2),
 }
+
+
+_dispatch_stack_len = torch._C._len_torch_dispatch_stack
+_function_mode_enabled = torch._C._is_torch_function_mode_enabled
+
+# Whether an eager call goes through the torch op (True) or straight to the selected
+# implementation (False). Read it with `torch_wrap_enabled()`; set it with the two functions below.
+_torch_wrap = False
+
+
+def torch_wrap_enabled() -> bool:
+    """Whether eager calls of IR ops go through their torch ops now."""
+    return _torch_wrap
+
+
+def set_default_torch_wrap(enable: bool = True) -> None:
+    """Make eager IR calls go through their torch ops (True) or straight to the selected
+    implementation (False, the default) for the rest of the process."""
+    global _torch_wrap
+    _torch_wrap = bool(enable)
+
+
+@contextlib.contextmanager
+def enable_torch_wrap(enable: bool = True) -> Iterator[None]:
+    """Inside the block, eager IR calls go through their torch ops (`enable=False`: straight to the
+    implementation). Profile under `enable_torch_wrap()` to see each IR op as `reference_ir::<op>`."""
+    global _torch_wrap
+    previous, _torch_wrap = _torch_wrap, bool(enable)
+    try:
+        yield
+    finally:
+        _torch_wrap = previous
 
 
 class IrRegistrationError(ValueError):
@@ -99,7 +138,6 @@ class IrOp:
         torch.library.register_fake(f"{LIB_NAMESPACE}::{name}", self._fake_call, lib=_lib)
         self.torch_op = getattr(getattr(torch.ops, LIB_NAMESPACE), name).default
         self.selector = Selector(self)
-        self._eager = self.selector.eager       # bound once: read on every eager call
         if allow_inplace:
             self.maybe_inplace = IrOpInplaceOverload(self)
         IrOp.registry[name] = self
@@ -212,28 +250,19 @@ class IrOp:
 
     # ----- priority -----------------------------------------------------------------------
     def get_priority(self) -> list[str]:
-        """The effective provider order: override, else user priorities + platform defaults + native."""
+        """The effective provider order: the `set_priority` override, else the installed priority
+        source's answer (reference_impl/ir/priority.py); `native` always comes last."""
         if self._priority_override:
             return list(self._priority_override[-1])
-        user = _config.get_current_config().kernel_config.ir_op_priority.get(self.name, [])
-        unknown = [p for p in user if p not in self.impls]
+        source = get_priority_source()
+        order = list(source.priority(self.name, self.impls.keys()))   # a live view: answering may register more
+        unknown = [p for p in order if p not in self.impls]
         if unknown:
-            raise _config.ConfigError(
-                f"ir_op_priority for op '{self.name}' names unknown providers {unknown}; "
-                f"registered: {sorted(self.impls)}")
-        defaults = _platforms.get_current_platform().get_default_ir_op_priority().get(self.name, [])
-        merged = list(user)
-        for provider in defaults:
-            if provider in merged:
-                continue
-            if provider not in self.impls:
-                logger.warning("platform default priority for op %s names provider %r, which is not "
-                               "registered; skipping it", self.name, provider)
-                continue
-            merged.append(provider)
-        if "native" not in merged:
-            merged.append("native")
-        return merged
+            raise PriorityError(f"the priority source {type(source).__name__} names providers {unknown} for "
+                                f"op '{self.name}', which are not registered: {sorted(self.impls)}")
+        if "native" not in order:
+            order.append("native")
+        return order
 
     @contextlib.contextmanager
     def set_priority(self, priority: Sequence[str]) -> Iterator[None]:
@@ -241,7 +270,7 @@ class IrOp:
         priority = list(priority)
         unknown = [p for p in priority if p not in self.impls]
         if unknown:
-            raise _config.ConfigError(f"set_priority for op '{self.name}' names unknown providers "
+            raise PriorityError(f"set_priority for op '{self.name}' names unknown providers "
                                       f"{unknown}; registered: {sorted(self.impls)}")
         if "native" not in priority:
             priority.append("native")
@@ -273,12 +302,13 @@ class IrOp:
         return self.selector.select(self.complete_args(args, kwargs))
 
     def _functional_call(self, *args):
-        """The kernel registered with the torch dispatcher (and the eager call's body)."""
+        """The kernel registered with the torch dispatcher for the functional overload."""
         if len(args) != self._nargs:
             args = self.complete_args(args)
         return self._run_functional(self.selector.select(args), args)
 
     def _run_functional(self, impl: IrOpImpl, args: tuple):
+        """Run `impl` without touching the inputs: an in-place impl gets clones of the activations."""
         if impl.inplace:
             args = list(args)
             for i in self.activation_indices:
@@ -289,18 +319,21 @@ class IrOp:
         return self._fake_fn(*self.complete_args(args))
 
     def __call__(self, *args, **kwargs):
-        """Functional call: inputs are never modified and outputs never alias them.
-
-        A plain eager call runs the selected implementation directly (the torch dispatcher adds
-        nothing there); tracing, modes and keyword arguments go through the registered torch op.
-        """
-        if kwargs or torch.compiler.is_dynamo_compiling():   # first: Dynamo folds it
+        """Functional call: inputs are never modified and outputs never alias them. Through the
+        torch op or straight to the implementation as the module docstring says, whatever the
+        call style."""
+        if torch.compiler.is_dynamo_compiling() or _torch_wrap:     # Dynamo: first, so it reads no global
             return self.torch_op(*args, **kwargs)
-        impl = self._eager(*args)       # fills defaults; impls share the native defaults
+        if kwargs or len(args) != self._nargs:
+            args = self.complete_args(args, kwargs)
+        first = args[0]
+        if type(first) is not Tensor or _dispatch_stack_len() or _function_mode_enabled():
+            return self.torch_op(*args)        # a mode or a tensor subclass must see the torch op
+        impl = self.selector.select(args, True)
         if impl is None:
-            return self.torch_op(*args)
+            return self.torch_op(*args)        # a meta tensor: the torch op's fake runs
         if impl.inplace:
-            return self._run_functional(impl, self.complete_args(args))
+            return self._run_functional(impl, args)
         return impl.impl_fn(*args)
 
     def __repr__(self) -> str:
@@ -324,19 +357,25 @@ class IrOpInplaceOverload:
         _lib.impl(self.name, self._inplace_call, "CompositeExplicitAutograd")
         torch.library.register_fake(f"{LIB_NAMESPACE}::{self.name}", op._fake_call, lib=_lib)
         self.torch_op = getattr(getattr(torch.ops, LIB_NAMESPACE), op.name).maybe_inplace
-        self._eager = op.selector.eager
 
     def _inplace_call(self, *args):
+        """The kernel registered with the torch dispatcher for the `maybe_inplace` overload."""
         op = self.op
         if len(args) != op._nargs:
             args = op.complete_args(args)
         return op.selector.select(args).impl_fn(*args)
 
     def __call__(self, *args, **kwargs):
-        """Like `IrOp.__call__`, letting an in-place implementation write into the activations."""
-        if kwargs or torch.compiler.is_dynamo_compiling():
+        """Like `IrOp.__call__` (the same path), letting an in-place implementation write into the activations."""
+        if torch.compiler.is_dynamo_compiling() or _torch_wrap:
             return self.torch_op(*args, **kwargs)
-        impl = self._eager(*args)
+        op = self.op
+        if kwargs or len(args) != op._nargs:
+            args = op.complete_args(args, kwargs)
+        first = args[0]
+        if type(first) is not Tensor or _dispatch_stack_len() or _function_mode_enabled():
+            return self.torch_op(*args)
+        impl = op.selector.select(args, True)
         if impl is None:
             return self.torch_op(*args)
         return impl.impl_fn(*args)

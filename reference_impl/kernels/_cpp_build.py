@@ -163,6 +163,28 @@ def load() -> None:
         _loaded = True
 
 
+def load_if_built() -> bool:
+    """Load the library if a previous process built it for these sources, flags and torch (never
+    build); whether it is loaded now. For compiled code that inductor serves from its cache: it
+    calls `torch.ops.reference_cpu` directly, before any kernel call would have loaded it."""
+    global _loaded
+    if _loaded:
+        return True
+    if toolchain_problem() is not None:
+        return False
+    with _lock:
+        if not _loaded:
+            name = build_name()
+            library = build_directory(name) / f"{name}.so"
+            if not library.is_file():
+                return False
+            torch.ops.load_library(str(library))
+            register_fakes(LIBRARY)
+            _loaded = True
+            logger.info("reference C++ CPU kernels loaded from %s", library)
+    return True
+
+
 def ops():
     """`torch.ops.reference_cpu`, building and loading it on first use."""
     if not _loaded:

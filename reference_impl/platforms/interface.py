@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from reference_impl.config import RuntimeConfig
 
 
 class PlatformEnum(enum.Enum):
@@ -65,8 +61,10 @@ class Platform:
         return {}
 
     @classmethod
-    def check_and_update_config(cls, config: RuntimeConfig) -> None:
-        """Adjust the runtime config for this platform (nothing by default)."""
+    def check_and_update_config(cls, config) -> None:
+        """Adjust the runtime config (a `reference_impl.config.RuntimeConfig`, about to be installed
+        by `set_current_config`) for this platform; nothing by default. Not annotated: the config
+        module consults the platform, so the platform does not import the config module back."""
 
     def __repr__(self) -> str:
         return f"{type(self).__module__}.{type(self).__qualname__}(device_name={self.device_name!r})"
