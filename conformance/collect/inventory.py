@@ -23,7 +23,7 @@ class PlatformSetupError(RuntimeError):
 
 
 # Platforms of other runtimes, translated into ours by a bridge: --platform name -> factory (module:function)
-BRIDGES = {"vllm": "conformance.vllm:make_platform"}
+BRIDGES = {"vllm": "conformance.vllm.platform:make_platform"}
 
 
 def bridge_factory(name: str):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from conformance.vllm import NAME
 from reference_impl.platforms import Platform, PlatformEnum
 # our dtype order, so runs of different platforms compare alike (vLLM lists bfloat16 first on CPU)
 _DTYPE_ORDER = (torch.float32, torch.float16, torch.bfloat16)
@@ -25,7 +24,7 @@ class VllmPlatform(Platform):
     def __init__(self, resolved):
         self.resolved = resolved
         vp = resolved.platform
-        self.device_name = f"{NAME}:{vp.device_name}"
+        self.device_name = f"vllm:{vp.device_name}"
         self.device_type = vp.device_type
         self.dispatch_key = vp.dispatch_key
         theirs = list(vp.supported_dtypes)

@@ -65,16 +65,13 @@ MIN_PACKED_ELEMENTS = 1 << 18   # smaller weights: oneDNN's ~25 us call overhead
 
 
 def pack_cpu_gemms(model: nn.Module, min_elements: int = MIN_PACKED_ELEMENTS) -> int:
-    """Pack the weight of every CPU layer of `model` that computes through `linear` and has at least
-    `min_elements` elements; returns how many were packed."""
-    from reference_impl.layers.linear import LinearBase
-    from reference_impl.layers.vocab_parallel_embedding import ParallelLMHead
-
+    """Pack the weight of every CPU layer of `model` that computes through `linear` (the layers say so
+    with `computes_through_cpu_gemm = True`) and has at least `min_elements` elements; returns how many."""
     if not available():
         return 0
     count = 0
     for module in model.modules():
-        if (isinstance(module, (LinearBase, ParallelLMHead)) and module.weight.device.type == "cpu"
+        if (getattr(module, "computes_through_cpu_gemm", False) and module.weight.device.type == "cpu"
                 and module.weight.numel() >= min_elements):
             module.cpu_gemm = PackedCpuGemm(module.weight)
             count += 1

@@ -43,6 +43,8 @@ class LinearBase(PluggableLayer):
     Quantization is not part of the reference: a `quant_config` raises NotImplementedError.
     """
 
+    computes_through_cpu_gemm = True   # cpu_gemm.pack_cpu_gemms may prepack its weight
+
     def __init__(self, input_size: int, output_size: int, skip_bias_add: bool = False,
                  params_dtype: torch.dtype | None = None, quant_config=None, prefix: str = "", *,
                  return_bias: bool = True, disable_tp: bool = False):

@@ -246,6 +246,8 @@ class ParallelLMHead(VocabParallelEmbedding):
     matmul is the layer's forward so a platform can replace it like any other layer.)
     """
 
+    computes_through_cpu_gemm = True   # cpu_gemm.pack_cpu_gemms may prepack its weight
+
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False,
                  params_dtype: torch.dtype | None = None, org_num_embeddings: int | None = None,
                  padding_size: int = DEFAULT_VOCAB_PADDING_SIZE, quant_config=None, prefix: str = "", *,
