@@ -125,8 +125,8 @@ def _allowed(group: str) -> list[EntryPoint]:
 
 
 def _dist(ep: EntryPoint) -> str:
-    dist = getattr(ep, "dist", None)
-    return f"{dist.metadata['Name'] or dist.name} {dist.version}" if dist is not None else "unknown distribution"
+    dist = _entry_point_distribution(ep)
+    return f"{dist['distribution']} {dist['version']}" if dist else "unknown distribution"
 
 
 def _load(ep: EntryPoint, group: str):
