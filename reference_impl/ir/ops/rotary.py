@@ -8,6 +8,8 @@ second. Each head's first `rotary_dim` features are rotated, neox style (halves)
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -72,12 +74,41 @@ def cos_sin_rows(positions: Tensor, rotary_dim: int, base: float) -> Tensor:
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
 
 
+# Fakes: what the native function returns, a new contiguous tensor of each input's shape and dtype
+# (`cat(...).reshape(shape)`), without its two dozen view and arithmetic ops, which on the fake
+# tensors of compilation (symbolic batch) cost a third of compiling a decoder. tests/test_ir_fakes.py
+# holds them to the native outputs' shape, dtype and strides on every case.
+def _rope_fake_output(x: Tensor) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@rotary_embedding.register_fake
+def _rotary_embedding_fake(positions: Tensor, x_query: Tensor, x_key: Tensor, head_size: int,
+                           cos_sin_cache: Tensor, is_neox_style: bool) -> tuple[Tensor, Tensor]:
+    return _rope_fake_output(x_query), _rope_fake_output(x_key)
+
+
+@rotary_embedding_query.register_fake
+def _rotary_embedding_query_fake(positions: Tensor, x_query: Tensor, head_size: int, cos_sin_cache: Tensor,
+                                 is_neox_style: bool) -> Tensor:
+    return _rope_fake_output(x_query)
+
+
 def compute_cos_sin_cache(head_size: int, rotary_dim: int, max_position: int, base: float,
                           dtype: torch.dtype = torch.float32) -> Tensor:
     """`[max_position, rotary_dim]` cache of `cos_sin_rows(arange(max_position))`, built in float32 (like
-    vLLM 0.32; at large positions it differs from a float64 build, 7.7e-3 at 131072) and cast to `dtype`."""
+    vLLM 0.32; at large positions it differs from a float64 build, 7.7e-3 at 131072) and cast to `dtype`.
+
+    A new tensor on every call (callers may write into it); the float32 table behind it is computed
+    once per (rotary_dim, max_position, base), since every rotary case and layer asks for one."""
     del head_size
-    return cos_sin_rows(torch.arange(max_position, dtype=torch.float32), rotary_dim, base).to(dtype)
+    return _cos_sin_table(rotary_dim, max_position, float(base)).to(dtype, copy=True)
+
+
+@functools.lru_cache(maxsize=32)
+def _cos_sin_table(rotary_dim: int, max_position: int, base: float) -> Tensor:
+    """The float32 cos/sin table; never handed out itself (compute_cos_sin_cache copies it)."""
+    return cos_sin_rows(torch.arange(max_position, dtype=torch.float32), rotary_dim, base)
 
 
 # ----- input cases ------------------------------------------------------------------------------
