@@ -15,6 +15,7 @@ import torch
 
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
+from reference_impl.ir import real_models
 from reference_impl.ir.cases import randn, row_strided
 from reference_impl.ir.ops.rotary import ROPE_TOLERANCES, compute_cos_sin_cache, cos_sin_rows
 from reference_impl.layers.cases import LayerCase, declare_cases
@@ -186,9 +187,10 @@ _MAX_POSITION = 4096
 
 
 def _rope_case(name, tokens, q_heads, kv_heads, head_size, rotary_dim, neox, *, key=True, layout=None,
-               level="quick", max_position=_MAX_POSITION, min_position=0):
+               level="quick", max_position=_MAX_POSITION, min_position=0, scale=1.0):
     """Positions drawn from [min_position, max_position): near a large max_position the cache's float32
-    angles (vLLM 0.32's build) are far from float64 ones, which a cache built otherwise shows."""
+    angles (vLLM 0.32's build) are far from float64 ones, which a cache built otherwise shows. `scale`: the
+    inputs' magnitude."""
     def make_kwargs(dtype):
         return {"head_size": head_size, "rotary_dim": rotary_dim, "max_position_embeddings": max_position,
                 "base": 10000.0, "is_neox_style": neox, "dtype": dtype}
@@ -196,11 +198,11 @@ def _rope_case(name, tokens, q_heads, kv_heads, head_size, rotary_dim, neox, *, 
     def make_inputs(dtype, device, gen):
         positions = torch.randint(min_position, max_position, (tokens,), generator=gen).to(device)
         if layout == "3d":
-            q = randn((tokens, q_heads, head_size), dtype, device, gen)
-            k = randn((tokens, kv_heads, head_size), dtype, device, gen)
+            q = randn((tokens, q_heads, head_size), dtype, device, gen, scale)
+            k = randn((tokens, kv_heads, head_size), dtype, device, gen, scale)
         else:
-            q = randn((tokens, q_heads * head_size), dtype, device, gen)
-            k = randn((tokens, kv_heads * head_size), dtype, device, gen)
+            q = randn((tokens, q_heads * head_size), dtype, device, gen, scale)
+            k = randn((tokens, kv_heads * head_size), dtype, device, gen, scale)
             if layout == "row_strided":
                 q, k = row_strided(q, head_size), row_strided(k, 3)
         return (positions, q, k) if key else (positions, q)
@@ -222,6 +224,12 @@ declare_cases(RotaryEmbedding, tolerances=ROPE_TOLERANCES, cases=[
     _rope_case("tokens=5,heads=2/1,head=64,rot=40,neox", 5, 2, 1, 64, 40, True),
     _rope_case("tokens=8,heads=2/1,head=64,rot=32,max_position=131072,large_positions,neox", 8, 2, 1, 64, 32, True,
                max_position=131072, min_position=100000, level="standard"),
+    # inputs near 300: native rounds every product in 16-bit dtypes, a kernel rounding once is closer to float64
+    _rope_case("tokens=3,heads=2/1,head=64,large,neox", 3, 2, 1, 64, 64, True, level="standard", scale=300.0),
+    # partial rotary of real models (reference_impl.ir.real_models), rotary_dim / 2 = 8, 10, 12, 16 and 32
+    *(_rope_case(f"tokens=5,heads=2/1,head={m.head_dim},rot={m.rotary_dim},{'neox' if m.is_neox_style else 'gptj'},"
+                 f"model={m.short_name}", 5, 2, 1, m.head_dim, m.rotary_dim, m.is_neox_style, level="standard")
+      for m in map(real_models.by_name, ("pythia-410m", "pythia-2.8b", "gpt-neox-20b", "phi-2", "gpt-j-6b"))),
 ])
 
 
