@@ -20,6 +20,7 @@ import torch
 
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
+from reference_impl.ir import real_models
 from reference_impl.ir.cases import randn, row_strided
 from reference_impl.ir.ops.rotary import ROPE_TOLERANCES, compute_cos_sin_cache, cos_sin_rows
 from reference_impl.layers.cases import LayerCase, declare_cases
@@ -378,6 +379,10 @@ declare_cases(RotaryEmbedding, tolerances=ROPE_TOLERANCES, cases=[
     _rope_case("tokens=5,heads=2/1,head=64,rot=40,neox", 5, 2, 1, 64, 40, True),
     _rope_case("tokens=8,heads=2/1,head=64,rot=32,max_position=131072,large_positions,neox", 8, 2, 1, 64, 32, True,
                max_position=131072, min_position=100000, level="standard"),
+    # partial rotary of real models (reference_impl.ir.real_models), rotary_dim / 2 = 8, 10, 12, 16 and 32
+    *(_rope_case(f"tokens=5,heads=2/1,head={m.head_dim},rot={m.rotary_dim},{'neox' if m.is_neox_style else 'gptj'},"
+                 f"model={m.short_name}", 5, 2, 1, m.head_dim, m.rotary_dim, m.is_neox_style, level="standard")
+      for m in map(real_models.by_name, ("pythia-410m", "pythia-2.8b", "gpt-neox-20b", "phi-2", "gpt-j-6b"))),
 ])
 
 
