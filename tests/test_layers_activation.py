@@ -159,7 +159,7 @@ def test_xielu_rejects_initial_values_outside_softplus_range(kwargs, match):
 DISPATCH = [
     (SiluAndMul, {}, "silu_and_mul", 8), (MulAndSilu, {}, "mul_and_silu", 8),
     (GeluAndMul, {"approximate": "tanh"}, "gelu_and_mul", 8), (GeluAndMulSparse, {"activation_sparsity": 0.5},
-                                                               "gelu_and_mul", 8),
+                                                               "gelu_and_mul_sparse", 8),
     (NewGELU, {}, "gelu_new", 5), (FastGELU, {}, "gelu_fast", 5), (QuickGELU, {}, "quick_gelu", 5),
     (ReLUSquaredActivation, {}, "relu2", 5), (SwigluOAIAndMul, {"alpha": 1.5, "limit": 3.0}, "swigluoai_and_mul", 8),
     (FatreluAndMul, {"threshold": 0.25}, "fatrelu_and_mul", 8),
@@ -175,6 +175,8 @@ def test_layer_goes_through_ir_dispatch(cls, kwargs, op_name, width):
         out = layer(x)
     assert len(calls) == 1, f"{cls.__name__} did not call IR {op_name} through dispatch"
     # Constructor arguments reach the op (the scalars after the activation tensor).
-    if cls is not GeluAndMulSparse:
+    if cls is GeluAndMulSparse:   # vLLM 0.32's IR op takes the std multiplier icdf(sparsity), not the sparsity
+        assert list(calls[0][1:]) == [layer.std_multiplier, layer.approximate], calls[0][1:]
+    else:
         assert list(calls[0][1:]) == list(kwargs.values()), calls[0][1:]
     torch.testing.assert_close(out, expected)

@@ -15,11 +15,12 @@ import torch
 
 from reference_impl.custom_op import CustomOp, PluggableLayer
 from reference_impl.layers.cases import LayerCase, LayerCaseError, conformance_of, declare_cases
-from reference_impl.layers import (activation, attention, conv, fused_moe, layernorm, mamba, quantization,
-                                   rotary_embedding)
+from reference_impl.layers import (activation, attention, clamped_glu, conv, fused_moe, fused_norm_gate, layernorm,
+                                   mamba, minimax_rms_norm, mm_input_norm, nemotron, quantization, rotary_embedding)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-MODULES = (activation, layernorm, mamba, rotary_embedding, quantization, conv, attention, fused_moe)
+MODULES = (activation, clamped_glu, layernorm, fused_norm_gate, nemotron, minimax_rms_norm, mm_input_norm, mamba,
+           rotary_embedding, quantization, conv, attention, fused_moe)
 # Native in half precision against float64: allowed error in units of the layer's tolerance.
 GOLDEN_SLACK = 4.0
 

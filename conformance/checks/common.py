@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import re
 import traceback
@@ -189,17 +190,32 @@ def clone_args(args: Sequence[Any]) -> tuple:
     return tuple(clone_layout(a) if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def to_golden(args: Sequence[Any]) -> tuple:
-    """Floating-point tensors (not fp8) promoted to float64; everything else copied as is."""
+def _widens(t: torch.Tensor, run_dtype: torch.dtype | None) -> bool:
+    """Whether the float64 run widens `t`: floating (not fp8) and, when the run's dtype is given, of that
+    dtype. A tensor a case pins to another dtype keeps it (a weight of another dtype than x, say): its
+    dtype is part of the semantics (vLLM's rms_norm casts the normalized value to the weight's dtype),
+    not a precision the float64 run should improve on."""
+    return t.is_floating_point() and t.element_size() > 1 and (run_dtype is None or t.dtype == run_dtype)
+
+
+def to_golden(args: Sequence[Any], run_dtype: torch.dtype | None = None) -> tuple:
+    """Floating-point tensors (not fp8; of `run_dtype` when given) promoted to float64; everything else copied."""
     out = []
     for a in args:
-        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.element_size() > 1:
+        if isinstance(a, torch.Tensor) and _widens(a, run_dtype):
             out.append(a.detach().to(torch.float64))
         elif isinstance(a, torch.Tensor):
             out.append(a.clone())
         else:
             out.append(a)
     return tuple(out)
+
+
+def golden_layer(layer: torch.nn.Module, run_dtype: torch.dtype) -> torch.nn.Module:
+    """A float64 copy of `layer` for the golden run: parameters and buffers of the run's dtype widened,
+    those a case pinned to another dtype kept (see `to_golden`)."""
+    copy_ = copy.deepcopy(layer)
+    return copy_._apply(lambda t: t.to(torch.float64) if _widens(t, run_dtype) else t)
 
 
 def storage_bytes(t: torch.Tensor) -> torch.Tensor:

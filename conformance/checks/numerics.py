@@ -6,7 +6,6 @@ Three bodies: declared IR op cases, hypothesis property draws (seeded), and Cust
 
 from __future__ import annotations
 
-import copy
 
 import torch
 
@@ -23,6 +22,7 @@ from conformance.checks.common import (
     compare_outputs,
     decline_advice,
     describe_args,
+    golden_layer,
     native_only,
     not_supported,
     raised_on_accepted_arguments,
@@ -233,9 +233,9 @@ def _layer_case(ctx: CheckContext, unit: Unit) -> Verdict:
     with native_only():
         expected = ref.forward_native(*clone_args(inputs))
     try:
-        ref64 = copy.deepcopy(ref).to(torch.float64)
+        ref64 = golden_layer(ref, dtype)
         with native_only():
-            golden = ref64.forward_native(*to_golden(inputs))
+            golden = ref64.forward_native(*to_golden(inputs, dtype))
     except Exception:  # noqa: BLE001 - graded against native only
         golden = None
     forward = enabled_forward(rep)

@@ -24,7 +24,7 @@ def judge(op, args: tuple, out: Any, dtype: torch.dtype, *, compare_nan: bool = 
     """`out` (what an implementation returned for `args`) against `op`'s native result, within its tolerance."""
     ref = op.native_fn(*clone_args(args))
     try:
-        golden = op.native_fn(*to_golden(args))
+        golden = op.native_fn(*to_golden(args, dtype))
     except Exception:  # noqa: BLE001 - an op without a float64 path is graded against native only
         golden = None
     atol, rtol = op.get_tolerance(dtype)

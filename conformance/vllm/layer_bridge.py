@@ -61,6 +61,15 @@ SPECS = (
               convert=_vllm_group_shape),
     LayerSpec("conv2d", "vllm.model_executor.layers.conv", "Conv2dLayer"),
     LayerSpec("conv3d", "vllm.model_executor.layers.conv", "Conv3dLayer"),
+    # the elementwise and norm layers the catalog gained for vLLM 0.32 parity
+    *(LayerSpec(name, _ACT, cls) for name, cls in (
+        ("gelu", "GELU"), ("gelu_tanh", "GELUTanh"), ("silu_and_mul_with_clamp", "SiluAndMulWithClamp"),
+        ("situ_and_mul", "SituAndMul"), ("swiglustep_and_mul", "SwigluStepAndMul"))),
+    LayerSpec("layer_norm", "vllm.model_executor.layers.layernorm", "LayerNorm"),
+    LayerSpec("nemotron_layer_norm", "vllm.model_executor.models.nemotron", "NemotronLayerNorm1P"),
+    LayerSpec("fused_rms_norm_gated", "vllm.third_party.flash_linear_attention.ops.fused_norm_gate",
+              "FusedRMSNormGated"),
+    LayerSpec("fused_mm_input_norm", "vllm.model_executor.layers.fusion.mm_input_norm", "FusedMMInputNorm"),
 )
 
 

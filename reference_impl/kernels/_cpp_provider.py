@@ -1,7 +1,8 @@
 """Registration of a compiled kernel library (C++ CPU or CUDA) as one IR provider.
 
 Both libraries expose the same op schemas (csrc/common/schemas.inc) under their own namespace;
-`register_kernel_provider` registers an implementation of every op that calls the library, with
+`register_kernel_provider` registers an implementation of every op that calls the library (for
+gelu_and_mul_sparse: the gate's sparsification in torch, then the gelu_and_mul kernel), with
 `supports_args` deciding from static properties only (dtypes, devices, last-dim contiguity,
 argument values, sizes of non-batch dims), with comparisons that also work on the symbolic sizes
 of compile lowering (a SymBool answer is guarded on there; see docs/ir-dispatch.md). What the kernels do not handle is declined so those
@@ -24,7 +25,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INT_TYPES = (int, torch.SymInt)
 MAX_DIMS = 9  # at most 8 leading (row) dims after merging; see csrc/*/kernels.h
 
-OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "mul_and_silu", "gelu_and_mul",
+OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_and_mul_sparse",
        "fatrelu_and_mul", "swigluoai_and_mul", "gelu_new", "gelu_fast", "quick_gelu", "relu2",
        "rotary_embedding", "rotary_embedding_query", "static_quant_fp8", "dynamic_quant_fp8",
        "dynamic_group_quant_fp8")
@@ -81,6 +82,9 @@ class ArgChecks:
 
     def gelu_and_mul(self, x, approximate="none") -> bool:
         return self.even_last(x) and approximate in ("none", "tanh")
+
+    def gelu_and_mul_sparse(self, x, std_multiplier, approximate="none") -> bool:
+        return self.gelu_and_mul(x, approximate)
 
     def unary(self, x) -> bool:
         return self.rows_ok(x)
@@ -164,6 +168,16 @@ def register_kernel_provider(provider: str, *, supported: bool, library: Callabl
     @reg("fatrelu_and_mul", checks.gated)
     def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
         return library().fatrelu_and_mul(x, threshold)
+
+    @reg("gelu_and_mul_sparse", checks.gelu_and_mul_sparse)
+    def gelu_and_mul_sparse(x: Tensor, std_multiplier: float, approximate: str = "none") -> Tensor:
+        # The gate's sparsification (two row reductions) in torch, then the gelu_and_mul kernel.
+        d = x.shape[-1] // 2
+        gate = x[..., :d]
+        mean = torch.mean(gate, dim=-1, keepdim=True)
+        std = torch.std(gate, dim=-1, keepdim=True, unbiased=False)
+        sparse = torch.relu(gate - (mean + std * std_multiplier))
+        return library().gelu_and_mul(torch.cat((sparse, x[..., d:]), dim=-1), approximate)
 
     @reg("swigluoai_and_mul", checks.gated)
     def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:

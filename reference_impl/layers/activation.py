@@ -1,4 +1,5 @@
-"""Activation layers (docs/catalog.md): gated activations, the GELU family, relu^2 and xIELU.
+"""Activation layers (docs/catalog.md): gated activations, the GELU family, relu^2 and xIELU (the
+clamped GLUs of vLLM 0.32 are in `clamped_glu`).
 
 Each layer whose formula is an IR op calls it (`ir.ops.<name>`), so kernels are picked by IR
 dispatch; the layer adds construction-time validation and vLLM's constructor arguments.
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn
-from reference_impl.ir.ops.activation import ACT_TOLERANCES, GELU_TOLERANCES, make_activation
+from reference_impl.ir.ops.activation import ACT_TOLERANCES, GELU_TOLERANCES, SPARSE_GELU_TOLERANCES, make_activation
 from reference_impl.layers.cases import LayerCase, declare_cases, randomize_parameters
 
 GELU_APPROXIMATIONS = ("none", "tanh")
@@ -65,6 +66,7 @@ class GeluAndMulSparse(CustomOp):
     Over the gate's last dim: `target = mean + std * Normal(0, 1).icdf(activation_sparsity)`
     (std with unbiased=False), `gate = relu(gate - target)`; about `activation_sparsity` of the
     gate features become zero. Tensor parallelism: statistics are per shard, as in vLLM (tp=1 here).
+    As in vLLM 0.32 it is IR `gelu_and_mul_sparse(x, std_multiplier, approximate)`.
     """
 
     def __init__(self, activation_sparsity: float, approximate: str = "none", *, enforce_enable: bool = False):
@@ -78,18 +80,29 @@ class GeluAndMulSparse(CustomOp):
         normal = torch.distributions.Normal(0.0, 1.0)
         self.std_multiplier = float(normal.icdf(torch.tensor(self.activation_sparsity, dtype=torch.float32)))
 
-    def _gaussian_topk(self, gate: torch.Tensor) -> torch.Tensor:
-        mean = gate.mean(dim=-1, keepdim=True)
-        std = gate.std(dim=-1, keepdim=True, unbiased=False)
-        return F.relu(gate - (mean + std * self.std_multiplier))
-
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
-        d = x.shape[-1] // 2
-        gate = self._gaussian_topk(x[..., :d])
-        return ir.ops.gelu_and_mul(torch.cat((gate, x[..., d:]), dim=-1), self.approximate)
+        return ir.ops.gelu_and_mul_sparse(x, self.std_multiplier, self.approximate)
 
     def extra_repr(self) -> str:
         return f"activation_sparsity={self.activation_sparsity}, approximate={self.approximate!r}"
+
+
+@CustomOp.register("gelu")
+class GELU(CustomOp):
+    """Exact GELU, `F.gelu(x, approximate="none")` (vLLM 0.32's native form; no IR op)."""
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x, approximate="none")
+
+
+@CustomOp.register("gelu_tanh")
+class GELUTanh(CustomOp):
+    """Tanh-approximated GELU, `F.gelu(x, approximate="tanh")`: the formula of gelu_new, evaluated as
+    PyTorch's gelu does (float32 inside for half inputs), which is why it does not use IR `gelu_new`
+    (that rounds every step in the input dtype, as vLLM's NewGELU does)."""
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x, approximate="tanh")
 
 
 @CustomOp.register("gelu_new")
@@ -224,13 +237,12 @@ declare_cases(MulAndSilu, tolerances=ACT_TOLERANCES,
 declare_cases(GeluAndMul, tolerances=GELU_TOLERANCES,
               cases=(_cases(_GATED_SHAPES, {"approximate": "none"}, ",approximate=none")
                      + _cases(_GATED_SHAPES[:4], {"approximate": "tanh"}, ",approximate=tanh")))
-# The threshold moves with the sparsified mean/std, so rounding of those statistics in half
-# precision moves outputs by a little more than the plain activations' tolerance.
-declare_cases(GeluAndMulSparse, tolerances={torch.float32: (1e-5, 1e-5), torch.float16: (5e-3, 5e-3),
-                                            torch.bfloat16: (4e-2, 4e-2)},
+declare_cases(GeluAndMulSparse, tolerances=SPARSE_GELU_TOLERANCES,
               cases=(
     _cases(_GATED_SHAPES, {"activation_sparsity": 0.95}, ",sparsity=0.95")
     + _cases(_GATED_SHAPES[1:4], {"activation_sparsity": 0.5, "approximate": "tanh"}, ",sparsity=0.5,tanh")))
+declare_cases(GELU, tolerances=GELU_TOLERANCES, cases=_cases(_UNARY_SHAPES))
+declare_cases(GELUTanh, tolerances=GELU_TOLERANCES, cases=_cases(_UNARY_SHAPES))
 declare_cases(NewGELU, tolerances=GELU_TOLERANCES,
               cases=_cases(_UNARY_SHAPES))
 declare_cases(FastGELU, tolerances=GELU_TOLERANCES,

@@ -1,9 +1,10 @@
-"""Normalization layers."""
+"""Normalization layers: RMSNorm, the gated and Gemma RMS norms, and LayerNorm (docs/catalog.md)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
@@ -216,4 +217,60 @@ declare_cases(GemmaRMSNorm, tolerances=NORM_TOLERANCES, cases=[
     _gemma_case("tokens=4,hidden=256,strided,residual", 4, 256, layout="strided", residual=True),
     _gemma_case("tokens=1,hidden=1,residual", 1, 1, residual=True),
     _gemma_case("tokens=16,hidden=4096,residual", 16, 4096, residual=True, level="standard"),
+])
+
+
+# ----- mean-centred LayerNorm -----------------------------------------------------------------------
+@CustomOp.register("layer_norm")
+class LayerNorm(CustomOp):
+    """Standard (mean-centred) LayerNorm, vLLM 0.32's `layer_norm`: `F.layer_norm(x, (hidden,), weight,
+    bias, eps)` computed in the promotion of x's and the weight's dtypes and cast back to x's dtype (a
+    float32 weight gives a float32 reduction for a half input). Weight and bias take `dtype` (default:
+    torch's default dtype); no weight with `elementwise_affine=False`, no bias with `bias=False`."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 dtype: torch.dtype | None = None, *, enforce_enable: bool = False):
+        super().__init__(enforce_enable=enforce_enable)
+        self.normalized_shape = (hidden_size,)
+        self.eps = eps
+        weight_dtype = dtype or torch.get_default_dtype()
+        self.weight: nn.Parameter | None = None
+        self.bias: nn.Parameter | None = None
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(hidden_size, dtype=weight_dtype), requires_grad=False)
+            if bias:
+                self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=weight_dtype), requires_grad=False)
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.normalized_shape[0]:
+            raise ValueError(f"LayerNorm expected last dim {self.normalized_shape[0]}, got shape {tuple(x.shape)}")
+        compute = x.dtype if self.weight is None else torch.promote_types(x.dtype, self.weight.dtype)
+        if compute != x.dtype:
+            return F.layer_norm(x.to(compute), self.normalized_shape, self.weight, self.bias, self.eps).type_as(x)
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.normalized_shape[0]}, eps={self.eps}"
+
+
+def _layer_norm_case(name, tokens, hidden, *, level="quick", layout=None, weight_dtype=None, **kwargs):
+    def make_inputs(dtype, device, gen):
+        x = randn((tokens, hidden), dtype, device, gen, scale=2.0, offset=0.5)
+        return (strided(x) if layout == "strided" else x,)
+
+    def make_kwargs(dtype):
+        return {"hidden_size": hidden, "dtype": pinned_dtype(weight_dtype, dtype) if weight_dtype else dtype, **kwargs}
+
+    return LayerCase(name, make_kwargs, make_inputs, init_params=randomize_parameters, level=level,
+                     dtypes=tuple(weight_dtype) if weight_dtype else None)
+
+
+declare_cases(LayerNorm, tolerances=NORM_TOLERANCES, cases=[
+    _layer_norm_case("tokens=7,hidden=769", 7, 769),
+    _layer_norm_case("tokens=4,hidden=256,strided", 4, 256, layout="strided"),
+    _layer_norm_case("tokens=5,hidden=128,no_bias", 5, 128, bias=False),
+    _layer_norm_case("tokens=5,hidden=128,no_affine", 5, 128, elementwise_affine=False),
+    _layer_norm_case("tokens=6,hidden=384,weight=float32", 6, 384, weight_dtype=WEIGHT_FLOAT32),
+    _layer_norm_case("tokens=1,hidden=64", 1, 64),
+    _layer_norm_case("tokens=16,hidden=4096", 16, 4096, level="standard"),
 ])

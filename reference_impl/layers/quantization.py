@@ -167,6 +167,25 @@ class QuantFP8(CustomOp):
         return f"static={self.static}, group_shape={tuple(self.group_shape)}"
 
 
+@CustomOp.register("mla_decode_concat_quant_fp8")
+class _DecodeConcatQuantFP8(QuantFP8):
+    """MLA decode's query quantization (vLLM 0.32's `mla_decode_concat_quant_fp8`, a QuantFP8 with the
+    class name vLLM gives it, so register_oot("_DecodeConcatQuantFP8") replaces it):
+    `forward(decode_ql_nope [B, ..., n], decode_q_pe [B, ..., r], scale, scale_ub=None) -> fp8 [B, ..., n + r]`
+    concatenates the two on the last dim, quantizes the `[B, -1]` rows as QuantFP8 (usually static
+    per-tensor) and returns the codes in the concatenated shape (the scale is not returned)."""
+
+    def forward_native(self, decode_ql_nope: torch.Tensor, decode_q_pe: torch.Tensor, scale: torch.Tensor,
+                       scale_ub: torch.Tensor | None = None) -> torch.Tensor:
+        if decode_q_pe.shape[-1] == 0 and decode_ql_nope.is_contiguous():
+            decode_q0 = decode_ql_nope
+        else:
+            decode_q0 = torch.cat((decode_ql_nope, decode_q_pe), dim=-1)
+        flat = decode_q0.reshape(decode_q0.shape[0], -1)
+        decode_q, _ = QuantFP8.forward_native(self, flat, scale, scale_ub)
+        return decode_q.view(decode_q0.shape)
+
+
 # ----- conformance cases --------------------------------------------------------------------------
 def _scales_for(x: torch.Tensor, group_shape: GroupShape) -> torch.Tensor:
     """Static scales that fit x (absmax / 448 per tensor, token or group)."""
@@ -228,4 +247,23 @@ declare_cases(QuantFP8, tolerances=QUANT_TOLERANCES, cases=[
                 static=False, column_major_scales=True),
     _quant_case("dynamic,per_token,padding=8,tokens=3,hidden=128", (3, 128), _K, static=False, num_token_padding=8),
     _quant_case("dynamic,per_group=128,tokens=64,hidden=7168", (64, 7168), _G, static=False, level="standard"),
+])
+
+
+def _concat_case(name, batch, heads, nope, rope, *, level="quick"):
+    def make_inputs(dtype, device, gen):
+        ql_nope = randn((batch, heads, nope), dtype, device, gen, scale=3.0)
+        q_pe = randn((batch, heads, rope), dtype, device, gen, scale=3.0)
+        absmax = torch.cat((ql_nope, q_pe), dim=-1).float().abs().amax().reshape(1)
+        return (ql_nope, q_pe, (absmax / FP8_MAX).clamp(min=FP8_MIN_SCALE))
+
+    return LayerCase(name, lambda dtype: {"static": True, "group_shape": GroupShape.PER_TENSOR}, make_inputs,
+                     level=level)
+
+
+declare_cases(_DecodeConcatQuantFP8, tolerances=QUANT_TOLERANCES, cases=[
+    _concat_case("batch=4,heads=16,nope=512,rope=64", 4, 16, 512, 64),
+    _concat_case("batch=1,heads=2,nope=32,rope=0", 1, 2, 32, 0),
+    _concat_case("batch=3,heads=1,nope=64,rope=16", 3, 1, 64, 16),
+    _concat_case("batch=32,heads=128,nope=512,rope=64", 32, 128, 512, 64, level="standard"),
 ])

@@ -4,6 +4,7 @@ from reference_impl.ir.op import IrOp
 from reference_impl.ir.ops.activation import (
     fatrelu_and_mul,
     gelu_and_mul,
+    gelu_and_mul_sparse,
     gelu_fast,
     gelu_new,
     mul_and_silu,
@@ -31,7 +32,7 @@ def __dir__():
 
 __all__ = [
     "rms_norm", "fused_add_rms_norm",
-    "silu_and_mul", "mul_and_silu", "gelu_and_mul", "fatrelu_and_mul", "swigluoai_and_mul",
+    "silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_and_mul_sparse", "fatrelu_and_mul", "swigluoai_and_mul",
     "gelu_new", "gelu_fast", "quick_gelu", "relu2",
     "rotary_embedding", "rotary_embedding_query",
     "static_quant_fp8", "dynamic_quant_fp8", "dynamic_group_quant_fp8",

@@ -59,6 +59,24 @@ def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
     return F.threshold(gate, threshold, 0.0) * up
 
 
+# The threshold moves with the sparsified mean/std, so rounding of those statistics in half precision
+# moves outputs by a little more than the plain activations' tolerance.
+SPARSE_GELU_TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.float16: (5e-3, 5e-3), torch.bfloat16: (4e-2, 4e-2)}
+
+
+@register_op(tolerances=SPARSE_GELU_TOLERANCES)
+def gelu_and_mul_sparse(x: Tensor, std_multiplier: float, approximate: str = "none") -> Tensor:
+    """Gemma3n's sparse GeGLU (vLLM 0.32's IR op): over the gate `x[..., :d]`, `target = mean + std *
+    std_multiplier` (std with unbiased=False, statistics in the input dtype and per tensor-parallel
+    shard), `gate = relu(gate - target)`, then `gelu(gate, approximate) * x[..., d:]`."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu_and_mul_sparse: approximate must be 'none' or 'tanh', got {approximate!r}")
+    gate, up = _halves(x)
+    mean = torch.mean(gate, dim=-1, keepdim=True)
+    std = torch.std(gate, dim=-1, keepdim=True, unbiased=False)
+    return F.gelu(F.relu(gate - (mean + std * std_multiplier)), approximate=approximate) * up
+
+
 @register_op(tolerances=ACT_TOLERANCES)
 def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
     """Interleaved gate=x[..., ::2], up=x[..., 1::2]; (up + 1) * gate * sigmoid(alpha * gate) after clamps."""
@@ -163,6 +181,12 @@ swigluoai_and_mul.add_cases(*_cases(_GATED_CASES, (1.702, 7.0)))
 swigluoai_and_mul.add_cases(*(OpCase(f"{c.name},alpha=1.0,limit=2.0", c.make_args, c.level)
                               for c in _cases(_GATED_CASES[:4], (1.0, 2.0))))
 swigluoai_and_mul.set_property_args(_property_args(True, (1.702, 7.0)))
+# Normal(0, 1).icdf(0.95), the multiplier of Gemma3n's 0.95 activation sparsity; and of 0.5 (no shift).
+STD_MULTIPLIER_95 = 1.6448536269514722
+for _mult, _approx in ((STD_MULTIPLIER_95, "tanh"), (0.0, "none")):
+    gelu_and_mul_sparse.add_cases(*(OpCase(f"{c.name},std_multiplier={_mult:.4g},approximate={_approx}", c.make_args,
+                                           c.level) for c in _cases(_GATED_CASES, (_mult, _approx))))
+gelu_and_mul_sparse.set_property_args(_property_args(True, (STD_MULTIPLIER_95, "tanh")))
 for _op in (gelu_new, gelu_fast, quick_gelu, relu2):
     _op.add_cases(*_cases(_UNARY_CASES))
     _op.set_property_args(_property_args(False))

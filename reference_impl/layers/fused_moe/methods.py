@@ -159,16 +159,18 @@ class FusedMoEModularKernel:
 class FusedMoEModularMethod(_ExpertsMethod):
     """A method running its experts through a `FusedMoEModularKernel` (prepare / experts /
     finalize), keeping the weights layout of `old_quant_method`. With the default kernel it equals
-    UnquantizedFusedMoEMethod up to float32 summation order."""
+    UnquantizedFusedMoEMethod up to float32 summation order. `moe_kernel` is vLLM's argument name
+    (vLLM requires it; here it defaults to a FusedMoEModularKernel)."""
 
-    def __init__(self, old_quant_method: FusedMoEMethodBase, experts: FusedMoEModularKernel | None = None, *,
+    def __init__(self, old_quant_method: FusedMoEMethodBase, moe_kernel: FusedMoEModularKernel | None = None, *,
                  enforce_enable: bool = False) -> None:
         super().__init__(enforce_enable=enforce_enable)
         if not isinstance(old_quant_method, FusedMoEMethodBase):
             raise TypeError(f"FusedMoEModularMethod wraps a FusedMoEMethodBase, got {type(old_quant_method).__name__}")
         self.old_quant_method = old_quant_method
         self.moe = old_quant_method.moe
-        self.fused_experts = experts or FusedMoEModularKernel()
+        self.fused_experts = moe_kernel or FusedMoEModularKernel()
+        self.moe_kernel = self.fused_experts
 
     def create_weights(self, layer, *args, **kwargs) -> None:
         self.old_quant_method.create_weights(layer, *args, **kwargs)
@@ -185,8 +187,8 @@ def _method_case(cls, name, tokens, experts, top_k, hidden, inter, *, has_bias=F
     moe = FusedMoEConfig(experts, top_k, hidden, inter, has_bias=has_bias, **config)
 
     def make_kwargs(dtype):
-        if cls is FusedMoEModularMethod:
-            return {"old_quant_method": UnquantizedFusedMoEMethod(moe)}
+        if cls is FusedMoEModularMethod:   # vLLM's constructor requires the kernel
+            return {"old_quant_method": UnquantizedFusedMoEMethod(moe), "moe_kernel": FusedMoEModularKernel()}
         return {"moe": moe}
 
     def make_inputs(dtype, device, gen):
