@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
-import shlex
+import re
 
 from conformance.results.result import BLOCKING, FAMILIES, CheckResult, Outcome, suite_function
 
@@ -26,11 +26,14 @@ class WaiverFileError(ValueError):
     """The manifest cannot be read; the message names the file and the entry."""
 
 
+_REPRO_CHECK = re.compile(r"--check (\w+\.\w+)")
+
+
 def check_name(result: CheckResult) -> str:
     """'numerics.ir_case': the check as the result's repro line names it (else from the suite function)."""
-    words = shlex.split(result.repro or "")
-    if "--check" in words[:-1]:
-        return words[words.index("--check") + 1]
+    named = _REPRO_CHECK.search(result.repro or "")
+    if named:
+        return named.group(1)
     test = suite_function(result.nodeid).removeprefix("test_")
     return f"{result.check}.{test}" if test else result.check
 
