@@ -194,10 +194,10 @@ def _merge(args) -> int:
     """Join the shards' files (conformance.gate.merge); a file that cannot be read, or shards that cannot be
     merged, exit USAGE_ERROR (nothing was judged) and nothing is written."""
     from conformance.gate.merge import MergeError, merge_documents
-    from conformance.results.result import ResultsFileError, load_results, write_json_atomically
+    from conformance.results.result import ResultsFileError, load_results, require_results_shape, write_json_atomically
 
     try:
-        docs = [(p, load_results(p)) for p in args.results]
+        docs = [(p, require_results_shape(p, load_results(p))) for p in args.results]
         merged = merge_documents(docs)
     except ResultsFileError as exc:
         print(f"conformance merge: {exc}", file=sys.stderr)
@@ -207,7 +207,10 @@ def _merge(args) -> int:
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return ExitCode.USAGE_ERROR
-    write_json_atomically(args.output, merged)
+    try:
+        write_json_atomically(args.output, merged)
+    except OSError as exc:
+        raise UsageError(f"{args.output}: cannot write the merged file ({exc.strerror or exc})") from None
     summary = ", ".join(f"{v} {k}" for k, v in merged["summary"].items()) or "no results"
     print(f"merged {len(args.results)} shards into {args.output}: {len(merged['results'])} results ({summary}); "
           f"verdict {merged['verdict']}")
@@ -215,20 +218,26 @@ def _merge(args) -> int:
 
 
 def _compare(args) -> int:
-    """What changed between two files (conformance.gate.compare); FAILED when there are regressions."""
+    """What changed between two files (conformance.gate.compare); FAILED when there are regressions. Files of two
+    platforms are refused (USAGE_ERROR, conformance.gate.comparable): nothing of one can be matched in the other."""
+    from conformance.gate.comparable import NotComparable
     from conformance.gate.compare import compare, render_markdown, render_text
-    from conformance.results.result import ResultsFileError, load_results
+    from conformance.results.result import ResultsFileError, load_results, require_results_shape
 
     try:
-        old, new = load_results(args.old), load_results(args.new)
-    except ResultsFileError as exc:
+        old = require_results_shape(args.old, load_results(args.old))
+        new = require_results_shape(args.new, load_results(args.new))
+        result = compare(old, new, args.old, args.new)
+    except (ResultsFileError, NotComparable) as exc:
         print(f"conformance compare: {exc}", file=sys.stderr)
         return ExitCode.USAGE_ERROR
-    result = compare(old, new, args.old, args.new)
     print(render_text(result))
     if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write(render_markdown(result))
+        try:
+            with open(args.markdown, "w") as fh:
+                fh.write(render_markdown(result))
+        except OSError as exc:
+            raise UsageError(f"{args.markdown}: cannot write the markdown summary ({exc.strerror or exc})") from None
     return ExitCode.FAILED if result.regressions else ExitCode.OK
 
 
@@ -300,7 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
                                              "results files; exits 1 on regressions",
                              description="Compare a later results file with an earlier one: regressions (a PASS "
                                          "that became anything else, new failing cases), improvements, other "
-                                         "changes, cases added or removed. Exit 1 when there are regressions.",
+                                         "changes, cases added or removed. Exit 1 when there are regressions; runs "
+                                         "of two different platforms are refused (exit 4): nothing of one matches "
+                                         "the other.",
                              **common)
     compare.add_argument("old", help="the earlier (baseline) results file")
     compare.add_argument("new", help="the later results file")

@@ -30,7 +30,8 @@ MEANINGS = {
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C): the results file says INCOMPLETE",
     ExitCode.INTERNAL_ERROR: "internal error of pytest or the harness (a bug: please report it)",
     ExitCode.USAGE_ERROR: "misconfiguration, nothing was judged: unknown platform or plugin that does not load, "
-                          "unreadable or wrong-shape waivers/baseline/results file, unknown check/op/case/dtype, "
+                          "an option value out of range, unreadable or wrong-shape waivers/baseline/results file, "
+                          "a baseline or compared file of another platform, unknown check/op/case/dtype, "
                           "bad command-line arguments",
     ExitCode.NO_TESTS_COLLECTED: "the selection (-k, -m, paths) matched no check",
     ExitCode.MAX_WARNINGS_ERROR: "pytest only: more warnings than --max-warnings allows (each QUALITY_WARNING "

@@ -12,6 +12,7 @@ conformance.exit_codes.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -22,14 +23,17 @@ from conformance.collect.units import DEFAULT_SEED, LEVELS, Unit, repro_command
 from conformance.exit_codes import ExitCode
 from conformance.exit_codes import one_line as exit_codes_line
 from conformance.results.result import CheckResult, Outcome, ResultsFile, RunInfo, verdict
+from conformance.run import options
+from conformance.run.options import MAX_TIMEOUT_S
 from conformance.run.run_dir import WORKERINPUT_KEY, RunDir
 from conformance.run.scope import (configuration_notes, gate_description, is_empty_parameter_set, selection_of,
-                                   unit_of, unused_waiver_notes)
+                                   unit_of, unused_baseline_notes, unused_waiver_notes)
 
 RESULT_PROPERTY = "conformance_result"
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
 _STATE = pytest.StashKey["ConformanceRun"]()
 _RESULT = pytest.StashKey[CheckResult]()
+DEFAULT_TIMEOUT_S = 120.0
 
 
 class QualityWarning(UserWarning):
@@ -43,12 +47,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "entry-point name). " + exit_codes_line())
     group.addoption("--conformance-json", default=None, metavar="PATH",
                     help="write the machine-readable results file (docs/results-file.md), updated while running")
-    group.addoption("--conformance-seed", type=int, default=DEFAULT_SEED, metavar="N",
-                    help=f"seed of every generated input and hypothesis draw (default {DEFAULT_SEED})")
-    group.addoption("--conformance-level", choices=LEVELS, default="standard",
+    # seed, level and timeout are checked by conformance.run.options (one line, exit 4), not by argparse types
+    group.addoption("--conformance-seed", default=DEFAULT_SEED, metavar="N",
+                    help=f"seed of every generated input and hypothesis draw, an integer (default {DEFAULT_SEED})")
+    group.addoption("--conformance-level", default="standard", metavar="|".join(LEVELS),
                     help="how many cases per op: quick, standard (default) or full")
-    group.addoption("--conformance-timeout", type=float, default=120.0, metavar="SECONDS",
-                    help="per-check time limit; a check over it is TIMEOUT (default 120)")
+    group.addoption("--conformance-timeout", default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                    help=f"per-check time limit, 0 < SECONDS <= {MAX_TIMEOUT_S:g}; a check over it is TIMEOUT "
+                         f"(default {DEFAULT_TIMEOUT_S:g})")
     group.addoption("--conformance-waivers", default=None, metavar="PATH",
                     help="expected-failures manifest (TOML or JSON): covered failures are XFAIL, covered passes XPASS")
     group.addoption("--conformance-baseline", default=None, metavar="PATH",
@@ -64,22 +70,31 @@ class ConformanceRun:
     """Per-process state of one conformance run."""
 
     def __init__(self, config: pytest.Config):
-        from conformance.collect.inventory import PlatformSetupError, activate
+        from conformance.collect import tolerance_changes
+        from conformance.collect.inventory import PlatformSetupError, activate, import_catalog
         from conformance.gate.waivers import WaiverFileError, load_baseline, load_waivers
         from conformance.run.poison import PoisonBook
 
         self.config = config
         self.name = config.getoption("platform")
-        self.seed = config.getoption("conformance_seed")
-        self.level = config.getoption("conformance_level")
-        self.timeout = config.getoption("conformance_timeout")
-        self.strict_xpass = not config.getoption("conformance_allow_xpass")
-        self.waivers_path = config.getoption("conformance_waivers")
-        self.baseline_path = config.getoption("conformance_baseline")
         try:
+            self.seed = options.seed(config.getoption("conformance_seed"))
+            self.level = options.level(config.getoption("conformance_level"))
+            self.timeout = options.timeout(config.getoption("conformance_timeout"))
+            self.waivers_path = options.input_file("--conformance-waivers", config.getoption("conformance_waivers"))
+            self.baseline_path = options.input_file("--conformance-baseline",
+                                                    config.getoption("conformance_baseline"))
+            json_path = options.output_file("--conformance-json", config.getoption("conformance_json"))
+        except options.OptionError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        self.strict_xpass = not config.getoption("conformance_allow_xpass")
+        try:
+            import_catalog()
+            declared = tolerance_changes.snapshot()   # the reference's tolerances, before the platform is imported
             self.inventory = activate(self.name)
+            self.tolerance_changes = tolerance_changes.changes(declared)
             self.waivers = load_waivers(self.waivers_path) if self.waivers_path else []
-            self.baseline = load_baseline(self.baseline_path) if self.baseline_path else None
+            self.baseline = load_baseline(self.baseline_path, self.name) if self.baseline_path else None
         except (PlatformSetupError, WaiverFileError) as exc:
             raise pytest.UsageError(str(exc)) from None
         workerinput = getattr(config, "workerinput", None)
@@ -100,10 +115,14 @@ class ConformanceRun:
         self.regressions: list[str] = []
         self.worker = None
         self.results_file = None
-        json_path = config.getoption("conformance_json")
         if json_path and not self.is_xdist_worker:
             env = environment.collect(self.seed, self.name, self.inventory.platform)
-            self.results_file = ResultsFile(json_path, self.inventory.platform_info(), env, run=self.run_info)
+            try:   # the first write: a path that cannot be written stops the run before any check
+                self.results_file = ResultsFile(json_path, self.inventory.platform_info(), env, run=self.run_info)
+            except OSError as exc:
+                self.run_dir.remove()
+                raise pytest.UsageError(f"--conformance-json={json_path}: cannot write it "
+                                        f"({exc.strerror or exc})") from None
 
     # ----- running one unit ------------------------------------------------------------------
     def execute(self, unit: Unit, nodeid: str) -> CheckResult:
@@ -120,6 +139,7 @@ class ConformanceRun:
         result = CheckResult(nodeid=nodeid, check=unit.family, op=unit.op, provider=unit.provider, dtype=unit.dtype,
                              case=unit.case, outcome=Outcome(reply["outcome"]), message=sanitize(reply.get("message")),
                              max_abs_err=reply.get("max_abs_err"), max_rel_err=reply.get("max_rel_err"),
+                             err_to_tol=reply.get("err_to_tol"),
                              repro=repro_command(self.name, unit, self.seed, self.level, reply.get("draw")),
                              duration_s=round(float(reply.get("duration_s") or 0.0), 6))
         if result.outcome is not Outcome.PASS and not result.message:
@@ -161,9 +181,17 @@ class ConformanceRun:
         self.deselected_units += sum(1 for item in items if unit_of(item) is not None)
 
     @pytest.hookimpl(wrapper=True)
+    def pytest_pycollect_makeitem(self, collector, name, obj):
+        """A suite body with no units on this platform (no supported=False provider, no replaced layer, ...)
+        would be pytest's empty-parameter-set skip: it is no check, so it is not collected at all, and
+        pytest's `collected N items` counts exactly the checks, one result each."""
+        made = yield
+        if isinstance(made, list):
+            return [item for item in made if not is_empty_parameter_set(item)]
+        return made
+
+    @pytest.hookimpl(wrapper=True)
     def pytest_collection_modifyitems(self, session, config, items):
-        # a suite body with no units gets pytest's empty-parameter-set skip: not a check, so not counted
-        items[:] = [item for item in items if not is_empty_parameter_set(item)]
         result = yield
         expected = sum(1 for item in items if unit_of(item) is not None)
         if self.is_xdist_worker:
@@ -189,6 +217,19 @@ class ConformanceRun:
         record = self.run_dir.read_json(f"collection-{node.workerinput['workerid']}.json")
         if record is not None:   # every worker collects the same items: the first one sets the count
             self.set_collection(int(record["expected"]), int(record["deselected"]))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        """Before the first check (and before xdist hands any out): build the C++ kernels here, on the terminal."""
+        from conformance.run.prebuild import prebuild_reference_kernels
+
+        if self.is_xdist_worker or session.config.option.collectonly:
+            return
+        if not session.items and not session.config.pluginmanager.has_plugin("dsession"):
+            return   # nothing selected (and no xdist workers, which collect for themselves)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        say = reporter.write_line if reporter is not None else (lambda line: print(line, file=sys.stderr))
+        prebuild_reference_kernels(self.inventory, say)
 
     def verdict(self) -> str:
         return verdict(self.results, strict_xpass=self.strict_xpass) if self.complete else "NOT_CONFORMANT"
@@ -333,6 +374,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.write_line(render_scorecard(
         state.results, platform=f"{inv.name} ({inv.platform_class})", ir_ops=[op.name for op in inv.ir_ops()],
         layer_note=layer_note, strict_xpass=state.strict_xpass, regressions=state.regressions, run=run,
-        notes=configuration_notes(state) + unused_waiver_notes(state)))
+        notes=configuration_notes(state) + unused_waiver_notes(state) + unused_baseline_notes(state)))
     if state.results_file is not None:
         terminalreporter.write_line(f"results file: {os.path.relpath(state.results_file.path)}")

@@ -84,13 +84,16 @@ def test_two_shards_merge_into_a_passing_gate_and_a_baseline_regression_fails_it
 @needs_merge
 def test_waivers_reach_the_shards_and_a_stale_waiver_fails_the_gate(tmp_path):
     waivers = tmp_path / "waivers.toml"
-    waivers.write_text('[[waiver]]\ncheck = "numerics"\nop = "rms_norm"\nprovider = "demo"\n'
-                       'reason = "stale on purpose: these cases pass"\n')
+    waivers.write_text('[[waiver]]\ncheck = "numerics.ir_case"\nop = "rms_norm"\nprovider = "demo"\n'
+                       'dtype = "float32"\ncase = "tokens=1,hidden=128"\n'
+                       'reason = "stale on purpose: this case passes"\n')
     run = _recipe(tmp_path, "all", "-k", "test_numerics and rms_norm-demo and not fused",
                   SHARDS="1", WAIVERS=str(waivers))
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     merged = json.loads((tmp_path / "out" / "all.json").read_text())
-    assert {r["outcome"] for r in merged["results"] if r["provider"] == "demo"} == {"XPASS"}
+    xpass = [r for r in merged["results"] if r["outcome"] == "XPASS"]
+    assert [(r["op"], r["provider"], r["dtype"], r["case"]) for r in xpass] == [
+        ("rms_norm", "demo", "float32", "tokens=1,hidden=128")]
     assert merged["verdict"] == "NOT_CONFORMANT"
 
     waivers.write_text('[[waiver]]\nop = "rms_norm"\n')  # no reason: the shard cannot run

@@ -12,7 +12,7 @@ import pytest
 
 from conformance.cli import main
 from conformance.exit_codes import ExitCode, markdown_table
-from conformance.results.result import RunInfo
+from conformance.results.result import RunInfo, load_results
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBCOMMANDS = ("repro", "report", "validate", "publish")
@@ -81,6 +81,34 @@ def test_missing_truncated_or_wrong_shape_file_is_one_line(tmp_path, capsys, com
     truncated = tmp_path / "truncated.json"
     truncated.write_text('{"schema_version": 1, "platform": {"name": "p", "cl')
     _one_line_error(capsys, [command, str(truncated)], str(truncated), "not valid JSON", "truncated")
+
+
+@pytest.mark.parametrize("command", ("validate", "report", "merge", "compare"))
+def test_a_file_that_is_not_utf8_text_is_one_line_naming_it(tmp_path, capsys, command):
+    """A binary or Latin-1 file used to end `report` and `validate` with a traceback (UnicodeDecodeError)."""
+    path = tmp_path / "results.json"
+    data = b'{"schema_version": 1, "platform": {"name": "caf\xe9"}}'
+    path.write_bytes(data)
+    argv = {"merge": ["merge", str(path), "-o", str(tmp_path / "all.json")],
+            "compare": ["compare", str(path), str(path)]}.get(command, [command, str(path)])
+    _one_line_error(capsys, argv, f"{path}: not a results file: not UTF-8 text (byte 0xe9 at offset "
+                                  f"{data.index(0xe9)})")
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"results": []}).encode())   # a byte-order mark is no problem
+    assert load_results(str(path)) == {"results": []}
+
+
+@pytest.mark.parametrize("command", ("merge", "compare"))
+def test_merge_and_compare_refuse_a_file_of_the_wrong_shape_in_one_line(tmp_path, capsys, command):
+    path = tmp_path / "x.json"
+    for doc, fragment in (({"results": 5}, "its 'results' is not a list"),
+                          ({"results": [1]}, "results[0] is not a result"),
+                          ({"results": [{"check": "numerics", "outcome": "GOOD"}]}, "results[0] is not a result"),
+                          ({"results": [], "run": "x"}, "its 'run' block is not an object")):
+        path.write_text(json.dumps(doc))
+        argv = ["merge", str(path), "-o", str(tmp_path / "all.json")] if command == "merge" else \
+            ["compare", str(path), str(path)]
+        _one_line_error(capsys, argv, f"{path}: not a results file: {fragment}")
+    assert not (tmp_path / "all.json").exists()
 
 
 def test_report_of_a_wrong_shape_file_is_one_line_and_validate_lists_its_problems(tmp_path, capsys):

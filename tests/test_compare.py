@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conformance.cli import main
+from conformance.gate.comparable import NotComparable
 from conformance.gate.compare import compare, render_markdown
 
 
@@ -83,8 +86,9 @@ def test_markdown_keeps_plugin_messages_inside_their_cell():
 
 
 def test_compare_notes_files_of_different_runs_and_rejects_unreadable_ones(tmp_path, capsys):
-    other = _doc([_r("a", "PASS")], name="other")
-    assert compare(OLD, other).notes == ["the files differ in platform: plat before, other now"]
+    quick = dict(OLD, run={"level": "quick", "complete": True})
+    assert compare(quick, dict(NEW, run={"level": "standard", "complete": True})).notes == [
+        "the files differ in level: quick before, standard now"]
     killed = dict(NEW, run={"complete": False, "written_results": 3, "expected_results": 10})
     assert compare(OLD, killed).notes == ["the later file is incomplete (3 of 10 results): missing cases show as "
                                           "removed or added"]
@@ -95,3 +99,21 @@ def test_compare_notes_files_of_different_runs_and_rejects_unreadable_ones(tmp_p
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith(f"conformance compare: {tmp_path / 'bad.json'}: not valid JSON")
     assert err[1] == f"conformance compare: {tmp_path / 'missing.json'}: no such results file"
+
+
+def test_runs_of_different_platforms_are_refused_not_called_regressions(tmp_path, capsys):
+    """Every difference between two platforms' files would read as a regression: nothing is judged, exit 4."""
+    other = _doc([_r("a", "FAIL", provider="q")], "NOT_CONFORMANT", name="other")
+    with pytest.raises(NotComparable, match="OLD is a run of platform 'plat', NEW of platform 'other'"):
+        compare(OLD, other)
+    old, new, md = tmp_path / "old.json", tmp_path / "new.json", tmp_path / "pr.md"
+    old.write_text(json.dumps(OLD))
+    new.write_text(json.dumps(other))
+    assert main(["compare", str(old), str(new), "--markdown", str(md)]) == 4
+    captured = capsys.readouterr()
+    assert captured.out == "" and not md.exists()
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"conformance compare: {old} is a run of platform 'plat', {new} of platform 'other': "
+                           "runs of different platforms are not compared")
+    unnamed = {k: v for k, v in OLD.items() if k != "platform"}     # a file that does not say is compared
+    assert compare(unnamed, other).regressions

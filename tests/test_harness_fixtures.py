@@ -123,6 +123,19 @@ def test_untraceable_provider_gets_one_compile_fail_and_identical_messages_run_t
     assert not [m for m in messages[0].values() if m and re.search(r"0x[0-9a-f]{6,}| object at ", m)]
 
 
+def test_a_plugin_that_loosens_its_own_tolerance_passes_and_says_so(tmp_path):
+    """override_tolerance while the plugin's kernels are imported is allowed, and it is what the run is judged
+    against (the kernel is 2e-3 off, the declared float32 tolerance is far tighter); never silently."""
+    run = run_harness(tmp_path, "broken_loosens_tolerance", "-k", "ir_case and broken-float32", dist="broken")
+    _assert_valid(run)
+    assert run.returncode == 0 and run.outcomes(provider="broken") == {"PASS"}, run.output[-3000:]
+    line = ("WARNING: platform broken_loosens_tolerance changed a declared tolerance, and is judged against its own: "
+            "IR op rms_norm float32: atol, rtol (")
+    header, scorecard = run.output.split("conformance scorecard", 1)
+    assert line in header and line in scorecard
+    assert ") -> (0.01, 0.01)" in scorecard
+
+
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_broken_plugin_is_caught_by_the_right_family(tmp_path, fault):
     expect = FAULTS[fault]

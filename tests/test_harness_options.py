@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conformance.exit_codes import ExitCode
-from conformance.gate.waivers import WaiverFileError, apply_waivers, load_waivers, regression
+from conformance.gate.waivers import Waiver, WaiverFileError, apply_waivers, load_waivers, regression, stale_waivers
 from conformance.results import schema
 from conformance.results.result import CheckResult, Outcome, ResultsFile, RunInfo, verdict
 from harness_runner import PLUGINS, run_harness
@@ -34,22 +34,34 @@ def test_platform_that_cannot_load_stops_the_run_with_one_clear_line(tmp_path, p
 
 
 def test_waivers_turn_failures_into_xfail_and_stale_ones_into_xpass(tmp_path):
+    """Waivers name checks as repro lines print them (or by family); they apply to failures. A PASS becomes XPASS
+    only under a waiver that names that one case exactly; a glob that also covers passing cases leaves them PASS
+    and, when it covers no failure at all, is reported stale without failing the run."""
     waivers = tmp_path / "waivers.toml"
-    waivers.write_text('[[waiver]]\ncheck = "numerics"\nop = "rms_norm"\ndtype = "float32"\ncase = "*769*"\n'
+    waivers.write_text('[[waiver]]\ncheck = "numerics.ir_case"\nop = "rms_norm"\ndtype = "float32"\ncase = "*769*"\n'
                        'reason = "odd tail bug, vendor ticket 1"\n\n'
-                       '[[waiver]]\ncheck = "numerics"\ncase = "tokens=1,hidden=128"\ndtype = "float32"\n'
-                       'reason = "stale"\n\n'
+                       '[[waiver]]\ncheck = "numerics"\nop = "rms_*"\ncase = "tokens=*"\n'
+                       'reason = "glob over failing and passing cases"\n\n'
+                       '[[waiver]]\ncheck = "numerics.ir_case"\nop = "rms_norm"\nprovider = "broken"\n'
+                       'dtype = "float32"\ncase = "tokens=1,hidden=128"\nreason = "stale"\n\n'
+                       '[[waiver]]\ncheck = "numerics"\ncase = "tokens=4*"\nreason = "only passing cases"\n\n'
                        '[[waiver]]\nop = "no_such_op"\nreason = "typo"\n')
     run = run_harness(tmp_path, "broken_odd_numerics", f"--conformance-waivers={waivers}", "-k",
                       "numerics and ir_case and float32", dist="broken")
     assert schema.validate(run.doc) == []
     assert run.outcomes(case="tokens=7,hidden=769") == {"XFAIL"}
-    assert run.outcomes(case="tokens=1,hidden=128") == {"XPASS"}
-    assert run.doc["verdict"] == "NOT_CONFORMANT" and run.returncode == 1   # strict gate on XPASS
-    assert f"conformance: waivers {waivers} (3 waivers); baseline none" in run.output
-    assert f"WARNING: waiver [op=no_such_op] (typo) in {waivers} matched no result of this run" in run.output
-    assert run.doc["run"]["unmatched_waivers"] == [
-        f"waiver [op=no_such_op] (typo) in {waivers} matched no result of this run"]
+    assert "waived (odd tail bug, vendor ticket 1)" in run.where(case="tokens=7,hidden=769")[0]["message"]
+    assert run.outcomes(case="tokens=1,hidden=128") == {"XPASS"}       # named exactly: stale, and strict
+    assert run.outcomes(case="tokens=4,hidden=256,no_weight") == {"PASS"}   # under two globs: untouched
+    assert {r["outcome"] for r in run.results} == {"XFAIL", "XPASS", "PASS"}
+    assert run.doc["verdict"] == "NOT_CONFORMANT" and run.returncode == 1   # strict gate on the one XPASS
+    assert f"conformance: waivers {waivers} (5 waivers); baseline none" in run.output
+    stale = [f"waiver [check=numerics, case=tokens=4*] (only passing cases) in {waivers} covers 2 results of this "
+             "run, none of them failing: it is stale",
+             f"waiver [op=no_such_op] (typo) in {waivers} matched no result of this run"]
+    assert run.doc["run"]["unmatched_waivers"] == stale
+    for line in stale:
+        assert f"WARNING: {line}" in run.output
 
 
 def test_baseline_pass_that_regresses_fails_the_run(tmp_path):
@@ -63,6 +75,37 @@ def test_baseline_pass_that_regresses_fails_the_run(tmp_path):
     assert "regressions against the baseline: 1" in run.output
     assert "PASS before, FAIL now" in run.output
     assert f"conformance: waivers none; baseline {path} (1 results, 1 PASS guarded)" in run.output
+
+
+def test_a_baseline_of_another_platform_is_refused_not_silently_gating_nothing(tmp_path):
+    """Its providers are another platform's, so none of its results would match: exit 4, one line, nothing run."""
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps({"platform": {"name": "other", "class": "o.P", "device_type": "cpu"},
+                                "results": [{"check": "numerics", "op": "rms_norm", "provider": "fast",
+                                             "dtype": "float32", "case": "tokens=7,hidden=769", "outcome": "PASS"}]}))
+    run = run_harness(tmp_path, "broken_odd_numerics", f"--conformance-baseline={path}", "-k", "769", dist="broken")
+    assert run.returncode == ExitCode.USAGE_ERROR
+    (line,) = [ln for ln in run.output.splitlines() if ln.strip()]
+    assert line == (f"ERROR: baseline {path} is a run of platform 'other', this run of platform 'broken_odd_numerics': "
+                    "runs of different platforms are not compared (their providers differ, so their results cannot be "
+                    "matched); compare or gate runs of one platform")
+    assert run.doc is None
+
+
+def test_a_baseline_that_matches_no_result_says_it_guarded_nothing(tmp_path):
+    from conformance.gate.waivers import load_baseline
+    from conformance.run.scope import unused_baseline_notes
+
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps({"results": [{"check": "numerics", "op": "rms_norm", "provider": "renamed",
+                                             "dtype": "float32", "case": "c", "outcome": "PASS"}]}))
+    state = type("State", (), {})()
+    state.baseline, state.baseline_path = load_baseline(str(path), "p"), str(path)
+    state.results = [CheckResult("n", "numerics", "rms_norm", "p", "float32", "c", Outcome.PASS)]
+    assert unused_baseline_notes(state) == [f"baseline {path} matched none of the 1 results of this run: it guarded "
+                                            "nothing"]
+    state.results.append(CheckResult("n", "numerics", "rms_norm", "renamed", "float32", "c", Outcome.PASS))
+    assert unused_baseline_notes(state) == []
 
 
 def test_xdist_results_cover_all_workers(tmp_path):
@@ -155,6 +198,54 @@ def test_waiver_and_baseline_logic(tmp_path):
     assert regression(ok, base) is None
 
 
+def _result(outcome, check="numerics.ir_case", op="rms_norm", case="tokens=7,hidden=769"):
+    family, _, name = check.partition(".")
+    return CheckResult(f"suites/test_{family}.py::test_{name}[{op}-p-float32-{case}]", family, op, "p", "float32",
+                       case, Outcome(outcome), None if outcome == "PASS" else "bad",
+                       repro=f"python -m conformance repro --platform x --check {check} --op {op} --provider p "
+                             f"--dtype float32 --case {case} --seed 1 --level quick")
+
+
+def test_a_waiver_names_checks_as_repro_lines_do_and_passes_only_when_exact():
+    """`numerics.ir_case` copied from a repro line matches (it used to match nothing); so does the family. A PASS
+    turns XPASS only under a waiver naming every field of that case literally."""
+    family = Waiver("known", check="numerics", op="rms_norm")
+    copied = Waiver("known", check="numerics.ir_case", op="rms_norm")
+    other = Waiver("known", check="numerics.ir_property", op="rms_norm")
+    fail = _result("FAIL")
+    assert apply_waivers(fail, [copied]).outcome is Outcome.XFAIL
+    assert apply_waivers(fail, [family]).outcome is Outcome.XFAIL
+    assert apply_waivers(fail, [other]).outcome is Outcome.FAIL
+    assert apply_waivers(fail, [Waiver("x", check="numerics.ir_*")]).outcome is Outcome.XFAIL
+    passed = _result("PASS")
+    for broad in (family, copied, Waiver("x", check="numerics.ir_case", op="rms_norm", provider="p", dtype="float32",
+                                         case="tokens=7*")):
+        assert apply_waivers(passed, [broad]).outcome is Outcome.PASS, broad
+    exact = Waiver("fixed?", check="numerics.ir_case", op="rms_norm", provider="p", dtype="float32",
+                   case="tokens=7,hidden=769")
+    assert apply_waivers(passed, [family, exact]).outcome is Outcome.XPASS
+    assert apply_waivers(passed, [Waiver("f", check="numerics", op="rms_norm", provider="p", dtype="float32",
+                                         case="tokens=7,hidden=769")]).outcome is Outcome.PASS   # family: 3 checks
+    assert stale_waivers([family, exact], [apply_waivers(passed, [family, exact])]) == [
+        (family, "covers 1 results of this run, none of them failing: it is stale")]
+    assert stale_waivers([family], [apply_waivers(fail, [family])]) == []
+
+
+@pytest.mark.parametrize("entry, fragment", [
+    ({"check": "ir_case", "reason": "r"}, "waiver 0: check 'ir_case' names no check: give a family (numerics, "),
+    ({"check": "numerics.ir_cases", "reason": "r"}, "numerics.ir_case, numerics.ir_property"),
+    ({"op": 5, "reason": "r"}, "waiver 0: op must be text"),
+])
+def test_a_waiver_that_can_match_nothing_is_refused(tmp_path, entry, fragment):
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps([entry]))
+    with pytest.raises(WaiverFileError) as info:
+        load_waivers(str(path))
+    assert str(info.value).startswith(f"{path}: ") and fragment in str(info.value)
+    path.write_text(json.dumps([{"check": "numerics.*", "reason": "r"}, {"check": "aliasing", "reason": "r"}]))
+    assert [w.check for w in load_waivers(str(path))] == ["numerics.*", "aliasing"]
+
+
 def test_plugin_is_inert_without_platform(tmp_path):
     (tmp_path / "test_one.py").write_text("def test_one():\n    assert True\n")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_one.py"],
@@ -182,7 +273,7 @@ def test_waivers_file_of_the_wrong_shape_is_an_error_naming_it(tmp_path, name, c
 
 @pytest.mark.parametrize("content, fragment", [
     ({"a": 1}, "is not a results file: expected an object with a 'results' list, found top-level keys ['a']"),
-    ([1], "found a list"),
+    ([1], "a results file is a JSON object, this is a list"),
     ({"results": [{"check": "numerics", "outcome": "GOOD"}]}, "results[0] is not a result"),
 ])
 def test_baseline_of_the_wrong_shape_is_an_error_naming_it(tmp_path, content, fragment):

@@ -17,10 +17,10 @@ def _r(op, outcome="PASS", case="c1"):
             "repro": None, "duration_s": 0.01}
 
 
-def _shard(spec, results, verdict="CONFORMANT", complete=True, seed=1, keyword=None):
-    return {"schema_version": 1, "platform": {"name": "plat", "class": "x.Plat", "device_type": "cpu"},
+def _shard(spec, results, verdict="CONFORMANT", complete=True, seed=1, keyword=None, platform="plat", level="quick"):
+    return {"schema_version": 1, "platform": {"name": platform, "class": "x.Plat", "device_type": "cpu"},
             "environment": {"python": "3.11", "torch": "2.13.0", "reference_impl": "0.1.0", "seed": seed},
-            "run": {"level": "quick", "seed": seed,
+            "run": {"level": level, "seed": seed,
                     "selection": {"partial": True, "keyword": keyword, "markexpr": None, "paths": [], "shard": spec},
                     "expected_results": len(results) + (0 if complete else 1), "written_results": len(results),
                     "complete": complete},
@@ -57,6 +57,11 @@ def test_a_keyword_selection_stays_partial_after_merging():
      "the shards are of different runs: the shard count N differs (2 in s1; 3 in s2)"),
     ([("s1", _shard("1/2", [_r("a")])), ("s2", _shard("2/2", [_r("b")], seed=7))],
      "the shards are of different runs: run.seed differs (1 in s1; 7 in s2)"),
+    ([("s1", _shard("1/2", [_r("a")])), ("s2", _shard("2/2", [_r("b")], platform="other"))],
+     "the shards are of different runs: platform differs ({'name': 'plat', 'class': 'x.Plat', 'device_type': 'cpu'} "
+     "in s1; {'name': 'other', 'class': 'x.Plat', 'device_type': 'cpu'} in s2)"),
+    ([("s1", _shard("1/2", [_r("a")])), ("s2", _shard("2/2", [_r("b")], level="standard"))],
+     "the shards are of different runs: run.level differs ('quick' in s1; 'standard' in s2)"),
     ([("s1", _shard("1/2", [_r("a")])), ("s2", _shard("2/2", [_r("b")], complete=False))],
      "s2: incomplete shard (1 of 2 results written): rerun it"),
     ([("s1", _shard("1/2", [_r("a")])), ("s2", _shard(None, [_r("b")]))],

@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from _browser import console_messages, ensure_chromium, load
+from _browser import console_messages, ensure_chromium, load, png_rgb
 
 from conformance.report.html import render_html
 
@@ -101,3 +101,47 @@ def test_published_cpu_report_renders_cleanly_with_a_screenshot(chromium, tmp_pa
     print(f"screenshot: {shot} (copied to {ARTIFACTS / 'cpu.png'})")
     dom = _parse(load(chromium, page, tmp_path / "profile2", "--dump-dom").stdout)
     assert dom.title == "Conformance report: cpu" and "table" in dom.tags and "script" not in dom.tags
+
+
+def _wide_doc() -> dict:
+    """A vendor-like run: four IR ops in every family and four dtypes, CustomOp replacements with long qualified
+    class names, the model; 20 heatmap columns, the last of which (model, bfloat16) alone holds an XPASS."""
+    def r(op, check, test, provider, dtype, outcome="PASS"):
+        return {"nodeid": f"suites/test_{check}.py::{test}[{op}-{provider}-{dtype}]", "check": check, "op": op,
+                "provider": provider, "dtype": dtype, "case": "c", "outcome": outcome,
+                "message": None if outcome == "PASS" else "passed, yet waived", "max_abs_err": 0.1,
+                "max_rel_err": 0.1, "repro": "python -m conformance repro", "duration_s": 0.0, "err_to_tol": 0.5}
+
+    results = []
+    for op in ("rotary_embedding_query", "fused_add_rms_norm_static_fp8_quant", "dynamic_group_quant_fp8"):
+        for family, test in (("numerics", "test_ir_case"), ("aliasing", "test_ir_case"),
+                             ("compile", "test_ir_compile"), ("dispatch", "test_runs")):
+            results += [r(op, family, test, "vllm_bridge", d) for d in ("float32", "float16", "bfloat16", "float64")]
+        results.append(r(op, "dispatch", "test_priority", "vllm_bridge", None))
+    for layer in ("RotaryEmbedding", "SiluAndMul"):
+        cls = f"vendor_platform_plugin.layers.activation.VendorReplacementOf{layer}ForTheVendorPlatform"
+        results += [r(layer.lower(), "numerics", "test_layer_case", cls, "bfloat16"),
+                    r(layer.lower(), "dispatch", "test_oot_dispatch", cls, "float32")]
+    results += [r("decoder", "model", "test_decoder", None, d, "XPASS" if d == "bfloat16" else "PASS")
+                for d in ("float32", "float16", "bfloat16")]
+    selection = {"partial": False, "keyword": None, "markexpr": None, "paths": [], "shard": None}
+    return {"schema_version": 1, "platform": {"name": "vendor", "class": "v.P", "device_type": "cpu"},
+            "environment": {"python": "3.11", "torch": "2.13.0", "reference_impl": "0.1.0", "seed": 1},
+            "run": {"level": "standard", "seed": 1, "selection": selection, "expected_results": len(results),
+                    "written_results": len(results), "complete": True},
+            "results": results, "summary": {"PASS": len(results) - 1, "XPASS": 1}, "verdict": "NOT_CONFORMANT"}
+
+
+def test_a_wide_heatmap_shows_every_column_in_a_1400_px_window(chromium, tmp_path):
+    """The heatmap's last column (model, bfloat16: the only XPASS cell) is on screen at 1400 px, with the scroll
+    bars hidden as in the screenshot above: it used to lie past the edge, behind long provider names."""
+    page, shot = tmp_path / "wide.html", tmp_path / "wide.png"
+    page.write_text(render_html([("wide.json", _wide_doc())]))
+    proc = load(chromium, page, tmp_path / "profile", "--hide-scrollbars", "--window-size=1400,1400",
+                f"--screenshot={shot}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    width, height, rows = png_rgb(shot)
+    xpass = bytes.fromhex("8e5bd6")          # --xpass; elsewhere only in the chips and the legend, on the left
+    right = [x for row in rows for x in range(900, width) if row[3 * x:3 * x + 3] == xpass]
+    assert right, "the heatmap's last column is not on screen at 1400 px"
+    assert max(right) < width - 20           # inside the page's padding, not cut at the window's edge

@@ -132,8 +132,29 @@ def test_markdown_report_of_an_incomplete_file_says_so():
     assert f"> **INCOMPLETE: {len(results)} of 500 expected results written" in text
     assert "**NOT_CONFORMANT (INCOMPLETE run" in text
     assert "plugin vendor-plugin 2.0" in text and "device X" in text
-    assert "(of the results written)" in text
+    assert (f"- coverage so far: 1 IR ops implemented (rms_norm); native fallback: 2 (INCOMPLETE run: {len(results)} "
+            "of 500 planned results written; counted over those, ops and layers the run did not reach are missing)"
+            in text)
     assert "## Cause hints" in text and "only tiny magnitudes fail" in text
+
+
+def test_coverage_of_an_incomplete_run_says_what_was_planned_and_never_reads_as_full():
+    """A run killed after one result must not say '1 / 1 IR ops implemented' (it reads as complete coverage)."""
+    one = [_r("c", "PASS")]
+    killed = RunInfo("standard", 1, expected_results=1582).to_json(1, False)
+    text = render_scorecard(one, platform="p", ir_ops=["rms_norm", "silu_and_mul", "gelu_new"], run=killed)
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("coverage")]
+    assert line == ("coverage so far: 1 IR ops implemented of the 3 in the catalog (rms_norm); native fallback: 0 "
+                    "(INCOMPLETE run: 1 of 1582 planned results written; counted over those, ops and layers the run "
+                    "did not reach are missing)")
+    assert "1 / 1" not in render_markdown({"platform": {"name": "p", "class": "m.P", "device_type": "cpu"},
+                                           "environment": {"python": "3", "torch": "2", "reference_impl": "0",
+                                                           "seed": 1}, "run": killed,
+                                           "results": [r.to_json() for r in one], "summary": {"PASS": 1},
+                                           "verdict": "NOT_CONFORMANT"})
+    full = RunInfo("standard", 1, expected_results=1).to_json(1, True)
+    assert "coverage: 1 / 3 IR ops implemented (rms_norm)\n" in render_scorecard(
+        one, platform="p", ir_ops=["rms_norm", "silu_and_mul", "gelu_new"], run=full) + "\n"
 
 
 def test_markdown_findings_give_one_line_for_checks_not_run_after_a_hang():

@@ -78,6 +78,7 @@ class Verdict:
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     draw: str | None = None     # the hypothesis draw the message is about, for the repro command's --draw
+    err_to_tol: float | None = None   # the worst element's error / its tolerance (conformance.judge.tolerances)
 
     def __post_init__(self):
         self.message = sanitize(self.message)

@@ -16,6 +16,7 @@ import torch
 
 from conformance.results.result import Outcome
 from conformance.collect.units import dtype_name
+from conformance.judge.tolerances import element_ratios, error_to_tolerance, ratio_text
 
 # A tolerance override is offered only when the worst error is at most this many times the allowed
 # error (atol + rtol*|native|). A correct kernel differs from native by rounding alone (another
@@ -57,6 +58,7 @@ class Comparison:
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     advice: str | None = None
+    err_to_tol: float | None = None   # the worst element's error / its tolerance (conformance.judge.tolerances)
 
     def with_advice(self, advice: str) -> Comparison:
         """The same result with its advice replaced (the oracle's diagnosis of an ignored argument)."""
@@ -134,7 +136,7 @@ def compare_outputs(out: Any, ref: Any, golden: Any | None, *, atol: float, rtol
     goldens = as_outputs(golden) if golden is not None else (None,) * len(refs)
     if isinstance(out, (tuple, list)) != isinstance(ref, (tuple, list)) or len(outs) != len(refs):
         return Comparison(Outcome.FAIL, f"returned {_structure(out)}, native returns {_structure(ref)}")
-    worst_abs = worst_rel = 0.0
+    worst_abs = worst_rel = worst_ratio = 0.0
     quality_notes, cleared_notes = [], []
     for k, (o, r, g) in enumerate(zip(outs, refs, goldens)):
         label = f"output {k}" if len(outs) > 1 else "output"
@@ -158,6 +160,7 @@ def compare_outputs(out: Any, ref: Any, golden: Any | None, *, atol: float, rtol
         rel = torch.where(finite & (b.abs() > atol), diff / b.abs().clamp_min(1e-300), torch.zeros_like(a))
         max_rel = float(rel.max())
         worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, max_rel)
+        worst_ratio = max(worst_ratio, error_to_tolerance(diff, b, atol, rtol, finite))
         outside = finite & (diff > allowed)
         errs = golden_errors(a, b, gold, finite, atol, o.dtype) if gold is not None else None
         if bool(outside.any()):
@@ -174,10 +177,12 @@ def compare_outputs(out: Any, ref: Any, golden: Any | None, *, atol: float, rtol
                     f"{_fmt(errs.impl_abs)}, native's is {_fmt(errs.native_abs)} (clearly worse: > "
                     f"{QUALITY_FACTOR:g}x native's and > {QUALITY_FLOOR_OF_ATOL:g}*atol = {_fmt(floor)})")
     if quality_notes:
-        return Comparison(Outcome.QUALITY_WARNING, "; ".join(quality_notes), worst_abs, worst_rel)
+        return Comparison(Outcome.QUALITY_WARNING, "; ".join(quality_notes), worst_abs, worst_rel,
+                          err_to_tol=worst_ratio)
     if cleared_notes:
-        return Comparison(Outcome.PASS, "; ".join(cleared_notes), worst_abs, worst_rel)
-    return Comparison(Outcome.PASS, f"within atol={atol:g} rtol={rtol:g}", worst_abs, worst_rel)
+        return Comparison(Outcome.PASS, "; ".join(cleared_notes), worst_abs, worst_rel, err_to_tol=worst_ratio)
+    return Comparison(Outcome.PASS, f"within atol={atol:g} rtol={rtol:g}", worst_abs, worst_rel,
+                      err_to_tol=worst_ratio)
 
 
 def _structure_problem(label: str, o: Any, r: Any) -> str | None:
@@ -222,7 +227,7 @@ def _failure(label, a, b, gold, diff, allowed, outside, max_abs, max_rel, errs, 
              tolerance_hint) -> Comparison:
     """The one FAIL template: count, the element with the largest error-to-tolerance ratio (its index, values
     and ratio), the maxima, the float64 grade, and the advice."""
-    ratios = torch.where(outside, diff / allowed.clamp_min(1e-300), torch.zeros_like(diff))
+    ratios = torch.where(outside, element_ratios(diff, b, atol, rtol), torch.zeros_like(diff))
     flat = int(ratios.flatten().argmax())
     idx = _unravel(flat, a.shape)
     ratio = float(ratios.flatten()[flat])
@@ -233,13 +238,13 @@ def _failure(label, a, b, gold, diff, allowed, outside, max_abs, max_rel, errs, 
     graded = (f"; against float64: implementation max err {_fmt(errs.impl_abs)}, native's {_fmt(errs.native_abs)}"
               if errs is not None else "")
     advice = _advice(ratio, errs, atol, tolerance_hint, need_atol, rtol)
-    err = (f"abs err {_fmt(float(diff[idx]))} = {_fmt(ratio)}x the tolerance atol + rtol*|native| = "
+    err = (f"abs err {_fmt(float(diff[idx]))} = {ratio_text(ratio)}x the tolerance atol + rtol*|native| = "
            f"{_fmt(float(allowed[idx]))} there" if math.isfinite(ratio)
            else "a non-finite value where native's is finite")
     msg = (f"{label}: {int(outside.sum())} of {a.numel()} elements outside atol={atol:g} rtol={rtol:g} "
            f"({dtype_name(dtype)}); worst at index {idx}: got {_fmt(float(a[idx]))}, native {_fmt(float(b[idx]))}"
            f"{at_gold}, {err}; max abs err {_fmt(max_abs)}, max rel err {_fmt(max_rel)}{graded}. " + advice)
-    return Comparison(Outcome.FAIL, msg, max_abs, max_rel, advice=advice)
+    return Comparison(Outcome.FAIL, msg, max_abs, max_rel, advice=advice, err_to_tol=ratio)
 
 
 def _advice(ratio: float, errs: GoldenErrors | None, atol: float, tolerance_hint: str, need_atol: float,
@@ -250,14 +255,14 @@ def _advice(ratio: float, errs: GoldenErrors | None, atol: float, tolerance_hint
     if not math.isfinite(ratio):
         return f"A non-finite result is far beyond rounding differences, {BUG}: {DECLINE}"
     if ratio > OVERRIDE_FACTOR:
-        return (f"The worst error is {_fmt(ratio)}x the tolerance: far beyond rounding differences (an override is "
-                f"offered up to {OVERRIDE_FACTOR:g}x), {BUG}: {DECLINE}")
+        return (f"The worst error is {ratio_text(ratio)}x the tolerance: far beyond rounding differences (an "
+                f"override is offered up to {OVERRIDE_FACTOR:g}x), {BUG}: {DECLINE}")
     if errs is not None and errs.impl_abs > QUALITY_FACTOR * errs.native_abs and errs.impl_abs > atol:
         return (f"Against float64 the implementation is off by {_fmt(errs.impl_abs)}, native by "
                 f"{_fmt(errs.native_abs)}: not a rounding difference (> {QUALITY_FACTOR:g}x native's and > atol), "
                 f"{BUG}: {DECLINE}")
     if "{atol" not in tolerance_hint:      # a requirement, not an override (e.g. compiled and eager must agree)
-        return f"The worst error is {_fmt(ratio)}x the tolerance {tolerance_hint}"
+        return f"The worst error is {ratio_text(ratio)}x the tolerance {tolerance_hint}"
     return f"To accept: {tolerance_hint.format(atol=need_atol, rtol=rtol)} or a waiver"
 
 

@@ -73,4 +73,4 @@ def layer_compile(ctx: CheckContext, unit: Unit) -> Verdict:
                           tolerance_hint="(compiled and eager must agree)")
     if cmp.outcome is Outcome.FAIL:
         return failed(f"compiled result differs from eager: {cmp.message}{where}")
-    return passed(None, max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err)
+    return passed(None, max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err, err_to_tol=cmp.err_to_tol)

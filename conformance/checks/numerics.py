@@ -95,7 +95,7 @@ def _ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
               f"seed {ctx.seed} (input seed {unit_seed(ctx.seed, unit.op, unit.case, unit.dtype)}); "
               f"args: {describe_args(op.param_names, args)}]")
     return Verdict(cmp.outcome, cmp.message + (suffix if cmp.outcome is not Outcome.PASS else ""),
-                   cmp.max_abs_err, cmp.max_rel_err)
+                   cmp.max_abs_err, cmp.max_rel_err, err_to_tol=cmp.err_to_tol)
 
 
 @check("numerics", "ir_property", units=Inventory.ir_property_units)
@@ -119,7 +119,8 @@ def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
     where = f"[op {op.name}, provider {impl.provider}, dtype {unit.dtype}, seed {ctx.seed} (hypothesis seed {base_seed})"
     if ctx.draw is not None:
         return _replay_draw(ctx, op, impl, dtype, base_seed, where)
-    state = {"draws": [], "last": None, "quality": None, "runs": 0, "worst_abs": 0.0, "worst_rel": 0.0}
+    state = {"draws": [], "last": None, "quality": None, "runs": 0, "worst_abs": 0.0, "worst_rel": 0.0,
+             "worst_ratio": 0.0}
 
     @settings(conformance_settings(PROPERTY_EXAMPLES[ctx.level]))
     @hypothesis_seed(base_seed)
@@ -141,6 +142,7 @@ def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
         cmp = compare_ir(ctx, op, impl, args, dtype, compare_nan=True)
         state["worst_abs"] = max(state["worst_abs"], cmp.max_abs_err or 0.0)
         state["worst_rel"] = max(state["worst_rel"], cmp.max_rel_err or 0.0)
+        state["worst_ratio"] = max(state["worst_ratio"], cmp.err_to_tol or 0.0)
         if cmp.outcome is Outcome.FAIL:
             state["last"] = cmp
             raise AssertionError(cmp.message)
@@ -156,7 +158,8 @@ def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
         msg = cmp.message if cmp is not None else "property failed"
         drawn = format_draw(state["draws"])
         return Verdict(Outcome.FAIL, f"{msg} {where}; smallest failing draw: {drawn}]",
-                       cmp.max_abs_err if cmp else None, cmp.max_rel_err if cmp else None, draw=drawn)
+                       cmp.max_abs_err if cmp else None, cmp.max_rel_err if cmp else None, draw=drawn,
+                       err_to_tol=cmp.err_to_tol if cmp else None)
     except KernelRaised as exc:
         drawn = format_draw(state["draws"])
         return Verdict(Outcome.ERROR, f"{exc.where} raised {type(exc.exc).__name__}: {exc.exc} {where}; "
@@ -168,8 +171,9 @@ def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
         cmp, draws = state["quality"]
         drawn = format_draw(draws)
         return Verdict(Outcome.QUALITY_WARNING, f"{cmp.message} {where}; draw: {drawn}]",
-                       state["worst_abs"], state["worst_rel"], draw=drawn)
-    return Verdict(Outcome.PASS, f"{state['runs']} draws within tolerance", state["worst_abs"], state["worst_rel"])
+                       state["worst_abs"], state["worst_rel"], draw=drawn, err_to_tol=state["worst_ratio"])
+    return Verdict(Outcome.PASS, f"{state['runs']} draws within tolerance", state["worst_abs"], state["worst_rel"],
+                   err_to_tol=state["worst_ratio"])
 
 
 def _replay_draw(ctx: CheckContext, op, impl, dtype: torch.dtype, base_seed: int, where: str) -> Verdict:
@@ -183,7 +187,8 @@ def _replay_draw(ctx: CheckContext, op, impl, dtype: torch.dtype, base_seed: int
         return not_supported(f"{note} {where}; draw: {text}]")
     cmp = compare_ir(ctx, op, impl, args, dtype, compare_nan=True)
     suffix = "" if cmp.outcome is Outcome.PASS else f" {where}; draw: {text}; args: {describe_args(op.param_names, args)}]"
-    return Verdict(cmp.outcome, cmp.message + suffix, cmp.max_abs_err, cmp.max_rel_err, draw=text)
+    return Verdict(cmp.outcome, cmp.message + suffix, cmp.max_abs_err, cmp.max_rel_err, draw=text,
+                   err_to_tol=cmp.err_to_tol)
 
 
 # ----- CustomOp replacements -------------------------------------------------------------------
@@ -251,4 +256,4 @@ def _layer_case(ctx: CheckContext, unit: Unit) -> Verdict:
     suffix = (f" [{replacement.__qualname__}.{method} vs {in_tree.__name__}.forward_native, case {unit.case}, "
               f"dtype {unit.dtype}, seed {ctx.seed}]")
     return Verdict(cmp.outcome, cmp.message + (suffix if cmp.outcome is not Outcome.PASS else ""),
-                   cmp.max_abs_err, cmp.max_rel_err)
+                   cmp.max_abs_err, cmp.max_rel_err, err_to_tol=cmp.err_to_tol)

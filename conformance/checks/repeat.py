@@ -82,7 +82,7 @@ def ir_repeat(ctx: CheckContext, unit: Unit) -> Verdict:
                                   "its result per signature (shapes, strides, dtype) instead of computing it from the "
                                   "data; cache only what does not depend on the values")
         return failed(f"called a second time with new data of the same shapes, the result is wrong: {cmp.message}"
-                      f"{about}", max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err)
+                      f"{about}", max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err, err_to_tol=cmp.err_to_tol)
     now = _values(out1)
     changed = [k for k, (x, y) in enumerate(zip(kept, now)) if not _same_values([x], [y])]
     shared = [k for k, (x, y) in enumerate(zip(as_outputs(out1), as_outputs(out2)))

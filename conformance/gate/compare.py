@@ -3,7 +3,8 @@
 Results are matched by `conformance.results.result.case_key`. A regression is a case that passed before
 and is anything else now, or a case that blocks conformance now (FAIL, ERROR, TIMEOUT, CRASH, or
 XPASS) and did not before, new cases included. An improvement is the reverse. Cases only in one
-file are listed as added or removed.
+file are listed as added or removed. Files of two platforms are not compared at all (the command
+refuses them, conformance.gate.comparable): every difference would read as a regression.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from conformance.gate.comparable import platform_name, require_same_platform
 from conformance.results.result import CaseKey, Outcome, case_key, describe
 
 BAD = frozenset({Outcome.FAIL, Outcome.ERROR, Outcome.TIMEOUT, Outcome.CRASH, Outcome.XPASS})
@@ -41,7 +43,7 @@ class Comparison:
     added: list[Change]
     removed: list[Change]
     unchanged: int
-    notes: list[str]             # the files differ in platform, level or seed
+    notes: list[str]             # the files differ in level or seed, or one is incomplete
 
 
 def _classify(before: Outcome | None, after: Outcome | None) -> str:
@@ -64,8 +66,7 @@ def _index(doc: dict[str, Any]) -> dict[CaseKey, dict[str, Any]]:
 
 def _notes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     notes = []
-    for label, get in (("platform", lambda d: (d.get("platform") or {}).get("name")),
-                       ("level", lambda d: (d.get("run") or {}).get("level")),
+    for label, get in (("level", lambda d: (d.get("run") or {}).get("level")),
                        ("seed", lambda d: (d.get("environment") or {}).get("seed"))):
         a, b = get(old), get(new)
         if a is not None and b is not None and a != b:
@@ -79,6 +80,8 @@ def _notes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def compare(old: dict[str, Any], new: dict[str, Any], old_label: str = "OLD", new_label: str = "NEW") -> Comparison:
+    """What changed from `old` to `new`; NotComparable when they are runs of different platforms."""
+    require_same_platform((old_label, platform_name(old)), (new_label, platform_name(new)))
     before, after = _index(old), _index(new)
     buckets: dict[str, list[Change]] = {k: [] for k in ("regression", "improvement", "changed", "added", "removed")}
     unchanged = 0

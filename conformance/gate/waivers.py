@@ -1,8 +1,12 @@
 """Expected-failures manifest (`--conformance-waivers`) and the baseline gate (`--conformance-baseline`).
 
 A waiver matches results by `check`, `op`, `provider`, `dtype`, `case` (each optional, shell-style
-patterns) and must give a `reason`. TOML: `[[waiver]]` tables; JSON: a list, or {"waivers": [...]}.
-A covered failure becomes XFAIL; a covered PASS becomes XPASS (the waiver is stale).
+patterns) and must give a `reason`. `check` names checks as repro lines do (`numerics.ir_case`) or
+by family (`numerics`). TOML: `[[waiver]]` tables; JSON: a list, or {"waivers": [...]}.
+A waiver is for failures: a covered FAIL, ERROR, TIMEOUT or CRASH becomes XFAIL. A PASS stays PASS,
+except under a waiver that names that one case exactly (`names_exactly`), which is stale once it
+passes: XPASS. A broader waiver (a pattern, a family, a field left out) that covers no failure by
+the end of the run is reported as stale, without failing the run (docs/waivers-and-baselines.md).
 """
 
 from __future__ import annotations
@@ -10,14 +14,32 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
+import re
 
-from conformance.results.result import BLOCKING, CheckResult, Outcome
+from conformance.results.result import BLOCKING, FAMILIES, CheckResult, Outcome, suite_function
 
 MATCH_FIELDS = ("check", "op", "provider", "dtype", "case")
+PATTERN_CHARS = frozenset("*?[")
 
 
 class WaiverFileError(ValueError):
     """The manifest cannot be read; the message names the file and the entry."""
+
+
+_REPRO_CHECK = re.compile(r"--check (\w+\.\w+)")
+
+
+def check_name(result: CheckResult) -> str:
+    """'numerics.ir_case': the check as the result's repro line names it (else from the suite function)."""
+    named = _REPRO_CHECK.search(result.repro or "")
+    if named:
+        return named.group(1)
+    test = suite_function(result.nodeid).removeprefix("test_")
+    return f"{result.check}.{test}" if test else result.check
+
+
+def is_pattern(value: str) -> bool:
+    return any(c in PATTERN_CHARS for c in value)
 
 
 @dataclasses.dataclass
@@ -28,12 +50,25 @@ class Waiver:
     provider: str | None = None
     dtype: str | None = None
     case: str | None = None
-    used: int = 0
 
     def matches(self, result: CheckResult) -> bool:
-        for field in MATCH_FIELDS:
+        if self.check is not None and not (fnmatch.fnmatchcase(result.check, self.check)
+                                           or fnmatch.fnmatchcase(check_name(result), self.check)):
+            return False
+        for field in MATCH_FIELDS[1:]:
             pattern = getattr(self, field)
             if pattern is not None and not fnmatch.fnmatchcase(str(getattr(result, field)), pattern):
+                return False
+        return True
+
+    def names_exactly(self, result: CheckResult) -> bool:
+        """Whether this waiver names exactly this one result: `check` is its FAMILY.CHECK and every other field
+        the result has (op, provider, dtype, case where not null) is given literally, without a pattern."""
+        if self.check != check_name(result):
+            return False
+        for field in MATCH_FIELDS[1:]:
+            value = getattr(result, field)
+            if value is not None and getattr(self, field) != value:
                 return False
         return True
 
@@ -57,6 +92,23 @@ def _entries(path: str, data, key: str, form: str) -> list:
     return data
 
 
+def _check_names() -> list[str]:
+    from conformance.checks import records
+
+    return sorted(records())
+
+
+def _check_problem(value: str) -> str | None:
+    """Why a waiver's `check` can match nothing, or None: a literal must be a family or a FAMILY.CHECK."""
+    if is_pattern(value) or value in FAMILIES:
+        return None
+    names = _check_names()
+    if value in names:
+        return None
+    return (f"check {value!r} names no check: give a family ({', '.join(FAMILIES)}) or FAMILY.CHECK as repro lines "
+            f"print it ({', '.join(names)}), or a pattern")
+
+
 def load_waivers(path: str) -> list[Waiver]:
     """The manifest's waivers; WaiverFileError (one line naming the file) when it cannot serve as one."""
     try:
@@ -66,7 +118,7 @@ def load_waivers(path: str) -> list[Waiver]:
             with open(path, "rb") as fh:
                 entries = _entries(path, tomllib.load(fh), "waiver", "[[waiver]] tables")
         else:
-            with open(path) as fh:
+            with open(path, encoding="utf-8") as fh:
                 data = json.load(fh)
             entries = _entries(path, data, "waivers", 'a list of waivers or {"waivers": [...]}')
     except WaiverFileError:
@@ -82,25 +134,45 @@ def load_waivers(path: str) -> list[Waiver]:
             raise WaiverFileError(f"{path}: waiver {i} has unknown keys {sorted(unknown)}")
         if not entry.get("reason"):
             raise WaiverFileError(f"{path}: waiver {i} ({entry}) needs a reason")
-        waivers.append(Waiver(**{k: str(v) for k, v in entry.items()}))
+        not_text = sorted(k for k, v in entry.items() if not isinstance(v, str))
+        if not_text:
+            raise WaiverFileError(f"{path}: waiver {i}: {', '.join(not_text)} must be text (a name or a pattern)")
+        problem = _check_problem(entry["check"]) if "check" in entry else None
+        if problem:
+            raise WaiverFileError(f"{path}: waiver {i}: {problem}")
+        waivers.append(Waiver(**entry))
     return waivers
 
 
 def apply_waivers(result: CheckResult, waivers: list[Waiver]) -> CheckResult:
-    """XFAIL for a covered failure, XPASS for a covered pass; other outcomes are left alone."""
-    for waiver in waivers:
-        if not waiver.matches(result):
-            continue
-        waiver.used += 1
-        if result.outcome in BLOCKING:
-            return dataclasses.replace(result, outcome=Outcome.XFAIL,
-                                       message=f"waived ({waiver.reason}); was {result.outcome.value}: {result.message}")
-        if result.outcome is Outcome.PASS:
-            return dataclasses.replace(result, outcome=Outcome.XPASS,
-                                       message=f"passed, yet waived ({waiver.reason}): the waiver "
-                                               f"[{waiver.describe()}] is stale; remove it")
-        return result
+    """XFAIL for a covered failure (the first covering waiver's reason); XPASS for a PASS that a waiver names
+    exactly; every other result, a PASS under a broader waiver included, is left alone."""
+    if result.outcome in BLOCKING:
+        for waiver in waivers:
+            if waiver.matches(result):
+                return dataclasses.replace(result, outcome=Outcome.XFAIL, message=f"waived ({waiver.reason}); "
+                                           f"was {result.outcome.value}: {result.message}")
+    elif result.outcome is Outcome.PASS:
+        for waiver in waivers:
+            if waiver.matches(result) and waiver.names_exactly(result):
+                return dataclasses.replace(result, outcome=Outcome.XPASS,
+                                           message=f"passed, yet waived ({waiver.reason}): the waiver "
+                                                   f"[{waiver.describe()}] is stale; remove it")
     return result
+
+
+def stale_waivers(waivers: list[Waiver], results: list[CheckResult]) -> list[tuple[Waiver, str]]:
+    """(waiver, why) for each waiver that waived nothing in a run with these (already waived) results: it matched
+    no result, or every result it covers passed (a broad waiver; one naming a case exactly made it XPASS)."""
+    stale = []
+    for waiver in waivers:
+        covered = [r for r in results if waiver.matches(r)]
+        if any(r.outcome is Outcome.XFAIL or (r.outcome is Outcome.XPASS and waiver.names_exactly(r))
+               for r in covered):
+            continue
+        stale.append((waiver, "matched no result of this run" if not covered else
+                      f"covers {len(covered)} results of this run, none of them failing: it is stale"))
+    return stale
 
 
 def result_key(r) -> tuple:
@@ -108,18 +180,24 @@ def result_key(r) -> tuple:
     return tuple(get(k) for k in MATCH_FIELDS)
 
 
-def load_baseline(path: str) -> dict[tuple, str]:
+def load_baseline(path: str, platform: str | None = None) -> dict[tuple, str]:
     """Result key -> outcome of an earlier results file; WaiverFileError (one line naming the file and the
-    problem) when it is unreadable or not shaped like a results file, so the gate is never off silently."""
+    problem) when it is unreadable, not shaped like a results file, or a run of another platform than
+    `platform` (its results would match nothing here), so the gate is never off silently."""
+    from conformance.gate.comparable import NotComparable, platform_name, require_same_platform
+    from conformance.results.result import ResultsFileError, load_results
+
     try:
-        with open(path) as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError) as exc:
-        raise WaiverFileError(f"cannot read baseline {path}: {' '.join(str(exc).split())}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
-        found = f"top-level keys {sorted(doc)}" if isinstance(doc, dict) else f"a {type(doc).__name__}"
+        doc = load_results(path)
+    except ResultsFileError as exc:
+        raise WaiverFileError(f"cannot read baseline {exc}") from None
+    if not isinstance(doc.get("results"), list):
         raise WaiverFileError(f"baseline {path} is not a results file: expected an object with a 'results' list, "
-                              f"found {found}")
+                              f"found top-level keys {sorted(doc)}")
+    try:
+        require_same_platform((f"baseline {path}", platform_name(doc)), ("this run", platform))
+    except NotComparable as exc:
+        raise WaiverFileError(str(exc)) from None
     outcomes = {o.value for o in Outcome}
     baseline = {}
     for i, r in enumerate(doc["results"]):

@@ -1,65 +1,33 @@
-"""The tolerance a result was judged against, looked up from reference_impl, for error-to-tolerance ratios.
+"""The one error-to-tolerance ratio: how far a result went into the tolerance it was judged against.
 
-IR ops: `IrOp.get_tolerance(dtype)`; CustomOp layers: the in-tree class's declared record
-(`conformance_of(cls).get_tolerance`); the model
-family: the model check's tolerances. None where the name or dtype is unknown here (a results file
-from another version), and the report then shows the plain absolute error.
+A check allows |out - native| <= atol + rtol*|native| per element, so an element's ratio is
+|out - native| / (atol + rtol*|native|) and a result's is its worst element's: at most 1 within
+tolerance, above 1 a FAIL (or a PASS the float64 grade cleared, whose message says native is the
+less precise one). It is computed once, where the checks compare outputs
+(`conformance.checks.comparison`), stored in the result as `err_to_tol`, and only read after that:
+the FAIL message's "Nx the tolerance", the results file, the Markdown findings and the HTML
+heatmap and worst cases all show this number, printed by `ratio_text`.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 
-@functools.lru_cache(maxsize=1)
-def _catalog():
-    """(IR ops by name, in-tree CustomOp classes by registered name, model tolerances), or None."""
-    try:
-        from conformance.checks.model import MODEL_TOLERANCES
-        from conformance.collect.inventory import import_catalog
-        from reference_impl.custom_op import CustomOp
-        from reference_impl.ir.op import IrOp
-
-        import_catalog()
-        return dict(IrOp.registry), dict(CustomOp.op_registry), dict(MODEL_TOLERANCES)
-    except Exception:  # noqa: BLE001 - the report still renders, with absolute errors
-        return None
+def element_ratios(diff: torch.Tensor, native: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
+    """Per element diff / (atol + rtol*|native|), with `diff` = |out - native| (inf where the output is nan and
+    native finite); an allowed error of 0 (atol 0 and native 0) divides by 1e-300 instead."""
+    return diff / (atol + rtol * native.abs()).clamp_min(1e-300)
 
 
-def tolerance(check: str, op: str | None, dtype: str | None, layer: bool) -> tuple[float, float] | None:
-    """(atol, rtol) that `check` applied to `op` at `dtype`, or None when not known here."""
-    catalog = _catalog()
-    torch_dtype = getattr(torch, dtype or "", None)
-    if catalog is None or op is None or not isinstance(torch_dtype, torch.dtype):
-        return None
-    ir_ops, layers, model = catalog
-    try:
-        if check == "model":
-            return tuple(model[torch_dtype])
-        if layer:
-            from reference_impl.layers.cases import conformance_of
-
-            return tuple(conformance_of(layers[op]).get_tolerance(torch_dtype))
-        return tuple(ir_ops[op].get_tolerance(torch_dtype))
-    except (KeyError, AttributeError, TypeError):
-        return None
+def error_to_tolerance(diff: torch.Tensor, native: torch.Tensor, atol: float, rtol: float,
+                       where: torch.Tensor) -> float:
+    """The result's ratio: the largest `element_ratios` over the elements in `where`; 0.0 when it selects none."""
+    if not bool(where.any()):
+        return 0.0
+    return float(element_ratios(diff, native, atol, rtol)[where].max())
 
 
-def error_ratio(check: str, op: str | None, dtype: str | None, layer: bool, max_abs_err: float | None,
-                max_rel_err: float | None = None) -> float | None:
-    """How far a result went into its tolerance: min(max abs err / atol, max rel err / rtol).
-
-    A check allows |out - native| <= atol + rtol*|native| per element, so an element within either
-    bound alone is within tolerance; with only the per-result maxima at hand, the smaller quotient
-    is the estimate (1.0: at the edge). The plain abs/atol would call large-valued, rtol-limited
-    outputs 30x over. None when there is no error or no known tolerance.
-    """
-    tol = tolerance(check, op, dtype, layer)
-    if max_abs_err is None or tol is None or tol[0] <= 0:
-        return None
-    ratio = max_abs_err / tol[0]
-    if max_rel_err is not None and tol[1] > 0:
-        ratio = min(ratio, max_rel_err / tol[1])
-    return ratio
+def ratio_text(ratio: float) -> str:
+    """The ratio as every message and report prints it: four significant digits ('200.1')."""
+    return f"{ratio:.4g}"

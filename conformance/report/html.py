@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import re
+
 import jinja2
+import markupsafe
 
 from conformance.report.html_template import CSS, TEMPLATE
 from conformance.report.matrix import matrix, render_markdown as matrix_markdown, totals
@@ -25,14 +28,30 @@ COVERAGE_PARTS = [("implemented (providers)", "implemented"), ("native fallback"
                    "not_covered")]
 
 
+SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
+
+
+def short_dtype(name: str) -> str:
+    """A heatmap column header: 'bf16' for bfloat16 (the full name is its tooltip), other names as they are."""
+    return SHORT_DTYPES.get(name, name)
+
+
 class _Legend:
     def __init__(self, outcome: Outcome):
         self.name, self.css = outcome.value, outcome_css(outcome)
 
 
+def wbr(name: object) -> markupsafe.Markup:
+    """`name` escaped, with a line-break opportunity after each '.' and '_': a long qualified class or op name
+    wraps inside its cell instead of widening the table past the window."""
+    return markupsafe.Markup(re.sub(r"([._])", r"\1<wbr>", str(markupsafe.escape(name))))
+
+
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
-                              lstrip_blocks=True)
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True)
+    env.filters["wbr"] = wbr
+    return env
 
 
 def render_html(files: Sequence[tuple[str, dict[str, Any]]]) -> str:
@@ -43,7 +62,7 @@ def render_html(files: Sequence[tuple[str, dict[str, Any]]]) -> str:
     return _environment().from_string(TEMPLATE).render(
         title=title, css=CSS, views=views, outcomes=[_Legend(o) for o in Outcome], scorecard_legend=LEGEND,
         matrix_columns=columns, matrix_rows=rows, matrix_totals=totals(rows, len(columns)),
-        coverage_parts=COVERAGE_PARTS)
+        coverage_parts=COVERAGE_PARTS, short_dtype=short_dtype)
 
 
 def render_markdown(files: Sequence[tuple[str, dict[str, Any]]]) -> str:

@@ -25,8 +25,20 @@ td.num, th.num { text-align: right; }
 .v-good { background: var(--pass); } .v-bad { background: var(--fail); } .v-partial { background: var(--qw); }
 .chips span { display: inline-block; margin: 2px 6px 2px 0; padding: 1px 8px; border-radius: 10px; }
 div.wide { overflow-x: auto; }
-table.heat td { text-align: center; min-width: 38px; font-variant-numeric: tabular-nums; }
-table.heat td.op, table.matrix td.op { text-align: left; white-space: nowrap; }
+table.heat td { text-align: center; min-width: 30px; padding: 3px 4px; font-variant-numeric: tabular-nums; }
+table.matrix td.op { text-align: left; white-space: nowrap; }
+/* The heatmap fits a laptop screen: one label column (op, provider beneath, long class names break at
+   their dots), short dtype headers; when it is still wider or taller than the window it scrolls inside
+   a box no taller than the window, so both scroll bars are on screen, and the header row and the label
+   column stay in view while it scrolls. */
+div.heatwrap { overflow: auto; max-height: 85vh; max-width: 100%; }
+table.heat thead { position: sticky; top: 0; z-index: 2; }
+table.heat td.op, table.heat th.op { position: sticky; left: 0; z-index: 1; background: #fff; text-align: left;
+       max-width: 16em; }
+table.scorecard td { max-width: 30em; }
+table.cases td code { overflow-wrap: anywhere; }
+table.heat th.op { z-index: 3; background: #eef1f4; }
+table.heat .prov { color: #59626c; font-size: 12px; overflow-wrap: anywhere; }
 .o-pass { background: var(--pass); color: #fff; } .o-not-implemented { background: var(--ni); }
 .o-not-supported { background: var(--ns); } .o-skip { background: var(--skip); }
 .o-xfail { background: var(--xfail); } .o-quality-warning { background: var(--qw); }
@@ -83,38 +95,45 @@ to the native implementation; <em>-</em>: not in that run.</p>
 <p class="note">{{ scorecard_legend }}</p>
 <div class="wide"><table class="scorecard">
 <tr>{% for h in v.scorecard[0] %}<th>{{ h }}</th>{% endfor %}</tr>
-{% for row in v.scorecard[1] %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
+{% for row in v.scorecard[1] %}<tr>{% for cell in row %}<td>{{ cell|wbr }}</td>{% endfor %}</tr>
 {% endfor %}</table></div>
 
 <h3>Heatmap: op &times; dtype &times; family</h3>
 <p class="note">Colour: the worst outcome in the cell among results that judged an implementation. Number: the
-worst error-to-tolerance ratio, min(max abs err / atol, max rel err / rtol) against the op's tolerance for that dtype
-(1 is the edge of the tolerance; a passing result is within it everywhere, so it shows at most 1); <em>abs</em>: the plain max abs error where no tolerance is known; <em>n=</em>: the
+worst error-to-tolerance ratio of the cell's results, the worst element's |out &minus; native| / (atol + rtol&middot;|native|)
+with the tolerance the check applied: the number their messages and the err / tol column quote, to 3 digits here (1 is
+the edge of the tolerance; a passing result shows at most 1); <em>abs</em>: the plain max abs error where the results
+carry no ratio (files written by older versions); <em>n=</em>: the
 number of results where no error is measured. A grey left edge: some results of the cell were not supported or not
 implemented (not judged). Hover for the counts.</p>
 {{ legend() }}
-{% if v.heatmap %}<div class="wide"><table class="heat">
-<tr><th rowspan="2">op</th><th rowspan="2">provider</th>{% for fam, n in v.families %}<th colspan="{{ n }}">{{ fam }}</th>{% endfor %}</tr>
-<tr>{% for fam, dt in v.columns %}<th>{{ dt }}</th>{% endfor %}</tr>
-{% for label, provider, cells in v.heatmap %}<tr><td class="op">{{ label }}</td><td class="op">{{ provider }}</td>{% for c in cells %}{% if c %}<td class="{{ c.css }}" title="{{ c.title }}">{{ c.text }}</td>{% else %}<td class="empty"></td>{% endif %}{% endfor %}</tr>
-{% endfor %}</table></div>{% else %}<p>No implementation of the platform was judged.</p>{% endif %}
+{% if v.heatmap %}<div class="heatwrap"><table class="heat">
+<thead><tr><th rowspan="2" class="op">op / provider</th>{% for fam, n in v.families %}<th colspan="{{ n }}">{{ fam }}</th>{% endfor %}</tr>
+<tr>{% for fam, dt in v.columns %}<th title="{{ dt }}">{{ short_dtype(dt) }}</th>{% endfor %}</tr></thead>
+<tbody>{% for label, provider, cells in v.heatmap %}<tr><td class="op">{{ label|wbr }}<br><span class="prov">{{ provider|wbr }}</span></td>{% for c in cells %}{% if c %}<td class="{{ c.css }}" title="{{ c.title }}">{{ c.text }}</td>{% else %}<td class="empty"></td>{% endif %}{% endfor %}</tr>
+{% endfor %}</tbody></table></div>{% else %}<p>No implementation of the platform was judged.</p>{% endif %}
 
 <h3>Worst cases</h3>
 {% if v.worst %}<table class="cases">
 <tr><th>outcome</th><th>case</th><th class="num">err / tol</th><th>message</th><th>repro</th></tr>
 {% for c in v.worst %}<tr><td class="{{ c.css }}">{{ c.result.outcome.value }}</td><td><code>{{ c.result.nodeid }}</code></td>
-<td class="num">{{ "%.3g"|format(c.ratio) if c.ratio is not none else "" }}</td><td><pre class="msg">{{ c.result.message }}</pre></td>
+<td class="num">{{ c.ratio_text }}</td><td><pre class="msg">{{ c.result.message }}</pre></td>
 <td class="repro"><code>{{ c.result.repro }}</code></td></tr>
 {% endfor %}</table>{% else %}<p>No failing, waived or warned case.</p>{% endif %}
 {% if v.closest %}<p class="note">Passing cases nearest their tolerance (a passing result shows at most 1):</p>
 <table class="cases"><tr><th>case</th><th class="num">err / tol</th><th>repro</th></tr>
-{% for c in v.closest %}<tr><td><code>{{ c.result.nodeid }}</code></td><td class="num">{{ "%.3g"|format(c.ratio) }}</td><td class="repro"><code>{{ c.result.repro }}</code></td></tr>
+{% for c in v.closest %}<tr><td><code>{{ c.result.nodeid }}</code></td><td class="num">{{ c.ratio_text }}</td><td class="repro"><code>{{ c.result.repro }}</code></td></tr>
 {% endfor %}</table>{% endif %}
 
 <h3>Coverage</h3>
-<p>IR ops implemented: <strong>{{ v.coverage.implemented|length }}</strong> of {{ v.coverage.implemented|length + v.coverage.fallback|length }};
+{% if v.coverage_scope and v.coverage_scope.startswith("INCOMPLETE") %}<p>IR ops implemented so far: <strong>{{ v.coverage.implemented|length }}</strong>;
+native fallback so far: <strong>{{ v.coverage.fallback|length }}</strong>.
+CustomOp layers replaced so far: <strong>{{ v.coverage.replaced|length }}</strong>; left to the in-tree class so far: <strong>{{ v.coverage.not_replaced|length }}</strong>.</p>
+<p class="note">{{ v.coverage_scope }}.</p>
+{% else %}<p>IR ops implemented: <strong>{{ v.coverage.implemented|length }}</strong> of {{ v.coverage.implemented|length + v.coverage.fallback|length }};
 native fallback: <strong>{{ v.coverage.fallback|length }}</strong>.
 CustomOp layers replaced: <strong>{{ v.coverage.replaced|length }}</strong> of {{ v.coverage.replaced|length + v.coverage.not_replaced|length }}.</p>
+{% if v.coverage_scope %}<p class="note">{{ v.coverage_scope }}.</p>{% endif %}{% endif %}
 {% for title, key in coverage_parts %}{% if v.coverage[key] %}<p class="note">{{ title }}:</p><ul class="names">{% for n in v.coverage[key] %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}{% endfor %}
 
 <h3>Environment</h3>

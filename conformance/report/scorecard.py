@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from tabulate import tabulate
 
 from conformance.judge.hints import cause_hint
+from conformance.judge.tolerances import ratio_text
 from conformance.results.result import CONFORMANT, CheckResult, Outcome, summarize, verdict
 
 FAMILY_COLUMNS = ("numerics", "aliasing", "compile", "dispatch", "model")
@@ -106,16 +107,34 @@ def layer_coverage(results: Sequence[CheckResult]) -> str | None:
     return f"CustomOp layers not replaced (forward_native runs, nothing to check): {len(names)}: {shown}"
 
 
-def coverage(results: Sequence[CheckResult], ir_ops: Sequence[str] | None = None) -> str:
-    """'ops implemented / ops in the catalog' from the results (dispatch coverage marks the rest)."""
+def coverage_scope(run: dict | None) -> str | None:
+    """What the coverage figures of a run that did not check everything are counted over, or None for a
+    complete, unnarrowed run. An incomplete run says what was planned against what ran, so "1 / 1 IR ops"
+    of a run killed after three results cannot read as full coverage."""
+    complete, partial, _ = run_banner(run)
+    if not complete:
+        if not isinstance(run, dict):
+            return "INCOMPLETE: the file does not say what the run planned; counted over the results it holds"
+        return (f"INCOMPLETE run: {run.get('written_results')} of {run.get('expected_results')} planned results "
+                "written; counted over those, ops and layers the run did not reach are missing")
+    return "PARTIAL SELECTION: counted over the selected checks only" if partial else None
+
+
+def coverage(results: Sequence[CheckResult], ir_ops: Sequence[str] | None = None, scope: str | None = None) -> str:
+    """'ops implemented / ops in the catalog' from the results (dispatch coverage marks the rest); with a
+    `scope` (coverage_scope), the counts of what was reached instead of a fraction that looks final."""
     results = [r for r in results if not is_layer_result(r) and r.check != "model"]
     not_impl = {r.op for r in results if r.outcome is Outcome.NOT_IMPLEMENTED}
     implemented = {r.op for r in results if r.provider and r.op and r.op not in not_impl}
     total = set(ir_ops) if ir_ops is not None else (implemented | not_impl)
     done = sorted(implemented & total) if ir_ops is not None else sorted(implemented)
-    return (f"coverage: {len(done)} / {len(total)} IR ops implemented"
-            + (f" ({', '.join(done)})" if done else "")
-            + (f"; native fallback: {len(not_impl)}" if not_impl else ""))
+    names = f" ({', '.join(done)})" if done else ""
+    if scope is not None and scope.startswith("INCOMPLETE"):
+        catalog = f" of the {len(total)} in the catalog" if ir_ops is not None else ""
+        return (f"coverage so far: {len(done)} IR ops implemented{catalog}{names}; native fallback: {len(not_impl)} "
+                f"({scope})")
+    return (f"coverage: {len(done)} / {len(total)} IR ops implemented{names}"
+            + (f"; native fallback: {len(not_impl)}" if not_impl else "") + (f" ({scope})" if scope else ""))
 
 
 def worst(results: Sequence[CheckResult], n: int = 8) -> list[CheckResult]:
@@ -178,7 +197,7 @@ def render_scorecard(results: Sequence[CheckResult], *, platform: str, ir_ops: S
     lines += [f"WARNING: {note}" for note in notes]
     lines += [tabulate(rows, headers=headers, tablefmt="simple") if rows else "(no implementation of the platform "
               "was checked)", LEGEND,
-              coverage(results, ir_ops) + ("" if complete and not partial else " (of the results written)")]
+              coverage(results, ir_ops, coverage_scope(run) if run is not None else None)]
     if layer_note:
         lines.append(layer_note)
     layers = layer_coverage(results)
@@ -259,7 +278,7 @@ def render_markdown(doc: dict) -> str:
             f"- environment: {_environment_line(env)}",
             f"- run: {_run_line(doc.get('run'))}",
             f"- verdict: **{verdict_text(doc['verdict'], complete, partial)}**",
-            f"- {coverage(results)}" + ("" if complete and not partial else " (of the results written)")]
+            f"- {coverage(results, scope=coverage_scope(doc.get('run')))}"]
     layers = layer_coverage(results)
     if layers:
         out.append(f"- {layers}")
@@ -280,7 +299,8 @@ def render_markdown(doc: dict) -> str:
         for r in sorted(problems, key=lambda r: -r.outcome.severity):
             if (r.message or "").startswith("not run:"):
                 continue   # one line per provider and op below, not one per check it never ran
-            out.append(f"- **{r.outcome.value}** `{r.nodeid}`: {_first_line(r.message, 400)}")
+            ratio = f" (err / tol {ratio_text(r.err_to_tol)})" if r.err_to_tol is not None else ""
+            out.append(f"- **{r.outcome.value}** `{r.nodeid}`{ratio}: {_first_line(r.message, 400)}")
             if r.repro:
                 out.append(f"  - repro: `{r.repro}`")
             if r.outcome is Outcome.CRASH:

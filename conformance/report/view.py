@@ -2,7 +2,8 @@
 
 Plain data built from the results (no markup here); `conformance.report.html` renders it. The
 heatmap has one row per (op, provider), one column per (family, dtype); a cell holds the worst
-outcome, the outcome counts and the worst error-to-tolerance ratio (`conformance.judge.tolerances`).
+outcome, the outcome counts and the worst error-to-tolerance ratio: the results' own `err_to_tol`,
+the number their messages quote (`conformance.judge.tolerances`).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import dataclasses
 from collections import Counter, defaultdict
 from typing import Any
 
-from conformance.judge.tolerances import error_ratio
-from conformance.report.scorecard import (FAMILY_COLUMNS, is_layer_result, is_not_covered_result, row_label,
-                                          scorecard_rows)
+from conformance.judge.tolerances import ratio_text
+from conformance.report.scorecard import (FAMILY_COLUMNS, coverage_scope, is_layer_result, is_not_covered_result,
+                                          row_label, scorecard_rows)
 from conformance.results.result import CONFORMANT, CheckResult, Outcome, summarize
 
 DTYPE_ORDER = ("float32", "float16", "bfloat16")
@@ -31,8 +32,8 @@ def outcome_css(outcome: Outcome) -> str:
 class Cell:
     outcome: Outcome             # the worst outcome that judged an implementation, if any did
     counts: dict[str, int]
-    ratio: float | None          # worst error-to-tolerance ratio (conformance.judge.tolerances.error_ratio)
-    abs_err: float | None        # worst max_abs_err, shown where no tolerance is known
+    ratio: float | None          # worst err_to_tol of the cell's results (conformance.judge.tolerances)
+    abs_err: float | None        # worst max_abs_err, shown where no result has an err_to_tol
 
     @property
     def css(self) -> str:
@@ -43,7 +44,7 @@ class Cell:
     @property
     def text(self) -> str:
         if self.ratio is not None:
-            return f"{self.ratio:.2g}"
+            return f"{self.ratio:.3g}"
         if self.abs_err is not None:
             return f"abs {self.abs_err:.1e}"
         return f"n={sum(self.counts.values())}"
@@ -51,7 +52,7 @@ class Cell:
     @property
     def title(self) -> str:
         counts = ", ".join(f"{n} {o}" for o, n in self.counts.items())
-        extra = (f"; worst error / tolerance {self.ratio:.3g}" if self.ratio is not None
+        extra = (f"; worst error / tolerance {ratio_text(self.ratio)}" if self.ratio is not None
                  else f"; worst abs err {self.abs_err:.3g}" if self.abs_err is not None else "")
         return counts + extra
 
@@ -64,6 +65,10 @@ class Case:
     @property
     def css(self) -> str:
         return outcome_css(self.result.outcome)
+
+    @property
+    def ratio_text(self) -> str:
+        return ratio_text(self.ratio) if self.ratio is not None else ""
 
 
 @dataclasses.dataclass
@@ -80,6 +85,7 @@ class PlatformView:
     worst: list[Case]
     closest: list[Case]                                 # passing cases nearest their tolerance
     coverage: dict[str, list[str]]
+    coverage_scope: str | None                          # what an incomplete or narrowed run's coverage counts
     environment: list[tuple[str, str]]
 
 
@@ -100,17 +106,9 @@ class PlatformView:
         return out
 
 
-WITHIN_TOLERANCE = frozenset({Outcome.PASS, Outcome.QUALITY_WARNING})
-
-
-def _raw_ratio(r: CheckResult) -> float | None:
-    return error_ratio(r.check, r.op, r.dtype, is_layer_result(r), r.max_abs_err, r.max_rel_err)
-
-
 def _ratio(r: CheckResult) -> float | None:
-    """The result's error-to-tolerance estimate; at most 1 where the check found every element within tolerance."""
-    ratio = _raw_ratio(r)
-    return min(ratio, 1.0) if ratio is not None and r.outcome in WITHIN_TOLERANCE else ratio
+    """The result's error-to-tolerance ratio as its check computed it (None in files written before it was)."""
+    return r.err_to_tol
 
 
 def verdict_label(doc: dict[str, Any]) -> tuple[str, str]:
@@ -209,11 +207,11 @@ def platform_view(label: str, doc: dict[str, Any]) -> PlatformView:
     bad = [c for c in ranked if c.result.outcome.blocks_conformance
            or c.result.outcome in (Outcome.XPASS, Outcome.QUALITY_WARNING, Outcome.XFAIL)]
     bad.sort(key=lambda c: (-c.result.outcome.severity, -(c.ratio or 0.0), c.result.nodeid or ""))
-    # ranked by the uncapped estimate, so cases that all show 1 still come in a meaningful order
     passing = sorted((c for c in ranked if c.result.outcome is Outcome.PASS and c.ratio is not None),
-                     key=lambda c: (-(_raw_ratio(c.result) or 0.0), c.result.nodeid or ""))
+                     key=lambda c: (-(c.ratio or 0.0), c.result.nodeid or ""))
     return PlatformView(label, doc, results, text, css, summarize(results), scorecard_rows(results), columns,
-                        heatmap, bad[:WORST_LISTED], passing[:5], _coverage(results), _environment(doc))
+                        heatmap, bad[:WORST_LISTED], passing[:5], _coverage(results), coverage_scope(doc.get("run")),
+                        _environment(doc))
 
 
 def labels(names_and_docs: list[tuple[str, dict[str, Any]]]) -> list[str]:

@@ -68,6 +68,7 @@ class CheckResult:
     max_rel_err: float | None = None
     repro: str | None = None
     duration_s: float | None = None
+    err_to_tol: float | None = None   # conformance.judge.tolerances; optional when reading
 
     def __post_init__(self):
         self.outcome = Outcome(self.outcome)
@@ -77,7 +78,7 @@ class CheckResult:
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["outcome"] = self.outcome.value
-        for key in ("max_abs_err", "max_rel_err"):
+        for key in ("max_abs_err", "max_rel_err", "err_to_tol"):
             value = data[key]
             if value is not None and not (value == value and abs(value) != float("inf")):
                 data[key] = None if value != value else (1e308 if value > 0 else -1e308)
@@ -184,10 +185,14 @@ def write_json_atomically(path: str, doc: dict[str, Any]) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".conformance-", suffix=".json", dir=directory)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(doc, fh, indent=1, allow_nan=False)
-    os.chmod(tmp, 0o644)   # mkstemp makes it private; a results file is for CI to read
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh, indent=1, allow_nan=False)
+        os.chmod(tmp, 0o644)   # mkstemp makes it private; a results file is for CI to read
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)         # no stray temporary file beside a path that cannot be written
+        raise
 
 
 class ResultsFileError(ValueError):
@@ -197,12 +202,17 @@ class ResultsFileError(ValueError):
 def load_results(path: str) -> dict[str, Any]:
     """The parsed document; ResultsFileError (one line) when the file is missing, unreadable or not JSON."""
     try:
-        with open(path) as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            data = fh.read()
     except FileNotFoundError:
         raise ResultsFileError(f"{path}: no such results file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise ResultsFileError(f"{path}: cannot read it ({type(exc).__name__}: {exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8-sig")   # a byte-order mark, as some editors write, is no problem
+    except UnicodeDecodeError as exc:
+        raise ResultsFileError(f"{path}: not a results file: not UTF-8 text (byte 0x{data[exc.start]:02x} at "
+                               f"offset {exc.start}); a results file is JSON written by --conformance-json") from None
     if not text.strip():
         raise ResultsFileError(f"{path}: the file is empty, not a results file") from None
     try:
@@ -240,3 +250,25 @@ def describe(key: CaseKey) -> str:
     check, test, *rest = key
     head = f"{check}.{test}" if test else str(check)
     return " ".join([head, *(str(x) for x in rest if x is not None)])
+
+
+def require_results_shape(path: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` when it has what merge and compare read (a `results` list of objects with a `check` and a valid
+    `outcome`; `run` and its `selection`, where present, objects); else ResultsFileError, one line naming the
+    file and the first problem (`conformance validate` lists them all). Older files without a run block pass."""
+    outcomes = {o.value for o in Outcome}
+    problem = None
+    results = doc.get("results")
+    run = doc.get("run", {})
+    if not isinstance(results, list):
+        problem = "its 'results' is not a list"
+    elif not isinstance(run, dict) or not isinstance(run.get("selection", {}), dict):
+        problem = "its 'run' block is not an object with a 'selection' object"
+    else:
+        bad = next((i for i, r in enumerate(results) if not isinstance(r, dict) or not isinstance(r.get("check"), str)
+                    or r.get("outcome") not in outcomes), None)
+        if bad is not None:
+            problem = f"results[{bad}] is not a result (an object with 'check' and a valid 'outcome')"
+    if problem:
+        raise ResultsFileError(f"{path}: not a results file: {problem} (conformance validate lists every problem)")
+    return doc

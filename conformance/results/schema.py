@@ -20,6 +20,7 @@ _RESULT_FIELDS = {
     "max_rel_err": (int, float, _NONE), "repro": (str, _NONE),
     "duration_s": (int, float, _NONE),
 }
+_RESULT_OPTIONAL = {"err_to_tol": (int, float, _NONE)}   # files written before it existed lack it
 _ENV_REQUIRED = {"python": (str,), "torch": (str,), "reference_impl": (str,), "seed": (int,)}
 _ENV_OPTIONAL = {"triton": (str, _NONE), "device_name": (str, _NONE), "driver": (str, _NONE),
                  "plugin": (dict, _NONE), "vllm": (str,)}
@@ -94,9 +95,12 @@ def _results(results: list) -> list[str]:
         if not isinstance(r, dict):
             errors.append(f"{where} is not an object")
             continue
-        if set(r) != set(_RESULT_FIELDS):
-            errors.append(f"{where} keys {sorted(r)} != {sorted(_RESULT_FIELDS)}")
-        for key, types in _RESULT_FIELDS.items():
+        missing, unknown = set(_RESULT_FIELDS) - set(r), set(r) - set(_RESULT_FIELDS) - set(_RESULT_OPTIONAL)
+        if missing or unknown:
+            errors.append(f"{where} keys {sorted(r)}: " + "; ".join(
+                part for part in (f"missing {sorted(missing)}" if missing else "",
+                                  f"unknown {sorted(unknown)}" if unknown else "") if part))
+        for key, types in {**_RESULT_FIELDS, **_RESULT_OPTIONAL}.items():
             if key in r and (not isinstance(r[key], types) or isinstance(r[key], bool)):
                 errors.append(f"{where}.{key} has type {type(r[key]).__name__}")
         if r.get("check") not in FAMILIES:

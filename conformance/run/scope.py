@@ -41,12 +41,15 @@ def is_empty_parameter_set(item) -> bool:
 
 
 def configuration_notes(state) -> list[str]:
-    """Warnings about the configuration that must never pass silently (allowlist misses and bypasses)."""
+    """Warnings about the configuration that must never pass silently (allowlist misses and bypasses, tolerances
+    the platform changed for its own run)."""
     from reference_impl.platforms.builtin import BUILTIN_PLATFORM_CLASSES
     from reference_impl.plugins import allowlist_bypass_message, unknown_allowlist_message
 
-    return [m for m in (unknown_allowlist_message(), allowlist_bypass_message(state.name, BUILTIN_PLATFORM_CLASSES))
-            if m]
+    notes = [m for m in (unknown_allowlist_message(), allowlist_bypass_message(state.name, BUILTIN_PLATFORM_CLASSES))
+             if m]
+    return notes + [f"platform {state.name} changed a declared tolerance, and is judged against its own: {line}"
+                    for line in getattr(state, "tolerance_changes", ())]
 
 
 def gate_description(state) -> str:
@@ -60,7 +63,20 @@ def gate_description(state) -> str:
 
 
 def unused_waiver_notes(state) -> list[str]:
-    """One line per waiver that matched no result of this run (stale, or outside the selection)."""
-    unused = [w for w in state.waivers if not any(w.matches(r) for r in state.results)]
-    return [f"waiver [{w.describe()}] ({w.reason}) in {state.waivers_path} matched no result of this run"
-            for w in unused]
+    """One line per waiver that did nothing in this run: it matched no result (stale, or outside the selection),
+    or it covered only results that did not fail (conformance.gate.waivers.stale_waivers)."""
+    from conformance.gate.waivers import stale_waivers
+
+    return [f"waiver [{w.describe()}] ({w.reason}) in {state.waivers_path} {why}"
+            for w, why in stale_waivers(state.waivers, state.results)]
+
+
+def unused_baseline_notes(state) -> list[str]:
+    """One line when a baseline was given yet none of this run's results has a counterpart in it: the gate
+    guarded nothing (another level or selection, or providers renamed since)."""
+    from conformance.gate.waivers import result_key
+
+    if state.baseline is None or not state.results or any(result_key(r) in state.baseline for r in state.results):
+        return []
+    return [f"baseline {state.baseline_path} matched none of the {len(state.results)} results of this run: "
+            "it guarded nothing"]

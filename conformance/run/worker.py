@@ -90,7 +90,7 @@ def serve(platform: str, seed: int, level: str) -> int:
         verdict, duration = run_unit(ctx, unit)
         _send(proto_out, {"outcome": verdict.outcome.value, "message": verdict.message,
                           "max_abs_err": verdict.max_abs_err, "max_rel_err": verdict.max_rel_err,
-                          "duration_s": duration, "draw": verdict.draw})
+                          "err_to_tol": verdict.err_to_tol, "duration_s": duration, "draw": verdict.draw})
 
 
 _FAULT_FILE = []   # faulthandler writes through this file object: it must stay open for the process's life

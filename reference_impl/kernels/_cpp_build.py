@@ -17,6 +17,7 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -126,8 +127,14 @@ def is_loaded() -> bool:
     return _loaded
 
 
-def load() -> None:
-    """Build (first use only) and load the library; idempotent and thread-safe."""
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def load(announce: Callable[[str], None] = _to_stderr) -> None:
+    """Build (first use only) and load the library; idempotent and thread-safe. A build (not a cached load)
+    first passes its one-line notice to `announce` (stderr by default; the conformance harness passes its
+    terminal, which pytest's output capture cannot hide)."""
     global _loaded, _failure
     if _loaded:
         return
@@ -144,8 +151,7 @@ def load() -> None:
         if not cached:
             jobs = min(len(SOURCES), os.cpu_count() or 1)
             estimate = 10 * -(-len(SOURCES) // jobs) + 5
-            print(f"building reference C++ CPU kernels (first use, ~{estimate} s) in {directory} ...",
-                  file=sys.stderr, flush=True)
+            announce(f"building reference C++ CPU kernels (first use, ~{estimate} s) in {directory} ...")
         from torch.utils.cpp_extension import load as cpp_load
 
         start = time.perf_counter()

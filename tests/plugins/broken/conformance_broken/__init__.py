@@ -10,7 +10,7 @@ FAULTS = ("odd_numerics", "strides", "wrong_dtype", "mutates_input", "writes_wei
           "traced_branch", "untraceable", "batch_guard_large", "contiguous_only",
           "oot_never_runs", "missing_epsilon", "segfault_shape", "precise_rotary", "coarse_rotary",
           "cache_dtype", "ignores_neox", "no_saturation", "caches_per_signature", "reuses_output",
-          "refuses_tail", "tanh_gelu")
+          "refuses_tail", "tanh_gelu", "loosens_tolerance")
 
 
 def _register(fault: str):

@@ -1,0 +1,80 @@
+"""The first C++ build of a conformance run is announced on the terminal, even under xdist (README promises a line)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import types
+
+import pytest
+
+from conformance.run import prebuild
+from harness_runner import run_harness
+from reference_impl.kernels import _cpp_build
+
+
+def _inventory(*providers):
+    return types.SimpleNamespace(ir_providers={"rms_norm": list(providers)})
+
+
+def test_a_build_is_announced_before_it_starts_and_timed_after(monkeypatch):
+    said = []
+
+    def fake_load(announce):
+        said.append("building started")            # what load() does after its notice
+        announce("building reference C++ CPU kernels (first use, ~15 s) in /x ...")
+
+    monkeypatch.setattr(_cpp_build, "toolchain_problem", lambda: None)
+    monkeypatch.setattr(_cpp_build, "load", fake_load)
+    prebuild.prebuild_reference_kernels(_inventory("cpp"), said.append)
+    assert said[1] == "conformance: building reference C++ CPU kernels (first use, ~15 s) in /x ..."
+    assert re.fullmatch(r"conformance: reference C\+\+ CPU kernels built in \d+ s", said[2])
+
+
+def test_nothing_is_said_for_a_cached_build_a_platform_without_cpp_or_no_toolchain(monkeypatch):
+    said, loads = [], []
+    monkeypatch.setattr(_cpp_build, "load", lambda announce: loads.append(1))   # cached: no notice
+    monkeypatch.setattr(_cpp_build, "toolchain_problem", lambda: None)
+    prebuild.prebuild_reference_kernels(_inventory("cpp"), said.append)
+    prebuild.prebuild_reference_kernels(_inventory("myplat"), said.append)
+    monkeypatch.setattr(_cpp_build, "toolchain_problem", lambda: "no C++ compiler")
+    prebuild.prebuild_reference_kernels(_inventory("cpp"), said.append)
+    assert said == [] and loads == [1]
+
+
+def test_a_failed_build_is_one_line_and_the_run_goes_on(monkeypatch):
+    said = []
+
+    def failing_load(announce):
+        announce("building ...")
+        raise _cpp_build.CppKernelBuildError("building the reference C++ CPU kernels in /x failed: error: boom\nmore")
+
+    monkeypatch.setattr(_cpp_build, "toolchain_problem", lambda: None)
+    monkeypatch.setattr(_cpp_build, "load", failing_load)
+    prebuild.prebuild_reference_kernels(_inventory("cpp"), said.append)
+    assert said[-1] == ("conformance: the reference C++ CPU kernels did not build: building the reference C++ CPU "
+                        "kernels in /x failed: error: boom more")
+
+
+def test_the_notice_reaches_the_terminal_of_a_run_with_xdist_workers(tmp_path):
+    """A copy of the cached build without its library: the run relinks it (seconds), and the notice appears once,
+    before the first check's result, although every check runs in an xdist worker's kernel worker."""
+    if _cpp_build.toolchain_problem() is not None:
+        pytest.skip(f"C++ CPU kernels unavailable: {_cpp_build.toolchain_problem()}")
+    _cpp_build.load()
+    name = _cpp_build.build_name()
+    cached = _cpp_build.build_directory(name)
+    extensions = tmp_path / "torch_extensions"
+    shutil.copytree(cached, extensions / name)
+    (extensions / name / f"{name}.so").unlink()
+    run = run_harness(tmp_path, "cpu", "-n", "2", "-k", "rms_norm and float32 and ir_case and 128 and not 1280 and not "
+                      "fused", env={"TORCH_EXTENSIONS_DIR": str(extensions)})
+    assert run.returncode == 0, run.output[-3000:]
+    lines = run.output.splitlines()
+    notice = [i for i, ln in enumerate(lines) if ln.startswith("conformance: building reference C++ CPU kernels")]
+    assert len(notice) == 1 and str(extensions / name) in lines[notice[0]], run.output[-3000:]
+    assert re.fullmatch(r"conformance: reference C\+\+ CPU kernels built in \d+ s", lines[notice[0] + 1])
+    first_result = next(i for i, ln in enumerate(lines) if re.search(r"\[\s*\d+%\]|passed|PASSED", ln))
+    assert notice[0] < first_result
+    assert (extensions / name / f"{name}.so").is_file()
+    assert run.doc["run"]["complete"] and {r["outcome"] for r in run.results} == {"PASS"}
