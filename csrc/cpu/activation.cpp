@@ -11,23 +11,32 @@ namespace {
 inline fVec one() { return fVec(1.0f); }
 inline fVec half() { return fVec(0.5f); }
 
-// Precision of the sigmoid forms per output type: for fp32, the degree-6 exp polynomial and the
-// Newton-refined reciprocal (a few fp32 ulp); for 16-bit outputs, degree 5 and the bare 14-bit
-// reciprocal, whose ~6e-5 relative error is far below the output rounding (2^-11 or coarser).
-// The saved instructions are a quarter of the arithmetic that bounds these kernels on 16-bit rows.
+// Precision of the sigmoid forms per output type: the degree of the exp2 polynomial (see
+// fast_exp2: a few fp32 ulp for fp32 outputs, far below the output's rounding step for the 16-bit
+// ones) and the reciprocal: for fp32 the Newton-refined one, for 16-bit outputs on AVX512 the bare
+// 14-bit one (~6e-5 relative).
 template <typename T>
 constexpr bool kFullPrecision = std::is_same_v<T, float>;
+template <typename T>
+constexpr int kExp2Degree = std::is_same_v<T, float> ? 5 : std::is_same_v<T, c10::Half> ? 4 : 3;
 
-// v * sigmoid(k v) = v / (1 + exp(-k v)), with nk = -k; the divide carries a NaN v through.
-template <bool kFull>
-inline fVec x_sigmoid(const fVec& v, const fVec& nk) {
-  const fVec denominator = one() + fast_exp<kFull ? 6 : 5>(nk * v);
-  return kFull ? div_by_denominator(v, denominator) : div_by_denominator_16bit(v, denominator);
+constexpr float kLog2e = 1.44269504088896341f;
+
+// v * sigmoid(k v) = v / (1 + exp(-k v)) = v / (1 + 2^w) for w = -k log2(e) v; the divide
+// carries a NaN v through.
+template <typename T>
+REFERENCE_CPU_INLINE fVec x_sigmoid_exp2(const fVec& v, const fVec& w) {
+  const fVec denominator = one() + fast_exp2<kExp2Degree<T>>(w);
+  return kFullPrecision<T> ? div_by_denominator(v, denominator) : div_by_denominator_16bit(v, denominator);
 }
+
+// v * sigmoid(k v); nk2 = -k log2(e).
+template <typename T>
+REFERENCE_CPU_INLINE fVec x_sigmoid(const fVec& v, const fVec& nk2) { return x_sigmoid_exp2<T>(v, nk2 * v); }
 
 template <typename T>
 struct Silu {
-  static inline fVec apply(const fVec& v, const fVec&) { return x_sigmoid<kFullPrecision<T>>(v, fVec(-1.f)); }
+  static REFERENCE_CPU_INLINE fVec apply(const fVec& v, const fVec&) { return x_sigmoid<T>(v, fVec(-kLog2e)); }
 };
 
 // The GELU forms compute 1 + erf / 1 + tanh, which cancels for large negative inputs. In
@@ -39,49 +48,52 @@ struct Silu {
 // is far below the fp32 tolerance and the rounding of 16-bit outputs.
 template <bool kTorchMath = false>
 struct GeluErf {
-  static inline fVec apply(const fVec& v, const fVec&) {
+  static REFERENCE_CPU_INLINE fVec apply(const fVec& v, const fVec&) {
     const fVec k(static_cast<float>(M_SQRT1_2));
     return half() * v * (one() + (kTorchMath ? (v * k).erf() : fast_erf(v * k)));
   }
 };
 
-// x * sigmoid(2u) = 0.5 x (1 + tanh(u)), for u = v * (c + c k v^2): -2u is v * (-2c - 2ck v^2):
-// x_sigmoid with nk = -2c - 2ck v^2.
-template <bool kFull>
-inline fVec x_sigmoid_2u(const fVec& v, float c, float k) {
-  return x_sigmoid<kFull>(v, at::vec::fmadd(fVec(-2.f * c * k), v * v, fVec(-2.f * c)));
+// x * sigmoid(2u) = 0.5 x (1 + tanh(u)), for u = v * (c + c k v^2): the exponent of the sigmoid's
+// 2^w is w = -2 log2(e) u = v * (-2c log2(e) - 2ck log2(e) v^2).
+template <typename T>
+REFERENCE_CPU_INLINE fVec x_sigmoid_2u(const fVec& v, float c, float k) {
+  const float b = -2.f * c * kLog2e;
+  return x_sigmoid_exp2<T>(v, v * at::vec::fmadd(fVec(b * k), v * v, fVec(b)));
 }
 
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): gelu(approximate="tanh") and gelu_new.
 template <typename T, bool kTorchMath = false>
 struct GeluTanh {
-  static inline fVec apply(const fVec& v, const fVec&) {
+  static REFERENCE_CPU_INLINE fVec apply(const fVec& v, const fVec&) {
     if constexpr (kTorchMath) {
       const fVec inner = fVec(0.7978845608028654f) * (v + fVec(0.044715f) * v * v * v);
       return half() * v * (one() + inner.tanh());
     }
-    return x_sigmoid_2u<kFullPrecision<T>>(v, 0.7978845608028654f, 0.044715f);
+    return x_sigmoid_2u<T>(v, 0.7978845608028654f, 0.044715f);
   }
 };
 
 // 0.5 x (1 + tanh(x * 0.7978845608 * (1 + 0.044715 x^2))).
 template <typename T>
 struct GeluFast {
-  static inline fVec apply(const fVec& v, const fVec&) {
-    return x_sigmoid_2u<kFullPrecision<T>>(v, 0.7978845608f, 0.044715f);
+  static REFERENCE_CPU_INLINE fVec apply(const fVec& v, const fVec&) {
+    return x_sigmoid_2u<T>(v, 0.7978845608f, 0.044715f);
   }
 };
 
 // x * sigmoid(1.702 x).
 template <typename T>
 struct QuickGelu {
-  static inline fVec apply(const fVec& v, const fVec&) { return x_sigmoid<kFullPrecision<T>>(v, fVec(-1.702f)); }
+  static REFERENCE_CPU_INLINE fVec apply(const fVec& v, const fVec&) {
+    return x_sigmoid<T>(v, fVec(-1.702f * kLog2e));
+  }
 };
 
 // relu(x)^2; clamp_min keeps a NaN's own bits (at::vec::maximum makes it all-ones, which the
 // bf16 store's rounding does not expect; see bf16_rounding_bits).
 struct Relu2 {
-  static inline fVec apply(const fVec& v, const fVec&) {
+  static REFERENCE_CPU_INLINE fVec apply(const fVec& v, const fVec&) {
     const fVec r = clamp_min_keep_nan(v, fVec(0.f));
     return r * r;
   }
@@ -89,63 +101,98 @@ struct Relu2 {
 
 // threshold(x, t, 0): x <= t gives 0, otherwise (including NaN) x.
 struct FatRelu {
-  static inline fVec apply(const fVec& v, const fVec& threshold) {
+  static REFERENCE_CPU_INLINE fVec apply(const fVec& v, const fVec& threshold) {
     return fVec::blendv(v, fVec(0.f), v <= threshold);
   }
 };
 
+// The loops below take two chunks (four fp32 vectors) per step: the activations are long
+// dependency chains (~60 cycles), and four independent ones per step keep both FMA pipes busy
+// where two left them waiting on latency (llvm-mca, znver3: 33 -> ~24 cycles per 16 bf16 gelu_new
+// elements). While a row is computed the next row's lines are prefetched, one per 64 bytes.
+
+// One row of a gated activation: o = act(first) * second (kActOnSecond: first * act(second)).
+template <typename T, typename Act, bool kActOnSecond>
+inline void gated_row(const T* __restrict first, const T* __restrict second, T* __restrict o, int64_t d,
+                      const fVec& p, const T* next_first, const T* next_second, const T* next_o) {
+  auto apply = [&](fVec& a, const fVec& b) {
+    a = kActOnSecond ? a * Act::apply(b, p) : Act::apply(a, p) * b;
+  };
+  int64_t j = 0;
+  for (; j + 2 * kChunk <= d; j += 2 * kChunk) {
+    if (next_first != nullptr) {
+      prefetch_bytes(next_first + j, 2 * kChunk * sizeof(T));
+      prefetch_bytes(next_second + j, 2 * kChunk * sizeof(T));
+      prefetch_bytes<true>(next_o + j, 2 * kChunk * sizeof(T));
+    }
+    fVec a0, a1, a2, a3, b0, b1, b2, b3;
+    Io<T>::load(first + j, a0, a1);
+    Io<T>::load(first + j + kChunk, a2, a3);
+    Io<T>::load(second + j, b0, b1);
+    Io<T>::load(second + j + kChunk, b2, b3);
+    apply(a0, b0);
+    apply(a1, b1);
+    apply(a2, b2);
+    apply(a3, b3);
+    Io<T>::store(o + j, a0, a1);
+    Io<T>::store(o + j + kChunk, a2, a3);
+  }
+  for (; j < d; j += kChunk) {
+    const int64_t len = std::min<int64_t>(kChunk, d - j);
+    fVec a0, a1, b0, b1;
+    load_n(first + j, len, a0, a1);
+    load_n(second + j, len, b0, b1);
+    apply(a0, b0);
+    apply(a1, b1);
+    store_n(o + j, len, a0, a1);
+  }
+}
+
 template <typename T, typename Act, bool kActOnSecond>
 void gated_rows(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_t d, float param) {
   const fVec p(param);
-  at::parallel_for(0, rows, row_grain(3 * d), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, row_grain(3 * d), [=](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const T* first = x + x_rows(r);
-      const T* second = first + d;
-      T* o = out + r * d;
+      const T* xr = x + x_rows(r);
       const T* next = r + 1 < end ? x + x_rows(r + 1) : nullptr;
-      for (int64_t j = 0; j < d; j += kChunk) {
-        const int64_t len = std::min<int64_t>(kChunk, d - j);
-        if (next != nullptr) {  // the next row, chunk by chunk (see prefetch_bytes)
-          prefetch_bytes(next + j, kChunk * sizeof(T));
-          prefetch_bytes(next + d + j, kChunk * sizeof(T));
-          prefetch_bytes<true>(o + d + j, kChunk * sizeof(T));
-        }
-        fVec a0, a1, b0, b1;
-        load_n(first + j, len, a0, a1);
-        load_n(second + j, len, b0, b1);
-        if constexpr (kActOnSecond) {
-          a0 = a0 * Act::apply(b0, p);
-          a1 = a1 * Act::apply(b1, p);
-        } else {
-          a0 = Act::apply(a0, p) * b0;
-          a1 = Act::apply(a1, p) * b1;
-        }
-        store_n(o + j, len, a0, a1);
-      }
+      gated_row<T, Act, kActOnSecond>(xr, xr + d, out + r * d, d, p, next, next + d, out + (r + 1) * d);
     }
   });
 }
 
+// One row of an element-wise activation; `stream`: non-temporal stores (see store_out).
+template <typename T, typename Act>
+inline void unary_row(const T* __restrict x, T* __restrict o, int64_t n, bool stream, const T* next_x,
+                      const T* next_o) {
+  const fVec unused(0.f);
+  int64_t j = 0;
+  for (; j + 2 * kChunk <= n; j += 2 * kChunk) {
+    if (next_x != nullptr) {
+      prefetch_bytes(next_x + j, 2 * kChunk * sizeof(T));
+      if (!stream) prefetch_bytes<true>(next_o + j, 2 * kChunk * sizeof(T));
+    }
+    fVec a0, a1, a2, a3;
+    Io<T>::load(x + j, a0, a1);
+    Io<T>::load(x + j + kChunk, a2, a3);
+    store_out(o + j, kChunk, stream, Act::apply(a0, unused), Act::apply(a1, unused));
+    store_out(o + j + kChunk, kChunk, stream, Act::apply(a2, unused), Act::apply(a3, unused));
+  }
+  for (; j < n; j += kChunk) {
+    const int64_t len = std::min<int64_t>(kChunk, n - j);
+    fVec a, b;
+    load_n(x + j, len, a, b);
+    store_out(o + j, len, stream, Act::apply(a, unused), Act::apply(b, unused));
+  }
+}
+
 template <typename T, typename Act>
 void unary_rows(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_t hidden) {
-  const fVec unused(0.f);
   const bool stream_all = stream_output<T>(rows * hidden * static_cast<int64_t>(sizeof(T)));
-  at::parallel_for(0, rows, row_grain(2 * hidden), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, row_grain(2 * hidden), [=](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + x_rows(r);
       T* o = out + r * hidden;
-      const bool stream = stream_all && aligned64(o);
       const T* next = r + 1 < end ? x + x_rows(r + 1) : nullptr;
-      for (int64_t j = 0; j < hidden; j += kChunk) {
-        const int64_t len = std::min<int64_t>(kChunk, hidden - j);
-        if (next != nullptr) {
-          prefetch_bytes(next + j, kChunk * sizeof(T));
-          if (!stream) prefetch_bytes<true>(o + hidden + j, kChunk * sizeof(T));
-        }
-        fVec a, b;
-        load_n(xr + j, len, a, b);
-        store_out(o + j, len, stream, Act::apply(a, unused), Act::apply(b, unused));
-      }
+      unary_row<T, Act>(x + x_rows(r), o, hidden, stream_all && aligned64(o), next, o + hidden);
     }
     stream_fence();
   });
@@ -173,7 +220,7 @@ void gated_activation(Gated kind, const T* x, RowIndex x_rows, T* out, int64_t r
 template <typename T>
 void swigluoai_and_mul(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_t d, float alpha,
                        float limit) {
-  const fVec neg_alpha(-alpha), vlim(limit), vneg_lim(-limit);
+  const fVec neg_alpha2(-alpha * kLog2e), vlim(limit), vneg_lim(-limit);
   at::parallel_for(0, rows, row_grain(3 * d), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + x_rows(r);
@@ -199,8 +246,8 @@ void swigluoai_and_mul(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_
         g1 = min_keep_nan(g1, vlim);
         u0 = clamp_keep_nan(u0, vneg_lim, vlim);
         u1 = clamp_keep_nan(u1, vneg_lim, vlim);
-        fVec o0 = (u0 + one()) * x_sigmoid<kFullPrecision<T>>(g0, neg_alpha);
-        fVec o1 = (u1 + one()) * x_sigmoid<kFullPrecision<T>>(g1, neg_alpha);
+        fVec o0 = (u0 + one()) * x_sigmoid<T>(g0, neg_alpha2);
+        fVec o1 = (u1 + one()) * x_sigmoid<T>(g1, neg_alpha2);
         to_lanes<T>(o0, o1);  // outputs j.. in order
         store_n(o + j, len, o0, o1);
       }

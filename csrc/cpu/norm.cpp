@@ -4,49 +4,14 @@
 // features, the normalized value cast to the input dtype BEFORE the weight multiply, and for the
 // fused form s = x + residual formed in fp32 (the normalization uses fp32 s, not its rounded copy).
 // One row per step of at::parallel_for; a row is read twice (the second read hits cache).
+// Loops take two chunks (64 bytes of a 16-bit row) a step: fewer loop and prefetch instructions,
+// more independent work in flight.
 #include <vector>
 
 #include "vec_common.h"
 
 namespace reference_cpu {
 namespace {
-
-// Sum of squares of the first n elements of a row.
-template <typename T>
-inline float sum_squares(const T* x, int64_t n) {
-  fVec acc0(0.f), acc1(0.f);
-  int64_t j = 0;
-  for (; j + kChunk <= n; j += kChunk) {
-    fVec a, b;
-    Io<T>::load(x + j, a, b);
-    acc0 = at::vec::fmadd(a, a, acc0);
-    acc1 = at::vec::fmadd(b, b, acc1);
-  }
-  if (j < n) {
-    fVec a, b;
-    load_tail(x + j, n - j, a, b);
-    acc0 = at::vec::fmadd(a, a, acc0);
-    acc1 = at::vec::fmadd(b, b, acc1);
-  }
-  return reduce_add(acc0 + acc1);
-}
-
-// Sum of squares of (x + r) over the first n elements.
-template <typename T>
-inline float sum_squares_added(const T* x, const T* r, int64_t n) {
-  fVec acc0(0.f), acc1(0.f);
-  for (int64_t j = 0; j < n; j += kChunk) {
-    const int64_t len = std::min<int64_t>(kChunk, n - j);
-    fVec a, b, ra, rb;
-    load_n(x + j, len, a, b);
-    load_n(r + j, len, ra, rb);
-    a = a + ra;
-    b = b + rb;
-    acc0 = at::vec::fmadd(a, a, acc0);
-    acc1 = at::vec::fmadd(b, b, acc1);
-  }
-  return reduce_add(acc0 + acc1);
-}
 
 inline float inv_rms(float sum_sq, int64_t n_var, float eps) {
   const float variance = sum_sq / static_cast<float>(n_var);
@@ -81,51 +46,125 @@ std::vector<float> widen_weight(const T* w, int64_t hidden) {
   return wf;
 }
 
-// One row of rms_norm, full chunks first, then the tail. Pointers arrive by value (and restrict),
-// so vector stores cannot make the compiler reload them. While a row is written, the next row's
-// input (`next_x`) and output (`next_o`) lines are prefetched chunk by chunk, so the next row's
-// statistics pass finds them in cache instead of waiting on memory.
-template <typename T, bool kWeight>
-inline void normalize_row(const T* __restrict x, const float* __restrict w, T* __restrict o,
-                          int64_t hidden, const fVec& inv, const T* next_x, const T* next_o) {
+// Sum of squares of the first n elements of a row: two chunks a step into four accumulators (an
+// FMA's latency is four cycles; one or two chains left the loads waiting on it).
+template <typename T>
+inline float sum_squares(const T* __restrict x, int64_t n) {
+  fVec acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
   int64_t j = 0;
-  for (; j + kChunk <= hidden; j += kChunk) {
-    if (next_x != nullptr) {
-      prefetch_bytes(next_x + j, kChunk * sizeof(T));
-      prefetch_bytes<true>(next_o + j, kChunk * sizeof(T));
-    }
-    fVec a, b;
+  for (; j + 2 * kChunk <= n; j += 2 * kChunk) {
+    fVec a, b, c, d;
     Io<T>::load(x + j, a, b);
-    scale_chunk<T, kWeight>(a, b, inv, w + j);
-    Io<T>::store(o + j, a, b);
+    Io<T>::load(x + j + kChunk, c, d);
+    acc0 = at::vec::fmadd(a, a, acc0);
+    acc1 = at::vec::fmadd(b, b, acc1);
+    acc2 = at::vec::fmadd(c, c, acc2);
+    acc3 = at::vec::fmadd(d, d, acc3);
   }
-  if (j < hidden) {
+  for (; j < n; j += kChunk) {
     fVec a, b;
-    load_tail(x + j, hidden - j, a, b);
-    scale_chunk<T, kWeight>(a, b, inv, w + j);
-    store_tail(o + j, hidden - j, a, b);
+    load_n(x + j, std::min<int64_t>(kChunk, n - j), a, b);
+    acc0 = at::vec::fmadd(a, a, acc0);
+    acc1 = at::vec::fmadd(b, b, acc1);
   }
+  return reduce_add((acc0 + acc1) + (acc2 + acc3));
 }
 
-// One row of fused_add_rms_norm, in place: r = cast(x + r); x = normalized. Prefetches the next
-// row's x and residual lines (null: last row of the task).
-template <typename T, bool kWeight>
-inline void add_normalize_row(T* __restrict x, T* __restrict r, const float* __restrict w,
-                              int64_t hidden, const fVec& inv, const T* next_x, const T* next_r) {
-  for (int64_t j = 0; j < hidden; j += kChunk) {
-    const int64_t len = std::min<int64_t>(kChunk, hidden - j);
+// The first pass of fused_add_rms_norm over elements [j0, j1) of a row: s = x + r in fp32,
+// r = cast(s), s kept in fp32 at `s_out` (the residual row itself for fp32, whose cast is exact),
+// and (kAccumulate) the sum of s^2 added to `acc`. `next_x` / `next_r` (or null): the same span of
+// the next row, prefetched one 64-byte line a step.
+template <typename T, bool kAccumulate>
+inline void add_span(const T* __restrict x, T* __restrict r, float* __restrict s_out, int64_t j0, int64_t j1,
+                     fVec* acc, const T* next_x, const T* next_r) {
+  int64_t j = j0;
+  for (; j + 2 * kChunk <= j1; j += 2 * kChunk) {
     if (next_x != nullptr) {
-      prefetch_bytes<true>(next_x + j, kChunk * sizeof(T));
-      prefetch_bytes<true>(next_r + j, kChunk * sizeof(T));
+      prefetch_bytes<true>(next_x + j, 2 * kChunk * sizeof(T));
+      prefetch_bytes<true>(next_r + j, 2 * kChunk * sizeof(T));
     }
+    fVec a, b, c, d, ra, rb, rc, rd;
+    Io<T>::load(x + j, a, b);
+    Io<T>::load(x + j + kChunk, c, d);
+    Io<T>::load(r + j, ra, rb);
+    Io<T>::load(r + j + kChunk, rc, rd);
+    a = a + ra;
+    b = b + rb;
+    c = c + rc;
+    d = d + rd;
+    Io<T>::store(r + j, a, b);
+    Io<T>::store(r + j + kChunk, c, d);
+    if constexpr (!std::is_same_v<T, float>) {
+      a.store(s_out + j);
+      b.store(s_out + j + kF);
+      c.store(s_out + j + kChunk);
+      d.store(s_out + j + kChunk + kF);
+    }
+    if constexpr (kAccumulate) {
+      acc[0] = at::vec::fmadd(a, a, acc[0]);
+      acc[1] = at::vec::fmadd(b, b, acc[1]);
+      acc[2] = at::vec::fmadd(c, c, acc[2]);
+      acc[3] = at::vec::fmadd(d, d, acc[3]);
+    }
+  }
+  for (; j < j1; j += kChunk) {
+    const int64_t len = std::min<int64_t>(kChunk, j1 - j);
     fVec a, b, ra, rb;
     load_n(x + j, len, a, b);
     load_n(r + j, len, ra, rb);
     a = a + ra;
     b = b + rb;
     store_n(r + j, len, a, b);
+    if constexpr (!std::is_same_v<T, float>) {  // whole chunks: the scratch row is padded
+      a.store(s_out + j);
+      b.store(s_out + j + kF);
+    }
+    if constexpr (kAccumulate) {
+      acc[0] = at::vec::fmadd(a, a, acc[0]);
+      acc[1] = at::vec::fmadd(b, b, acc[1]);
+    }
+  }
+}
+
+// One output row: o = cast(cast(v * inv) * w) from the fp32 values v (kFromFloat: an fp32 row
+// `vf`) or from the row `v` of T. `next_in` / `next_o` (or null): lines of the next row to
+// prefetch, one 64-byte line of each a step.
+template <typename T, bool kWeight, bool kFromFloat, typename In>
+inline void normalize_row(const In* __restrict v, const float* __restrict w, T* __restrict o, int64_t hidden,
+                          const fVec& inv, const T* next_in, const T* next_o) {
+  static_assert(std::is_same_v<In, std::conditional_t<kFromFloat, float, T>>);
+  auto load = [&](int64_t j, fVec& a, fVec& b) {
+    if constexpr (kFromFloat) {
+      a = fVec::loadu(v + j);
+      b = fVec::loadu(v + j + kF);
+    } else {
+      Io<T>::load(v + j, a, b);
+    }
+  };
+  int64_t j = 0;
+  for (; j + 2 * kChunk <= hidden; j += 2 * kChunk) {
+    if (next_in != nullptr) {
+      prefetch_bytes(next_in + j, 2 * kChunk * sizeof(T));
+      prefetch_bytes<true>(next_o + j, 2 * kChunk * sizeof(T));
+    }
+    fVec a, b, c, d;
+    load(j, a, b);
+    load(j + kChunk, c, d);
     scale_chunk<T, kWeight>(a, b, inv, w + j);
-    store_n(x + j, len, a, b);
+    scale_chunk<T, kWeight>(c, d, inv, w + j + kChunk);
+    Io<T>::store(o + j, a, b);
+    Io<T>::store(o + j + kChunk, c, d);
+  }
+  for (; j < hidden; j += kChunk) {
+    const int64_t len = std::min<int64_t>(kChunk, hidden - j);
+    fVec a, b;
+    if constexpr (kFromFloat) {
+      load(j, a, b);  // the scratch row is padded to whole chunks
+    } else {
+      load_n(v + j, len, a, b);
+    }
+    scale_chunk<T, kWeight>(a, b, inv, w + j);
+    store_n(o + j, len, a, b);
   }
 }
 
@@ -138,24 +177,48 @@ void rms_norm_rows(const T* x, RowIndex x_rows, const T* weight, T* out, int64_t
       const T* xr = x + x_rows(r);
       const bool more = r + 1 < end;
       const fVec inv(inv_rms(sum_squares(xr, n_var), n_var, eps));
-      normalize_row<T, kWeight>(xr, w.data(), out + r * hidden, hidden, inv,
-                                more ? x + x_rows(r + 1) : nullptr, out + (r + 1) * hidden);
+      normalize_row<T, kWeight, false>(xr, w.data(), out + r * hidden, hidden, inv,
+                                       more ? x + x_rows(r + 1) : nullptr, out + (r + 1) * hidden);
     }
   });
 }
 
+// fused_add_rms_norm, per row: one pass forms s = x + r (r = cast(s), s kept in fp32, its sum of
+// squares over the first n_var elements), a second pass writes x = normalized s from the fp32
+// copy, which for 16-bit rows is a per-task scratch row (cache-resident) instead of reloading and
+// re-adding x and r.
 template <typename T, bool kWeight>
 void fused_add_rms_norm_rows(T* x, RowIndex x_rows, T* residual, RowIndex res_rows, const T* weight,
                              int64_t rows, int64_t hidden, int64_t n_var, float eps) {
+  constexpr bool kFloat = std::is_same_v<T, float>;
   at::parallel_for(0, rows, row_grain(hidden), [=](int64_t begin, int64_t end) {
     const std::vector<float> w = widen_weight(kWeight ? weight : nullptr, hidden);
+    std::vector<float> scratch(kFloat ? 0 : (hidden + kChunk - 1) / kChunk * kChunk);
     for (int64_t r = begin; r < end; ++r) {
       T* xr = x + x_rows(r);
       T* rr = residual + res_rows(r);
       const bool more = r + 1 < end;
-      const fVec inv(inv_rms(sum_squares_added(xr, rr, n_var), n_var, eps));
-      add_normalize_row<T, kWeight>(xr, rr, w.data(), hidden, inv, more ? x + x_rows(r + 1) : nullptr,
-                                    more ? residual + res_rows(r + 1) : nullptr);
+      const T* next_x = more ? x + x_rows(r + 1) : nullptr;
+      const T* next_r = more ? residual + res_rows(r + 1) : nullptr;
+      // Spans start on chunk boundaries (the scratch row holds whole chunks in Io<T>'s lane
+      // order): the sum over the chunks before n_var in the pass, the few elements of n_var's own
+      // chunk before it here, from the inputs, before the pass overwrites r.
+      const int64_t n0 = n_var / kChunk * kChunk;
+      float partial = 0.f;
+      for (int64_t i = n0; i < n_var; ++i) {
+        const float v = static_cast<float>(xr[i]) + static_cast<float>(rr[i]);
+        partial += v * v;
+      }
+      fVec acc[4] = {fVec(0.f), fVec(0.f), fVec(0.f), fVec(0.f)};
+      add_span<T, true>(xr, rr, scratch.data(), 0, n0, acc, next_x, next_r);
+      add_span<T, false>(xr, rr, scratch.data(), n0, hidden, acc, next_x, next_r);
+      const float sum_sq = reduce_add((acc[0] + acc[1]) + (acc[2] + acc[3])) + partial;
+      const fVec inv(inv_rms(sum_sq, n_var, eps));
+      if constexpr (kFloat) {
+        normalize_row<T, kWeight, true>(rr, w.data(), xr, hidden, inv, nullptr, nullptr);
+      } else {
+        normalize_row<T, kWeight, true>(scratch.data(), w.data(), xr, hidden, inv, nullptr, nullptr);
+      }
     }
   });
 }

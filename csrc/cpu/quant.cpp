@@ -13,16 +13,38 @@ namespace {
 // clamp to [-448, 448]; NaN passes through with its bits (and sign) intact, as torch.clamp does.
 inline fVec clamp_fp8(const fVec& v) { return clamp_keep_nan(v, fVec(-kFp8Max), fVec(kFp8Max)); }
 
-// Encodes the first n (<= kChunk) elements of a chunk (a, b) of T's lanes, already clamped, as fp8 codes.
-template <typename T>
+// Whether a quantized value needs the clamp to +-448 before encoding. A scale computed from the
+// values' own absmax (dynamic without an upper bound, group) keeps |x / s| within a few ulp of
+// 448, below 464, where the vector encoders still give 0x7e unclamped; NaN and the results of an
+// inf scale encode as they would clamped. Static scales and scale_ub can leave the range.
+enum class Clamp : bool { kNo = false, kYes = true };
+
+// Encodes the first n (<= kChunk) elements of a chunk (a, b) of T's lanes as fp8 codes, clamped
+// first where kClamp says so: in registers with the AVX512 / AVX2 encoders, else (and for tails)
+// through a buffer and the portable encoder.
+template <typename T, Clamp kClamp>
 inline void store_fp8(uint8_t* out, int64_t n, fVec a, fVec b) {
 #if defined(CPU_CAPABILITY_AVX512)
   if (n == kChunk) {
+    if constexpr (kClamp == Clamp::kYes) {
+      a = clamp_fp8(a);
+      b = clamp_fp8(b);
+    }
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out), fp8_e4m3fn_codes(a));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + kF), fp8_e4m3fn_codes(b));
     return;
   }
+#elif defined(CPU_CAPABILITY_AVX2)
+  if (n == kChunk) {
+    constexpr bool kClamped = kClamp == Clamp::kYes;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                     pack_fp8_chunk<kEvenOddLanes<T>>(fp8_e4m3fn_codes32<kClamped>(a, a),
+                                                      fp8_e4m3fn_codes32<kClamped>(b, b)));
+    return;
+  }
 #endif
+  a = clamp_fp8(a);  // the portable encoder expects clamped input
+  b = clamp_fp8(b);
   from_lanes<T>(a, b);
   alignas(64) float buf[kChunk];
   a.store(buf);
@@ -30,46 +52,49 @@ inline void store_fp8(uint8_t* out, int64_t n, fVec a, fVec b) {
   encode_fp8(buf, out, n);
 }
 
-// Whether a quantized value needs the clamp to +-448 before encoding. A scale computed from the
-// values' own absmax (dynamic without an upper bound, group) keeps |x / s| within a few ulp of
-// 448, below 464, where fp8_e4m3fn_codes still gives 0x7e unclamped; NaN and the results of an
-// inf scale encode as they would clamped. Static scales and scale_ub can leave the range.
-enum class Clamp : bool { kNo = false, kYes = true };
-
-template <Clamp kClamp>
-inline fVec maybe_clamp_fp8(const fVec& v) {
-#if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (kClamp == Clamp::kNo) return v;   // the AVX512 encoder saturates below 464
-#endif
-  return clamp_fp8(v);                              // the portable encoder expects clamped input
-}
-
 // out[0:n) = fp8(clamp(x[0:n) * mul)) (kDivide: x / mul, exactly rounded; through the
 // reciprocal and an FMA correction where mul is finite). `next` (or null) is the same span of
 // the next row, prefetched chunk by chunk so its loads overlap this span's arithmetic.
 template <typename T, bool kDivide, Clamp kClamp = Clamp::kYes>
-inline void quantize_into(const T* x, float mul, uint8_t* out, int64_t n, const T* next) {
-  const fVec m(mul);
-  const bool via_reciprocal = kDivide && std::isfinite(mul);
-  const fVec r(1.0f / mul);
-  for (int64_t j = 0; j < n; j += kChunk) {
-    const int64_t len = std::min<int64_t>(kChunk, n - j);
-    if (next != nullptr) prefetch_bytes(next + j, kChunk * sizeof(T));
-    fVec a, b;
-    load_n(x + j, len, a, b);
-    if constexpr (kDivide) {
-      if (via_reciprocal) {
+inline void quantize_into(const T* __restrict x, float mul, uint8_t* __restrict out, int64_t n, const T* next) {
+  const fVec m(mul), r(1.0f / mul);
+  // kExact: x / m through the reciprocal and the FMA correction (finite m), else x / m or x * m.
+  auto run = [=](auto exact) {  // by value: stores through uint8_t* could alias captured references
+    auto scale = [&](fVec& a) {
+      if constexpr (!kDivide) {
+        a = a * m;
+      } else if constexpr (decltype(exact)::value) {
         a = div_exact(a, m, r);
-        b = div_exact(b, m, r);
       } else {
         a = a / m;
-        b = b / m;
       }
-    } else {
-      a = a * m;
-      b = b * m;
+    };
+    int64_t j = 0;
+    for (; j + 2 * kChunk <= n; j += 2 * kChunk) {  // two chunks a step, one prefetch per 64 bytes
+      if (next != nullptr) prefetch_bytes(next + j, 2 * kChunk * sizeof(T));
+      fVec a0, b0, a1, b1;
+      Io<T>::load(x + j, a0, b0);
+      Io<T>::load(x + j + kChunk, a1, b1);
+      scale(a0);
+      scale(b0);
+      scale(a1);
+      scale(b1);
+      store_fp8<T, kClamp>(out + j, kChunk, a0, b0);
+      store_fp8<T, kClamp>(out + j + kChunk, kChunk, a1, b1);
     }
-    store_fp8<T>(out + j, len, maybe_clamp_fp8<kClamp>(a), maybe_clamp_fp8<kClamp>(b));
+    for (; j < n; j += kChunk) {
+      const int64_t len = std::min<int64_t>(kChunk, n - j);
+      fVec a, b;
+      load_n(x + j, len, a, b);
+      scale(a);
+      scale(b);
+      store_fp8<T, kClamp>(out + j, len, a, b);
+    }
+  };
+  if (kDivide && std::isfinite(mul)) {
+    run(std::true_type{});
+  } else {
+    run(std::false_type{});
   }
 }
 
@@ -92,12 +117,49 @@ inline float absmax_16bit(const T* x, int64_t n) {
   const uint16_t bits = *std::max_element(lanes, lanes + 32);
   return static_cast<float>(T(bits, T::from_bits()));
 }
+#elif defined(CPU_CAPABILITY_AVX2)
+// max |x| over the bit patterns with the sign cleared, as absmax_16bit above: an unsigned max
+// of 16 lanes (16-bit types) or 8 lanes (fp32) per instruction, NaN included; the tail through a
+// zero-filled buffer.
+template <typename T>
+inline float absmax_bits(const T* x, int64_t n) {
+  constexpr bool k16 = sizeof(T) == 2;
+  constexpr int64_t kLanes = 32 / sizeof(T);
+  const __m256i magnitude = k16 ? _mm256_set1_epi16(0x7fff) : _mm256_set1_epi32(0x7fffffff);
+  auto max = [&](const __m256i& m, const __m256i& v) {
+    const __m256i a = _mm256_and_si256(v, magnitude);
+    return k16 ? _mm256_max_epu16(m, a) : _mm256_max_epu32(m, a);
+  };
+  __m256i m0 = _mm256_setzero_si256(), m1 = _mm256_setzero_si256();
+  int64_t j = 0;
+  for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
+    m0 = max(m0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j)));
+    m1 = max(m1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + kLanes)));
+  }
+  for (; j < n; j += kLanes) {
+    alignas(32) T buf[kLanes] = {};
+    std::memcpy(buf, x + j, std::min<int64_t>(kLanes, n - j) * sizeof(T));
+    m0 = max(m0, _mm256_load_si256(reinterpret_cast<const __m256i*>(buf)));
+  }
+  m0 = k16 ? _mm256_max_epu16(m0, m1) : _mm256_max_epu32(m0, m1);
+  if constexpr (k16) {
+    alignas(32) uint16_t lanes[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), m0);
+    return static_cast<float>(T(*std::max_element(lanes, lanes + 16), T::from_bits()));
+  } else {
+    alignas(32) uint32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), m0);
+    return bits_f32(*std::max_element(lanes, lanes + 8));
+  }
+}
 #endif
 
 template <typename T>
 inline float absmax(const T* x, int64_t n) {
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (!std::is_same_v<T, float>) return absmax_16bit(x, n);
+#elif defined(CPU_CAPABILITY_AVX2)
+  return absmax_bits(x, n);
 #endif
   fVec m0(0.f), m1(0.f);
   for (int64_t j = 0; j < n; j += kChunk) {
@@ -157,7 +219,7 @@ inline float quantize_group_in_registers(const T* xg, uint8_t* out, const T* nex
   for (int i = 0; i < NC; ++i) {
     const fVec qa = via_reciprocal ? div_exact(a[i], vs, r) : a[i] / vs;
     const fVec qb = via_reciprocal ? div_exact(b[i], vs, r) : b[i] / vs;
-    store_fp8<T>(out + i * kChunk, kChunk, maybe_clamp_fp8<Clamp::kNo>(qa), maybe_clamp_fp8<Clamp::kNo>(qb));
+    store_fp8<T, Clamp::kNo>(out + i * kChunk, kChunk, qa, qb);
   }
   return s;
 }
@@ -168,8 +230,10 @@ inline float quantize_group(const T* xg, uint8_t* out, int64_t group_size, const
   switch (group_size % kChunk == 0 ? group_size / kChunk : 0) {
     case 1: return quantize_group_in_registers<T, 1>(xg, out, next);
     case 2: return quantize_group_in_registers<T, 2>(xg, out, next);
+#if !defined(CPU_CAPABILITY_AVX2)  // AVX2 has 16 vector registers: larger groups take two passes
     case 4: return quantize_group_in_registers<T, 4>(xg, out, next);
     case 8: return quantize_group_in_registers<T, 8>(xg, out, next);
+#endif
     default: break;
   }
   const float s = dynamic_scale(absmax(xg, group_size), nullptr);

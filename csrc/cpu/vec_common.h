@@ -19,6 +19,10 @@
 
 #include "kernels.h"
 
+// Forces inlining of the small vector helpers: with several of them per loop body GCC's
+// heuristics otherwise leave some as calls, spilling every vector register around them.
+#define REFERENCE_CPU_INLINE inline __attribute__((always_inline))
+
 namespace reference_cpu {
 
 using fVec = at::vec::Vectorized<float>;
@@ -327,12 +331,30 @@ inline float reduce_max(const fVec& v) {
 
 // ----- fast fp32 transcendentals ------------------------------------------------------------------
 // A rational minimax erf (the coefficient set Eigen publishes for float) evaluated with FMAs and
-// one division, and at::vec's polynomial exp: a few ulp of error (checked in tests against
+// one division, and a polynomial exp2: a few ulp of error (checked in tests against
 // float64), 2-5x faster than the Sleef calls at::vec's erf/tanh use, which made the GELU kernels
 // compute-bound. NaN propagates.
 
+#if defined(CPU_CAPABILITY_AVX2)
+// 1 / b within ~2 ulp for finite b (normal 1 / b): the 12-bit vrcpps refined by one Newton step.
+// Zen's vdivps issues once per ~3.5 cycles, which alone bounds a 16-bit kernel dividing once per
+// element above its copy speed; these are three instructions on the FMA pipes. For |b| >= 2^126
+// (a reciprocal below the normal range) the estimate is 0 and so is the result.
+REFERENCE_CPU_INLINE __m256 refined_reciprocal(const __m256& b) {
+  const __m256 r0 = _mm256_rcp_ps(b);
+  return _mm256_fmadd_ps(_mm256_fnmadd_ps(b, r0, _mm256_set1_ps(1.0f)), r0, r0);
+}
+
+// a / b as a r0 (2 - b r0), r0 the 12-bit estimate: one Newton step with a's multiply taken out
+// of the chain (three instructions, one fewer dependent step than a * refined_reciprocal(b)).
+REFERENCE_CPU_INLINE __m256 divide_refined(const __m256& a, const __m256& b) {
+  const __m256 r0 = _mm256_rcp_ps(b);
+  return _mm256_mul_ps(_mm256_mul_ps(a, r0), _mm256_fnmadd_ps(b, r0, _mm256_set1_ps(2.0f)));
+}
+#endif
+
 // erf(x); inputs are clamped to [-4, 4], where erf is +-1 in float.
-inline fVec fast_erf(const fVec& x0) {
+REFERENCE_CPU_INLINE fVec fast_erf(const fVec& x0) {
   const fVec x = at::vec::clamp(x0, fVec(-4.f), fVec(4.f));
   const fVec x2 = x * x;
   fVec p = at::vec::fmadd(x2, fVec(-2.72614225801306e-10f), fVec(2.77068142495902e-08f));
@@ -346,48 +368,85 @@ inline fVec fast_erf(const fVec& x0) {
   q = at::vec::fmadd(x2, q, fVec(-1.68282697438203e-03f));
   q = at::vec::fmadd(x2, q, fVec(-7.37332916720468e-03f));
   q = at::vec::fmadd(x2, q, fVec(-1.42647390514189e-02f));
-  return p / q;
-}
-
-// exp(x) within a few ulp; callers multiply the result into x, so a NaN input may give any value
-// here without losing the NaN. With AVX512: x clamped to [-104, 89] (exp is 0 / inf beyond; a NaN
-// becomes a bound), n = round(x / ln 2), r = x - n ln 2 in two FMA steps (Cody-Waite), e^r by its
-// degree-6 Taylor polynomial (|r| <= ln 2 / 2: error ~1e-7; kDegree 5: ~2e-6, for 16-bit outputs
-// whose rounding step is 2^-11 or coarser), scaled by 2^n with vscalefps (which
-// saturates to inf and 0): 13 instructions, about half of at::vec's exp_u20, used elsewhere.
-template <int kDegree = 6>
-inline fVec fast_exp(const fVec& x) {
-  static_assert(kDegree == 5 || kDegree == 6, "exp polynomial of degree 5 or 6");
-#if defined(CPU_CAPABILITY_AVX512)
-  const __m512 xc = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(89.0f)), _mm512_set1_ps(-104.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), xc);  // ln 2, high bits
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.4286068202862268e-06f), r);      // ln 2, the rest
-  __m512 p = _mm512_set1_ps(1.0f / 120.0f);
-  if constexpr (kDegree == 6) p = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 720.0f), r, p);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+#if defined(CPU_CAPABILITY_AVX2)
+  return divide_refined(p, q);  // q <= -0.0142: no zero, no overflow
 #else
-  return x.exp_u20();
+  return p / q;
 #endif
 }
+
+// 2^w for the sigmoid forms' denominators 1 + 2^w (callers fold log2(e) into w's constants,
+// which saves the multiply and the two-step ln 2 reduction an exp needs): n = round(w),
+// f = w - n (exact, |f| <= 1/2), 2^f by a polynomial of degree kDegree (coefficients fitted for
+// minimax relative error on [-1/2, 1/2]: degree 5: 2.4e-7, about 2 fp32 ulp; 4: 2.7e-6, for fp16
+// outputs, whose rounding step is 2^-11; 3: 7.5e-5, for bf16 outputs, whose rounding step is
+// 2^-8: 1/50 of it), scaled by 2^n. A NaN w gives some finite or infinite value: the callers
+// multiply the result into the NaN input, which keeps the NaN.
+// AVX512: w clamped to [-150, 129], scaled with vscalefps (saturating to 0 and inf).
+// AVX2: n is rounded by adding 1.5 * 2^23 (its low bits then hold n, so shifting them into the
+// exponent field gives 2^n with no conversion), and w is clamped to [-125, 127] so that 2^n p
+// stays a normal float: beyond, the result is 2^-125 or 2^127 instead of 0 or inf (callers add 1
+// and divide, which gives results within 2^-125 of theirs). 9-11 instructions, under half of
+// at::vec's exp_u20.
+template <int kDegree>
+struct Exp2Poly;
+template <>
+struct Exp2Poly<3> {
+  static constexpr float c[] = {0.9999280571937561f, 0.6932609677314758f, 0.2426111251115799f,
+                                0.0551716685295105f};
+};
+template <>
+struct Exp2Poly<4> {
+  static constexpr float c[] = {0.9999992847442627f, 0.6931217908859253f, 0.240247443318367f,
+                                0.05591785907745361f, 0.009570101276040077f};
+};
+template <>
+struct Exp2Poly<5> {
+  static constexpr float c[] = {1.0000001192092896f, 0.6931469440460205f, 0.24022120237350464f,
+                                0.05550713092088699f, 0.009675540961325169f, 0.001327647129073739f};
+};
+
+// Horner's scheme over Exp2Poly<kDegree>::c.
+template <int kDegree>
+REFERENCE_CPU_INLINE fVec exp2_poly(const fVec& f) {
+  fVec p(Exp2Poly<kDegree>::c[kDegree]);
+  for (int k = kDegree - 1; k >= 0; --k) p = at::vec::fmadd(p, f, fVec(Exp2Poly<kDegree>::c[k]));
+  return p;
+}
+
+template <int kDegree>
+REFERENCE_CPU_INLINE fVec fast_exp2(const fVec& w) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512 wc = _mm512_max_ps(_mm512_min_ps(w, _mm512_set1_ps(129.0f)), _mm512_set1_ps(-150.0f));
+  const __m512 n = _mm512_roundscale_ps(wc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm512_scalef_ps(exp2_poly<kDegree>(_mm512_sub_ps(wc, n)), n);
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256 wc = _mm256_max_ps(_mm256_min_ps(w, _mm256_set1_ps(127.0f)), _mm256_set1_ps(-125.0f));
+  const __m256 magic = _mm256_set1_ps(12582912.0f);  // 1.5 * 2^23
+  const __m256 t = _mm256_add_ps(wc, magic);
+  const __m256 p = exp2_poly<kDegree>(_mm256_sub_ps(wc, _mm256_sub_ps(t, magic)));
+  const __m256i scale = _mm256_slli_epi32(_mm256_castps_si256(t), 23);
+  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), scale));
+#else
+  return w.exp2();
+#endif
+}
+
 
 // a / b for the denominators b >= 1 (or inf, or NaN) of the sigmoid forms, within ~1 ulp of the
 // division. With AVX512 it is the 14-bit reciprocal refined by one Newton step and a multiply:
 // division's throughput (one 16-lane vdivps per ~10 cycles) otherwise bounds the SiLU/GELU
 // kernels on 16-bit rows. b = inf gives a * 0, as a / inf does (the Newton step would give NaN).
-inline fVec div_by_denominator(const fVec& a, const fVec& b) {
+// With AVX2, refined_reciprocal: there b is always finite, as the AVX2 fast_exp saturates at e^88.3.
+REFERENCE_CPU_INLINE fVec div_by_denominator(const fVec& a, const fVec& b) {
 #if defined(CPU_CAPABILITY_AVX512)
   const __m512 r0 = _mm512_rcp14_ps(b);
   const __m512 e = _mm512_fnmadd_ps(b, r0, _mm512_set1_ps(1.0f));
   const __m512 r = _mm512_mask_mov_ps(_mm512_fmadd_ps(e, r0, r0),
                                       _mm512_cmp_ps_mask(r0, _mm512_setzero_ps(), _CMP_EQ_OQ), r0);
   return _mm512_mul_ps(a, r);
+#elif defined(CPU_CAPABILITY_AVX2)
+  return divide_refined(a, b);
 #else
   return a / b;
 #endif
@@ -395,10 +454,13 @@ inline fVec div_by_denominator(const fVec& a, const fVec& b) {
 
 // a / b within 2^-14 relative (the 14-bit reciprocal, no Newton step), for results rounded to a
 // 16-bit type, whose rounding step (2^-11 or coarser) it moves by at most 1/8: two instructions
-// instead of six. b = inf gives a * 0, as a / inf does; without AVX512 it is the division.
-inline fVec div_by_denominator_16bit(const fVec& a, const fVec& b) {
+// instead of six. b = inf gives a * 0, as a / inf does. With AVX2 it is refined_reciprocal, elsewhere
+// the division.
+REFERENCE_CPU_INLINE fVec div_by_denominator_16bit(const fVec& a, const fVec& b) {
 #if defined(CPU_CAPABILITY_AVX512)
   return _mm512_mul_ps(a, _mm512_rcp14_ps(b));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return divide_refined(a, b);  // vrcpps alone (12 bits) would misround too often
 #else
   return a / b;
 #endif
@@ -476,6 +538,41 @@ inline __m128i fp8_e4m3fn_codes(const __m512& v) {
   __m512i code = _mm512_min_epu32(_mm512_add_epi32(steps, base), _mm512_set1_epi32(0x7f));
   code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(f, 24), _mm512_set1_epi32(0x80), 0xF8);  // | sign
   return _mm512_cvtepi32_epi8(code);
+}
+#endif
+
+#if defined(CPU_CAPABILITY_AVX2)
+// fp8_e4m3fn_codes for 8 lanes with AVX2, one code in the low byte of each 32-bit lane (the
+// other bytes zero): the same single-addition rounding onto the fp8 grid, on |v|. kClamp: |v| is
+// first limited to 448 with vminps(448, |v|), which returns |v| when it is NaN, so NaN stays NaN
+// (0x7f) and inf saturates to 0x7e as after torch's clamp; without it, |v| must be below 464.
+// The sign is bit 31 of `sign_of` (v itself, or the value whose quotient v is).
+template <bool kClamp>
+REFERENCE_CPU_INLINE __m256i fp8_e4m3fn_codes32(const __m256& v, const __m256& sign_of) {
+  __m256 a = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+  if constexpr (kClamp) a = _mm256_min_ps(_mm256_set1_ps(kFp8Max), a);
+  const __m256i ai = _mm256_castps_si256(a);
+  const __m256i exponent = _mm256_max_epu32(_mm256_and_si256(ai, _mm256_set1_epi32(0x7f800000)),
+                                            _mm256_set1_epi32(121 << 23));             // 2^e, e >= -6
+  const __m256i m = _mm256_add_epi32(exponent, _mm256_set1_epi32(20 << 23));            // M = 2^(e + 20)
+  const __m256i sum = _mm256_castps_si256(_mm256_add_ps(a, _mm256_castsi256_ps(m)));
+  const __m256i base = _mm256_srli_epi32(_mm256_sub_epi32(exponent, _mm256_set1_epi32(121 << 23)), 20);
+  const __m256i code = _mm256_min_epu32(_mm256_add_epi32(_mm256_sub_epi32(sum, m), base), _mm256_set1_epi32(0x7f));
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(sign_of), 24), _mm256_set1_epi32(0x80));
+  return _mm256_or_si256(code, sign);
+}
+
+// The 16 codes of a chunk (codes32 of its two vectors, in Io<T>'s lanes) as 16 bytes in order.
+template <bool kEvenOdd>
+REFERENCE_CPU_INLINE __m128i pack_fp8_chunk(const __m256i& ca, const __m256i& cb) {
+  if constexpr (kEvenOdd) {  // ca: elements 0, 2, ..; cb: 1, 3, ..: one 16-bit pair per lane
+    const __m256i pairs = _mm256_or_si256(ca, _mm256_slli_epi32(cb, 8));
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(pairs, pairs), 0x08));
+  } else {
+    const __m256i words = _mm256_packus_epi32(ca, cb);         // a0-3 b0-3 | a4-7 b4-7
+    const __m256i bytes = _mm256_packus_epi16(words, words);   // a0-3 b0-3 a0-3 b0-3 | a4-7 b4-7 ..
+    return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 0, 4, 1, 5)));
+  }
 }
 #endif
 
