@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Tests that depend on which platform is current; each must pass whatever the machine has.
 PLATFORM_SENSITIVE = (
-    "tests/test_layers_attention.py::test_mla_native_uses_sub_layers_native_while_platform_forward_dispatches_them",
+    "tests/test_layers_attention.py::test_mla_native_uses_sub_layers_native_while_forward_dispatches_them",
     "tests/test_layers_moe.py::test_layer_native_path_is_native_and_platform_path_dispatches_the_method",
     "tests/test_kernels_cpu.py::test_cpu_platform_dispatches_to_cpp_by_default",
     "tests/test_plugins_and_platforms.py::test_builtin_detection_is_truthful_here",
