@@ -50,3 +50,37 @@ def test_every_property_draw_labels_what_it_draws(name):
         assert isinstance(args, tuple) and labels and all(labels), (name, labels)
 
     check()
+
+
+def _seeded_draws() -> list:
+    """100 seeded examples of integers and floats, as the property check draws them."""
+    from hypothesis import seed
+
+    seen = []
+
+    @settings(strategies.conformance_settings(100))
+    @seed(1234)
+    @given(st.integers(0, 10**9), st.floats(-1e6, 1e6, allow_nan=False))
+    def prop(i, f):
+        seen.append((i, f))
+
+    with strategies.draws_independent_of_loaded_code():
+        prop()
+    return seen
+
+
+def test_draws_do_not_depend_on_the_literals_of_modules_loaded_later(tmp_path, monkeypatch):
+    """A vendor's plugin module full of literals, imported between two runs, leaves the seeded draws as they were
+    (hypothesis otherwise mixes every loaded local module's constants into its draws)."""
+    import importlib
+    import sys
+
+    before = _seeded_draws()
+    (tmp_path / "vendor_literals_mod.py").write_text(
+        "".join(f"C{i} = {v!r}\n" for i, v in enumerate([123456789, 987654321, 31337, 0.987654321, -4242.5, 777.0])))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("vendor_literals_mod")
+    try:
+        assert _seeded_draws() == before
+    finally:
+        sys.modules.pop("vendor_literals_mod", None)

@@ -107,7 +107,7 @@ def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
     from hypothesis import strategies as st
     from hypothesis.errors import Unsatisfiable
 
-    from reference_impl.ir.strategies import conformance_settings
+    from reference_impl.ir.strategies import conformance_settings, draws_independent_of_loaded_code
 
     op, impl = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider)
     if op.property_args is None:
@@ -150,7 +150,8 @@ def ir_property(ctx: CheckContext, unit: Unit) -> Verdict:
             state["quality"] = (cmp, list(draws))
 
     try:
-        prop()
+        with draws_independent_of_loaded_code():
+            prop()
     except Unsatisfiable:
         return not_supported(f"supports_args rejected every drawn input {where}]")
     except AssertionError:

@@ -9,6 +9,8 @@ not when an op module is imported, so using the runtime does not import it.
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 
 PROFILE = "reference-impl-conformance"
@@ -97,3 +99,26 @@ def conformance_settings(max_examples: int):
             ])
         profile = settings.get_profile(PROFILE)
     return settings(profile, max_examples=max_examples)
+
+
+@contextlib.contextmanager
+def draws_independent_of_loaded_code():
+    """Hypothesis mixes literals of every loaded local module into its draws (its "local constants"), so the
+    same seed would draw differently once a vendor's plugin, or any other module, is imported. Inside this block
+    it sees none: the draws depend on the seed and hypothesis's version only. Hypothesis keeps this in private
+    names; where they are missing (another version) the block changes nothing."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        empty = providers.Constants()
+        saved = providers._get_local_constants
+        cache = providers.CONSTANTS_CACHE.cache
+    except (ImportError, AttributeError):
+        yield
+        return
+    cache.clear()  # permitted-value pools computed from earlier local constants
+    providers._get_local_constants = lambda: empty
+    try:
+        yield
+    finally:
+        providers._get_local_constants = saved
+        cache.clear()
