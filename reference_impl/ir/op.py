@@ -119,6 +119,9 @@ class IrOp:
         self.impls: dict[str, IrOpImpl] = {}
         self.cases: list[OpCase] = []
         self.property_args: Callable | None = None
+        # The entry of reference_impl/ir/tolerances.py the op names (kept as given, so a test can tell
+        # it is the table's), and the op's own copy laid over the defaults, which override_tolerance edits.
+        self.declared_tolerances = DEFAULT_TOLERANCES if tolerances is None else tolerances
         self._tolerances = dict(DEFAULT_TOLERANCES)
         self._tolerances.update(tolerances or {})
         self._priority_override: list[list[str]] = []
