@@ -16,6 +16,7 @@ from harness_runner import run_harness
 from reference_impl import ir
 from reference_impl.compilation import compile_module
 from reference_impl.config import CompilationConfig, CompilationMode, RuntimeConfig
+from reference_impl.ir.tolerances import MODEL_TOLERANCES
 from reference_impl.models import DecoderConfig, LlamaForCausalLM, build_model, greedy_generate, random_checkpoint
 from reference_impl.platforms import activate_platform
 
@@ -157,7 +158,7 @@ def test_load_weights_names_unknown_missing_and_misshapen_tensors():
 
 
 # ----- the harness's model family -----------------------------------------------------------------
-@pytest.mark.parametrize("dtype", list(model_check.MODEL_TOLERANCES), ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("dtype", list(MODEL_TOLERANCES), ids=lambda d: str(d).removeprefix("torch."))
 def test_fixed_model_greedy_margins_exceed_twice_the_tolerance(dtype):
     """No platform within tolerance of native can flip a token of the model family's decoder, in any sequence."""
     from reference_impl.models import generate
@@ -169,7 +170,7 @@ def test_fixed_model_greedy_margins_exceed_twice_the_tolerance(dtype):
     assert [len(p) for p in batch] == list(model_check.PROMPT_LENS)
     with native_only():
         gen = generate(ref, batch, model_check.NEW_TOKENS, cache=ref.allocate_kv_cache(len(batch), 16))
-    atol, rtol = model_check.MODEL_TOLERANCES[dtype]
+    atol, rtol = MODEL_TOLERANCES[dtype]
     for s, tokens in enumerate(gen.tokens):
         assert len(set(tokens)) >= 3, tokens   # a real continuation, not one repeated token
         top = gen.step_logits[:, s].double().topk(2, dim=-1).values
@@ -246,7 +247,7 @@ def test_model_family_passes_on_the_cpu_platform(dtype, case):
     verdict = _run(dtype, case)
     assert verdict.outcome.value == "PASS", verdict.message
     assert "rms_norm: cpp" in verdict.message and "fused_add_rms_norm: cpp" in verdict.message
-    assert verdict.max_abs_err is not None and verdict.max_abs_err < model_check.MODEL_TOLERANCES[
+    assert verdict.max_abs_err is not None and verdict.max_abs_err < MODEL_TOLERANCES[
         getattr(torch, dtype)][0]
 
 
@@ -280,7 +281,7 @@ def test_model_family_fails_on_wrong_logits_and_on_other_tokens(negated_rms_norm
     assert verdict.outcome.value == "FAIL" and verdict.message.startswith("logits"), verdict.message
     assert "rms_norm: model_test_negated" in verdict.message and "model seed" in verdict.message
     # with a tolerance that accepts any logits, the greedy tokens still have to agree
-    monkeypatch.setitem(model_check.MODEL_TOLERANCES, torch.float32, (1e6, 1.0))
+    monkeypatch.setitem(MODEL_TOLERANCES, torch.float32, (1e6, 1.0))
     verdict = _run("float32", "eager")
     assert verdict.outcome.value == "FAIL" and "greedy tokens differ at step" in verdict.message, verdict.message
 

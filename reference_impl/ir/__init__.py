@@ -8,7 +8,6 @@ Whether an eager call goes through the torch op is one switch: `enable_torch_wra
 
 from reference_impl.ir.cases import OpCase
 from reference_impl.ir.op import (
-    DEFAULT_TOLERANCES,
     LIB_NAMESPACE,
     IrDispatchError,
     IrOp,
@@ -21,9 +20,11 @@ from reference_impl.ir.op import (
     torch_wrap_enabled,
 )
 from reference_impl.ir.priority import PriorityError, PrioritySource, get_priority_source, set_priority_source
+from reference_impl.ir.tolerances import DEFAULT_TOLERANCES
+from reference_impl.ir import tolerances
 from reference_impl.ir import ops
 
 __all__ = ["register_op", "IrOp", "IrOpImpl", "IrOpInplaceOverload", "IrRegistrationError",
-           "IrDispatchError", "OpCase", "ops", "LIB_NAMESPACE", "DEFAULT_TOLERANCES",
+           "IrDispatchError", "OpCase", "ops", "tolerances", "LIB_NAMESPACE", "DEFAULT_TOLERANCES",
            "PriorityError", "PrioritySource", "get_priority_source", "set_priority_source",
            "enable_torch_wrap", "set_default_torch_wrap", "torch_wrap_enabled"]

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn
-from reference_impl.ir.ops.activation import ACT_TOLERANCES, GELU_TOLERANCES, SPARSE_GELU_TOLERANCES, make_activation
+from reference_impl.ir.ops.activation import make_activation
+from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES, GELU_TOLERANCES, SPARSE_GELU_TOLERANCES
 from reference_impl.layers.cases import LayerCase, declare_cases, randomize_parameters
 
 GELU_APPROXIMATIONS = ("none", "tanh")
@@ -230,9 +231,9 @@ def _cases(shapes, kwargs: dict | None = None, suffix: str = "", init_params=Non
     return [case(*row) for row in shapes]
 
 
-declare_cases(SiluAndMul, tolerances=ACT_TOLERANCES,
+declare_cases(SiluAndMul, tolerances=ELEMENTWISE_TOLERANCES,
               cases=_cases(_GATED_SHAPES))
-declare_cases(MulAndSilu, tolerances=ACT_TOLERANCES,
+declare_cases(MulAndSilu, tolerances=ELEMENTWISE_TOLERANCES,
               cases=_cases(_GATED_SHAPES))
 declare_cases(GeluAndMul, tolerances=GELU_TOLERANCES,
               cases=(_cases(_GATED_SHAPES, {"approximate": "none"}, ",approximate=none")
@@ -247,9 +248,9 @@ declare_cases(NewGELU, tolerances=GELU_TOLERANCES,
               cases=_cases(_UNARY_SHAPES))
 declare_cases(FastGELU, tolerances=GELU_TOLERANCES,
               cases=_cases(_UNARY_SHAPES))
-declare_cases(QuickGELU, tolerances=ACT_TOLERANCES,
+declare_cases(QuickGELU, tolerances=ELEMENTWISE_TOLERANCES,
               cases=_cases(_UNARY_SHAPES))
-declare_cases(ReLUSquaredActivation, tolerances=ACT_TOLERANCES,
+declare_cases(ReLUSquaredActivation, tolerances=ELEMENTWISE_TOLERANCES,
               cases=_cases(_UNARY_SHAPES))
 
 
@@ -276,12 +277,12 @@ def _xielu_cases():
     return cases
 
 
-declare_cases(XIELU, tolerances={torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)},
+declare_cases(XIELU, tolerances=ELEMENTWISE_TOLERANCES,
               cases=_xielu_cases())
-declare_cases(SwigluOAIAndMul, tolerances=ACT_TOLERANCES,
+declare_cases(SwigluOAIAndMul, tolerances=ELEMENTWISE_TOLERANCES,
               cases=(_cases(_GATED_SHAPES)
                      + _cases(_GATED_SHAPES[1:4], {"alpha": 1.0, "limit": 2.0},
                               ",alpha=1.0,limit=2.0")))
-declare_cases(FatreluAndMul, tolerances=ACT_TOLERANCES,
+declare_cases(FatreluAndMul, tolerances=ELEMENTWISE_TOLERANCES,
               cases=(_cases(_GATED_SHAPES)
                      + _cases(_GATED_SHAPES[1:4], {"threshold": 0.5}, ",threshold=0.5")))

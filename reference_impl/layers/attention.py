@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from reference_impl.custom_op import CustomOp, PluggableLayer
 from reference_impl.ir.cases import randn
+from reference_impl.ir.tolerances import ATTN_TOLERANCES, MLA_TOLERANCES
 from reference_impl.layers._composite import CompositeLayer, init_composite_params, linear, require_single_rank
 from reference_impl.layers.cases import LayerCase, declare_cases
 from reference_impl.layers.layernorm import RMSNorm
@@ -223,20 +224,6 @@ class MultiHeadLatentAttentionWrapper(CompositeLayer):
 
 
 # ----- conformance cases --------------------------------------------------------------------------
-# The attention itself runs in float32 and rounds once; in MLA, the projections round in the
-# input dtype (five matmuls), so its half-precision bounds are looser.
-ATTN_TOLERANCES = {
-    torch.float32: (2e-5, 1e-5),
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 1.6e-2),
-}
-MLA_TOLERANCES = {
-    torch.float32: (5e-5, 5e-5),
-    torch.float16: (5e-3, 5e-3),
-    torch.bfloat16: (4e-2, 4e-2),
-}
-
-
 def _mm_case(name, batch, seq, heads, kv_heads, head_size, *, kv_seq=None, layout="3d", cu_seqlens=None,
              scale=None, level="quick"):
     def make_inputs(dtype, device, gen):

@@ -85,6 +85,10 @@ class LayerConformance:
     # Puts an output in the form results are compared in, where the semantics leave something
     # unspecified (GroupedTopk: the order of a row's top-k); None compares outputs as returned.
     canonical: Callable[[Any], Any] | None = None
+    # The entry of reference_impl/ir/tolerances.py the declaration named, as given (`tolerances` is the
+    # record's own copy, which override_tolerance edits); None for a record built by hand.
+    declared: Mapping[torch.dtype, tuple[float, float]] | None = dataclasses.field(default=None, repr=False,
+                                                                                    compare=False)
 
     def comparable(self, output: Any) -> Any:
         """`output` in the form it is compared in (see `canonical`)."""
@@ -117,7 +121,7 @@ def declare_cases(cls: type, *, tolerances: Mapping[torch.dtype, tuple[float, fl
     if _ATTR in vars(cls):
         raise LayerCaseError(f"{where}: conformance cases declared twice")
     cases = tuple(cases)
-    tolerances = {d: (float(a), float(r)) for d, (a, r) in dict(tolerances).items()}
+    declared, tolerances = tolerances, {d: (float(a), float(r)) for d, (a, r) in dict(tolerances).items()}
     if not cases:
         raise LayerCaseError(f"{where}: no conformance cases")
     if not tolerances:
@@ -139,7 +143,7 @@ def declare_cases(cls: type, *, tolerances: Mapping[torch.dtype, tuple[float, fl
         raise LayerCaseError(f"{where}: no case runs at the quick level")
     if canonical is not None and not callable(canonical):
         raise LayerCaseError(f"{where}: canonical must be callable, got {type(canonical).__name__}")
-    record = LayerConformance(where, tolerances, cases, canonical)
+    record = LayerConformance(where, tolerances, cases, canonical, declared)
     setattr(cls, _ATTR, record)
     return record
 

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from reference_impl.custom_op import CustomOp
-from reference_impl.ir.ops.activation import ACT_TOLERANCES, make_activation
+from reference_impl.ir.ops.activation import make_activation
+from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES
 from reference_impl.layers.cases import LayerCase, declare_cases
 
 
@@ -107,11 +108,11 @@ def _cases(kwargs: dict, suffix: str, shapes=_SHAPES):
     return [case(*row) for row in shapes]
 
 
-declare_cases(SiluAndMulWithClamp, tolerances=ACT_TOLERANCES, cases=(
+declare_cases(SiluAndMulWithClamp, tolerances=ELEMENTWISE_TOLERANCES, cases=(
     _cases({"swiglu_limit": 1.5}, ",limit=1.5")
     + _cases({"swiglu_limit": 7.0, "alpha": 1.702, "beta": 1.0}, ",limit=7,alpha=1.702,beta=1", _SHAPES[1:4])))
-declare_cases(SituAndMul, tolerances=ACT_TOLERANCES, cases=(
+declare_cases(SituAndMul, tolerances=ELEMENTWISE_TOLERANCES, cases=(
     _cases({"beta": 1.0}, ",beta=1")
     + _cases({"beta": 2.0, "linear_beta": 3.0}, ",beta=2,linear_beta=3", _SHAPES[1:4])))
-declare_cases(SwigluStepAndMul, tolerances=ACT_TOLERANCES, cases=(
+declare_cases(SwigluStepAndMul, tolerances=ELEMENTWISE_TOLERANCES, cases=(
     _cases({"limit": 7.0}, ",limit=7") + _cases({"limit": 2.0}, ",limit=2", _SHAPES[1:4])))

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn
+from reference_impl.ir.tolerances import CONV_TOLERANCES
 from reference_impl.layers._composite import init_composite_params
 from reference_impl.layers.cases import LayerCase, declare_cases
 
@@ -159,16 +160,6 @@ class Conv3dLayer(ConvLayerBase):
 
 
 # ----- conformance cases --------------------------------------------------------------------------
-# Accumulations over in_channels * prod(kernel) products (fan-in <= 96 here), inputs and weights
-# scaled so outputs are O(1): float32 differs from float64 by ~1e-6, half precision by one
-# rounding of the output plus the rounding of the patch products.
-CONV_TOLERANCES = {
-    torch.float32: (2e-5, 1e-5),
-    torch.float16: (4e-3, 4e-3),
-    torch.bfloat16: (2e-2, 2e-2),
-}
-
-
 def _conv_fan_in(name: str, shape: torch.Size) -> int:
     return math.prod(shape[1:])
 

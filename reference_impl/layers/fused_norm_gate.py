@@ -14,7 +14,7 @@ import torch.nn as nn
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn
-from reference_impl.ir.ops.layernorm import NORM_TOLERANCES
+from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES
 from reference_impl.layers.cases import LayerCase, declare_cases, randomize_parameters
 
 ACTIVATIONS = ("swish", "silu", "sigmoid")
@@ -87,7 +87,7 @@ def _case(name, tokens, hidden, *, residual=False, prenorm=False, level="quick",
                      init_params=randomize_parameters, level=level)
 
 
-declare_cases(FusedRMSNormGated, tolerances=NORM_TOLERANCES, cases=[
+declare_cases(FusedRMSNormGated, tolerances=ELEMENTWISE_TOLERANCES, cases=[
     _case("tokens=7,hidden=768,swish", 7, 768),
     _case("tokens=5,hidden=128,sigmoid", 5, 128, activation="sigmoid"),
     _case("tokens=4,hidden=256,no_affine", 4, 256, elementwise_affine=False),

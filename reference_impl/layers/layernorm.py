@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import pinned_dtype, randn, strided
-from reference_impl.ir.ops.layernorm import NORM_TOLERANCES, WEIGHT_BFLOAT16, WEIGHT_FLOAT32, unit_rms_rows
+from reference_impl.ir.ops.layernorm import WEIGHT_BFLOAT16, WEIGHT_FLOAT32, unit_rms_rows
+from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES
 from reference_impl.layers.cases import LayerCase, declare_cases, randomize_parameters
 
 
@@ -66,7 +67,7 @@ def _rms_case(name, tokens, hidden, *, residual=False, level="quick", layout=Non
                      dtypes=tuple(weight_dtype) if weight_dtype else None)
 
 
-declare_cases(RMSNorm, tolerances=NORM_TOLERANCES, cases=[
+declare_cases(RMSNorm, tolerances=ELEMENTWISE_TOLERANCES, cases=[
     _rms_case("tokens=7,hidden=769", 7, 769),
     _rms_case("tokens=7,hidden=769,residual", 7, 769, residual=True),
     _rms_case("tokens=4,hidden=256,strided", 4, 256, layout="strided"),
@@ -184,7 +185,7 @@ def _gated_case(name, tokens, hidden, *, gate=True, level="quick", layout=None, 
                      init_params=randomize_parameters, level=level)
 
 
-declare_cases(RMSNormGated, tolerances=NORM_TOLERANCES, cases=[
+declare_cases(RMSNormGated, tolerances=ELEMENTWISE_TOLERANCES, cases=[
     _gated_case("tokens=7,hidden=769,gate_after_norm", 7, 769),
     _gated_case("tokens=7,hidden=768,gate_before_norm", 7, 768, norm_before_gate=True),
     _gated_case("tokens=5,hidden=256,no_gate", 5, 256, gate=False),
@@ -210,7 +211,7 @@ def _gemma_case(name, tokens, hidden, *, residual=False, level="quick", layout=N
     return LayerCase(name, lambda dtype: {"hidden_size": hidden}, make_inputs, init_params=init, level=level)
 
 
-declare_cases(GemmaRMSNorm, tolerances=NORM_TOLERANCES, cases=[
+declare_cases(GemmaRMSNorm, tolerances=ELEMENTWISE_TOLERANCES, cases=[
     _gemma_case("tokens=7,hidden=769", 7, 769),
     _gemma_case("tokens=7,hidden=769,residual", 7, 769, residual=True),
     _gemma_case("tokens=4,hidden=256,strided", 4, 256, layout="strided"),
@@ -265,7 +266,7 @@ def _layer_norm_case(name, tokens, hidden, *, level="quick", layout=None, weight
                      dtypes=tuple(weight_dtype) if weight_dtype else None)
 
 
-declare_cases(LayerNorm, tolerances=NORM_TOLERANCES, cases=[
+declare_cases(LayerNorm, tolerances=ELEMENTWISE_TOLERANCES, cases=[
     _layer_norm_case("tokens=7,hidden=769", 7, 769),
     _layer_norm_case("tokens=4,hidden=256,strided", 4, 256, layout="strided"),
     _layer_norm_case("tokens=5,hidden=128,no_bias", 5, 128, bias=False),

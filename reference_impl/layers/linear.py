@@ -20,15 +20,9 @@ from reference_impl.custom_op import PluggableLayer
 from reference_impl.distributed import GroupCoordinator, divide, get_tp_group
 from reference_impl.distributed.parallel_state import _DEFAULT_TP
 from reference_impl.ir.cases import randn, strided
+from reference_impl.ir.tolerances import LINEAR_TOLERANCES
 from reference_impl.layers import cpu_gemm
 from reference_impl.layers.cases import LayerCase, declare_cases
-
-# Matmuls accumulate over the input size: looser than elementwise ops (vendor GEMMs block differently).
-LINEAR_TOLERANCES = {
-    torch.float32: (1e-4, 1e-4),
-    torch.float16: (5e-3, 5e-3),
-    torch.bfloat16: (3e-2, 2e-2),
-}
 
 
 def _parameter(shape: Sequence[int], dtype: torch.dtype | None) -> nn.Parameter:

@@ -6,8 +6,8 @@ import torch
 
 from reference_impl.custom_op import PluggableLayer
 from reference_impl.ir.cases import randn
+from reference_impl.ir.tolerances import LINEAR_TOLERANCES
 from reference_impl.layers.cases import LayerCase, declare_cases
-from reference_impl.layers.linear import LINEAR_TOLERANCES
 from reference_impl.layers.vocab_parallel_embedding import ParallelLMHead, _init_rows
 
 

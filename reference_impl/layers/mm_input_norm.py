@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from reference_impl.custom_op import CustomOp
-from reference_impl.ir.ops.activation import ACT_TOLERANCES
+from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES
 from reference_impl.layers.cases import LayerCase, declare_cases
 
 
@@ -64,7 +64,7 @@ def _case(name, patches, patch_size, *, pixels="uint8", level="quick"):
     return LayerCase(name, lambda dtype: dict(_CLIP), make_inputs, level=level)
 
 
-declare_cases(FusedMMInputNorm, tolerances=ACT_TOLERANCES, cases=[
+declare_cases(FusedMMInputNorm, tolerances=ELEMENTWISE_TOLERANCES, cases=[
     _case("patches=6,patch=588,uint8", 6, 588),
     _case("patches=4,patch=196,visual_dtype_pixels", 4, 196, pixels="visual"),
     _case("patches=1,patch=1,uint8", 1, 1),

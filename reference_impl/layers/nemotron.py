@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn
-from reference_impl.ir.ops.layernorm import NORM_TOLERANCES
+from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES
 from reference_impl.layers.cases import LayerCase, declare_cases, randomize_parameters
 
 
@@ -53,7 +53,7 @@ def _case(name, tokens, hidden, *, residual=False, level="quick"):
                      default_dtype=True)
 
 
-declare_cases(NemotronLayerNorm1P, tolerances=NORM_TOLERANCES, cases=[
+declare_cases(NemotronLayerNorm1P, tolerances=ELEMENTWISE_TOLERANCES, cases=[
     _case("tokens=7,hidden=769", 7, 769),
     _case("tokens=7,hidden=769,residual", 7, 769, residual=True),
     _case("tokens=1,hidden=64,residual", 1, 64, residual=True),

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn, row_strided
-from reference_impl.ir.ops.quant import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE, QUANT_TOLERANCES
+from reference_impl.ir.ops.quant import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
+from reference_impl.ir.tolerances import QUANT_TOLERANCES
 from reference_impl.layers.cases import LayerCase, declare_cases
 
 

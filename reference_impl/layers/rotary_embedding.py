@@ -22,7 +22,8 @@ from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir import real_models
 from reference_impl.ir.cases import randn, row_strided
-from reference_impl.ir.ops.rotary import ROPE_TOLERANCES, compute_cos_sin_cache, cos_sin_rows
+from reference_impl.ir.ops.rotary import compute_cos_sin_cache, cos_sin_rows
+from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES
 from reference_impl.layers.cases import LayerCase, declare_cases
 
 
@@ -365,7 +366,7 @@ def _rope_case(name, tokens, q_heads, kv_heads, head_size, rotary_dim, neox, *, 
     return LayerCase(name, make_kwargs, make_inputs, level=level)
 
 
-declare_cases(RotaryEmbedding, tolerances=ROPE_TOLERANCES, cases=[
+declare_cases(RotaryEmbedding, tolerances=ELEMENTWISE_TOLERANCES, cases=[
     _rope_case("tokens=1,heads=1/1,head=64,neox", 1, 1, 1, 64, 64, True),
     _rope_case("tokens=7,heads=4/2,head=128,neox", 7, 4, 2, 128, 128, True),
     _rope_case("tokens=7,heads=4/2,head=128,gptj", 7, 4, 2, 128, 128, False),
@@ -409,7 +410,7 @@ def _dual_chunk_case(name, tokens, q_heads, kv_heads, head_size, rotary_dim, neo
                      dtypes=(torch.float16, torch.bfloat16) if layer_dtype else None)
 
 
-declare_cases(DualChunkRotaryEmbedding, tolerances=ROPE_TOLERANCES, cases=[
+declare_cases(DualChunkRotaryEmbedding, tolerances=ELEMENTWISE_TOLERANCES, cases=[
     _dual_chunk_case("tokens=9,heads=4/2,head=64,neox", 9, 4, 2, 64, 64, True),
     _dual_chunk_case("tokens=9,heads=4/2,head=64,gptj", 9, 4, 2, 64, 64, False),
     _dual_chunk_case("tokens=5,heads=2/1,head=80,rot=32,neox,offsets", 5, 2, 1, 80, 32, True, offsets=True),
@@ -430,7 +431,7 @@ def _apply_case(name, seq, heads, head_size, *, batch=None, neox=True, fp32=Fals
                      level=level)
 
 
-declare_cases(ApplyRotaryEmb, tolerances=ROPE_TOLERANCES, cases=[
+declare_cases(ApplyRotaryEmb, tolerances=ELEMENTWISE_TOLERANCES, cases=[
     _apply_case("seq=7,heads=4,head=64,neox", 7, 4, 64),
     _apply_case("seq=7,heads=4,head=64,gptj", 7, 4, 64, neox=False),
     _apply_case("batch=2,seq=5,heads=3,head=80,neox", 5, 3, 80, batch=2),

@@ -20,10 +20,9 @@ from reference_impl.custom_op import PluggableLayer
 from reference_impl.distributed import GroupCoordinator, get_tp_group
 from reference_impl.distributed.parallel_state import _DEFAULT_TP
 from reference_impl.ir.cases import randn
-from reference_impl.ir.op import DEFAULT_TOLERANCES
+from reference_impl.ir.tolerances import DEFAULT_TOLERANCES, LINEAR_TOLERANCES
 from reference_impl.layers import cpu_gemm
 from reference_impl.layers.cases import LayerCase, declare_cases
-from reference_impl.layers.linear import LINEAR_TOLERANCES
 
 DEFAULT_VOCAB_PADDING_SIZE = 64
 
@@ -307,7 +306,7 @@ def _lm_head_case(name, tokens, vocab, dim, *, org=None, bias=False, padding=DEF
 
 
 # a lookup: exact up to the last bit
-declare_cases(VocabParallelEmbedding, tolerances=dict(DEFAULT_TOLERANCES), cases=[
+declare_cases(VocabParallelEmbedding, tolerances=DEFAULT_TOLERANCES, cases=[
     _embedding_case("tokens=9,vocab=300,dim=65", 9, 300, 65),
     _embedding_case("tokens=16,vocab=1026,org=1010,dim=32", 16, 1026, 32, org=1010),
     _embedding_case("tokens=7,vocab=100,dim=16,out_of_range_ids", 7, 100, 16, out_of_range=True),

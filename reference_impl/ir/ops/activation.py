@@ -11,17 +11,7 @@ from torch import Tensor
 from reference_impl.ir import real_models, strategies
 from reference_impl.ir.cases import OpCase, make_input
 from reference_impl.ir.op import register_op
-
-ACT_TOLERANCES = {
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 1.6e-2),
-}
-
-
-# erf/tanh-based GELUs cancel in `1 + erf(.)` for large negative inputs: native float32 itself is ~6e-5
-# off the float64 result there, so a kernel at least as accurate as native needs this much atol.
-GELU_TOLERANCES = {**ACT_TOLERANCES, torch.float32: (1e-4, 1e-5)}
+from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES, GELU_TOLERANCES, SPARSE_GELU_TOLERANCES
 
 
 def _halves(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -29,14 +19,14 @@ def _halves(x: Tensor) -> tuple[Tensor, Tensor]:
     return x[..., :d], x[..., d:]
 
 
-@register_op(tolerances=ACT_TOLERANCES)
+@register_op(tolerances=ELEMENTWISE_TOLERANCES)
 def silu_and_mul(x: Tensor) -> Tensor:
     """silu(x[..., :d]) * x[..., d:] with d = last // 2."""
     gate, up = _halves(x)
     return F.silu(gate) * up
 
 
-@register_op(tolerances=ACT_TOLERANCES)
+@register_op(tolerances=ELEMENTWISE_TOLERANCES)
 def mul_and_silu(x: Tensor) -> Tensor:
     """x[..., :d] * silu(x[..., d:])."""
     a, b = _halves(x)
@@ -52,16 +42,11 @@ def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
     return F.gelu(gate, approximate=approximate) * up
 
 
-@register_op(tolerances=ACT_TOLERANCES)
+@register_op(tolerances=ELEMENTWISE_TOLERANCES)
 def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
     """threshold(x[..., :d], threshold, 0) * x[..., d:]."""
     gate, up = _halves(x)
     return F.threshold(gate, threshold, 0.0) * up
-
-
-# The threshold moves with the sparsified mean/std, so rounding of those statistics in half precision
-# moves outputs by a little more than the plain activations' tolerance.
-SPARSE_GELU_TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.float16: (5e-3, 5e-3), torch.bfloat16: (4e-2, 4e-2)}
 
 
 @register_op(tolerances=SPARSE_GELU_TOLERANCES)
@@ -77,7 +62,7 @@ def gelu_and_mul_sparse(x: Tensor, std_multiplier: float, approximate: str = "no
     return F.gelu(F.relu(gate - (mean + std * std_multiplier)), approximate=approximate) * up
 
 
-@register_op(tolerances=ACT_TOLERANCES)
+@register_op(tolerances=ELEMENTWISE_TOLERANCES)
 def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
     """Interleaved gate=x[..., ::2], up=x[..., 1::2]; (up + 1) * gate * sigmoid(alpha * gate) after clamps."""
     gate, up = x[..., ::2], x[..., 1::2]
@@ -100,13 +85,13 @@ def gelu_fast(x: Tensor) -> Tensor:
     return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
 
 
-@register_op(tolerances=ACT_TOLERANCES)
+@register_op(tolerances=ELEMENTWISE_TOLERANCES)
 def quick_gelu(x: Tensor) -> Tensor:
     """x * sigmoid(1.702 x)."""
     return x * torch.sigmoid(1.702 * x)
 
 
-@register_op(tolerances=ACT_TOLERANCES)
+@register_op(tolerances=ELEMENTWISE_TOLERANCES)
 def relu2(x: Tensor) -> Tensor:
     """relu(x)^2."""
     return torch.square(F.relu(x))

@@ -12,7 +12,8 @@ from reference_impl.ir import real_models, strategies
 from reference_impl.ir.cases import OpCase, randn, row_strided
 from reference_impl.ir.op import register_op
 from reference_impl.ir.ops.layernorm import fused_add_rms_norm, rms_norm
-from reference_impl.ir.ops.quant import FP8_MAX, FP8_MIN_SCALE, QUANT_TOLERANCES, SATURATION, static_quant_fp8
+from reference_impl.ir.ops.quant import FP8_MAX, FP8_MIN_SCALE, SATURATION, static_quant_fp8
+from reference_impl.ir.tolerances import QUANT_TOLERANCES
 
 
 @register_op(tolerances=QUANT_TOLERANCES)

@@ -1,4 +1,4 @@
-"""IR ops of the RMS-norm family: semantics (native), tolerances and input cases.
+"""IR ops of the RMS-norm family: semantics (native) and input cases (tolerances: reference_impl/ir/tolerances.py).
 
 Semantics follow vLLM 0.32: statistics in float32; with a weight, the normalized value is cast to
 the weight's dtype, multiplied by it, and the product cast back to the input dtype, so the output
@@ -15,15 +15,10 @@ from torch import Tensor
 from reference_impl.ir import real_models, strategies
 from reference_impl.ir.cases import OpCase, make_input, pinned_dtype, randn
 from reference_impl.ir.op import register_op
-
-NORM_TOLERANCES = {
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 1.6e-2),
-}
+from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES
 
 
-@register_op(tolerances=NORM_TOLERANCES)
+@register_op(tolerances=ELEMENTWISE_TOLERANCES)
 def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
     """Root-mean-square normalization over the last dim (statistics over its first `variance_size`)."""
     orig_dtype = x.dtype
@@ -40,7 +35,7 @@ def _scale_by_weight(normalized: Tensor, weight: Tensor | None, orig_dtype: torc
     return normalized.to(orig_dtype)
 
 
-@register_op(allow_inplace=True, tolerances=NORM_TOLERANCES)
+@register_op(allow_inplace=True, tolerances=ELEMENTWISE_TOLERANCES)
 def fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
                        variance_size: int | None = None) -> tuple[Tensor, Tensor]:
     """`s = x + x_residual` in float32; returns (rms_norm of s, s cast to the input dtype)."""

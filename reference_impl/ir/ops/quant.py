@@ -16,17 +16,11 @@ from torch import Tensor
 from reference_impl.ir import real_models, strategies
 from reference_impl.ir.cases import OpCase, make_input
 from reference_impl.ir.op import register_op
+from reference_impl.ir.tolerances import QUANT_TOLERANCES
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)          # 448
 FP8_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
-
-# Outputs are fp8 codes: one code step apart is allowed (rounding of x/scale at a boundary).
-QUANT_TOLERANCES = {
-    torch.float32: (2e-3, 0.13),
-    torch.float16: (2e-3, 0.13),
-    torch.bfloat16: (2e-3, 0.13),
-}
 
 
 def _quantize(x: Tensor, scale: Tensor) -> Tensor:

@@ -16,12 +16,7 @@ from torch import Tensor
 from reference_impl.ir import real_models, strategies
 from reference_impl.ir.cases import OpCase, randn, row_strided
 from reference_impl.ir.op import register_op
-
-ROPE_TOLERANCES = {
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 1.6e-2),
-}
+from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool) -> Tensor:
@@ -51,7 +46,7 @@ def apply_rope(positions: Tensor, x: Tensor, head_size: int, cos_sin_cache: Tens
     return torch.cat((rotated, heads[..., rotary_dim:]), dim=-1).reshape(shape)
 
 
-@register_op(allow_inplace=True, tolerances=ROPE_TOLERANCES)
+@register_op(allow_inplace=True, tolerances=ELEMENTWISE_TOLERANCES)
 def rotary_embedding(positions: Tensor, x_query: Tensor, x_key: Tensor, head_size: int,
                      cos_sin_cache: Tensor, is_neox_style: bool) -> tuple[Tensor, Tensor]:
     """Rotary embedding of query and key; returns (query_out, key_out)."""
@@ -59,7 +54,7 @@ def rotary_embedding(positions: Tensor, x_query: Tensor, x_key: Tensor, head_siz
             apply_rope(positions, x_key, head_size, cos_sin_cache, is_neox_style))
 
 
-@register_op(allow_inplace=True, tolerances=ROPE_TOLERANCES)
+@register_op(allow_inplace=True, tolerances=ELEMENTWISE_TOLERANCES)
 def rotary_embedding_query(positions: Tensor, x_query: Tensor, head_size: int, cos_sin_cache: Tensor,
                            is_neox_style: bool) -> Tensor:
     """Rotary embedding of a query alone (the key=None form of the layer)."""

@@ -5,7 +5,7 @@
 `reference_impl.layers.fused_moe`.
 """
 
-from reference_impl.layers.fused_moe.experts import MOE_ACTIVATIONS, MOE_TOLERANCES, fused_experts_native
+from reference_impl.layers.fused_moe.experts import MOE_ACTIVATIONS, fused_experts_native
 from reference_impl.layers.fused_moe.layer import FusedMoE
 from reference_impl.layers.fused_moe.methods import (
     FusedMoEConfig,
@@ -18,7 +18,6 @@ from reference_impl.layers.fused_moe.methods import (
 )
 from reference_impl.layers.fused_moe.routing import (
     SCORING_FUNCS,
-    TOPK_TOLERANCES,
     GroupedTopk,
     distinct_logits,
     fused_topk_native,
@@ -27,7 +26,7 @@ from reference_impl.layers.fused_moe.routing import (
 from reference_impl.layers.fused_moe.transformers import TransformersFusedMoE
 
 __all__ = [
-    "MOE_ACTIVATIONS", "MOE_TOLERANCES", "SCORING_FUNCS", "TOPK_TOLERANCES", "FusedMoE", "FusedMoEConfig",
+    "MOE_ACTIVATIONS", "SCORING_FUNCS", "FusedMoE", "FusedMoEConfig",
     "FusedMoEMethodBase", "FusedMoEModularKernel", "FusedMoEModularMethod", "GroupedTopk",
     "MoEPrepareAndFinalizeNoEP", "NaiveBatchedExperts", "TransformersFusedMoE", "UnquantizedFusedMoEMethod",
     "distinct_logits", "fused_experts_native", "fused_topk_native", "grouped_topk_native",

@@ -76,15 +76,6 @@ def _check_expert_inputs(x, w13, w2, topk_weights, topk_ids, apply_router_weight
         raise ValueError(f"fused_experts: apply_router_weight_on_input needs topk == 1, got {topk_ids.shape[1]}")
 
 
-# The experts chain two matmuls rounded in the input dtype, then a float32 weighted sum. The float32
-# atol leaves room for GELU's cancellation (see GELU_TOLERANCES in ir/ops/activation.py).
-MOE_TOLERANCES = {
-    torch.float32: (5e-5, 2e-5),
-    torch.float16: (4e-3, 4e-3),
-    torch.bfloat16: (2.5e-2, 2.5e-2),
-}
-
-
 def _routing(tokens, experts, top_k, gen, device):
     """Distinct expert ids per token and positive weights summing to 1."""
     ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)]).to(torch.int32)

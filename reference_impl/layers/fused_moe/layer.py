@@ -13,9 +13,10 @@ import torch
 
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn
+from reference_impl.ir.tolerances import MOE_TOLERANCES
 from reference_impl.layers._composite import CompositeOp, init_composite_params, require_single_rank
 from reference_impl.layers.cases import LayerCase, declare_cases
-from reference_impl.layers.fused_moe.experts import MOE_TOLERANCES, _check_activation
+from reference_impl.layers.fused_moe.experts import _check_activation
 from reference_impl.layers.fused_moe.methods import FusedMoEConfig, UnquantizedFusedMoEMethod
 from reference_impl.layers.fused_moe.routing import (
     SCORING_FUNCS,

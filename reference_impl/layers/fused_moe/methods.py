@@ -13,10 +13,10 @@ import torch.nn.functional as F
 
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn
+from reference_impl.ir.tolerances import MOE_TOLERANCES
 from reference_impl.layers.cases import LayerCase, declare_cases
 from reference_impl.layers.fused_moe.experts import (
     MOE_ACTIVATIONS,
-    MOE_TOLERANCES,
     _check_activation,
     _check_expert_inputs,
     _routing,

@@ -13,6 +13,7 @@ import torch
 
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn
+from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES
 from reference_impl.layers.cases import LayerCase, declare_cases
 
 SCORING_FUNCS = ("softmax", "sigmoid")
@@ -184,12 +185,6 @@ class GroupedTopk(CustomOp):
 
 
 # ----- conformance cases --------------------------------------------------------------------------
-# Weights are computed in the logits' dtype (rounded there, renormalized there), then float32.
-TOPK_TOLERANCES = {
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 1.6e-2),
-}
 # How clearly each token's routing must decide (routing_margin), in epsilons of the choice dtype.
 MIN_ROUTING_MARGIN = 4.0
 
@@ -257,7 +252,7 @@ def _topk_case(name, tokens, experts, *, bias=None, level="quick", **kwargs):
     return LayerCase(name, lambda dtype: dict(kwargs), make_inputs, level=level)
 
 
-declare_cases(GroupedTopk, tolerances=TOPK_TOLERANCES, canonical=by_expert_id, cases=[
+declare_cases(GroupedTopk, tolerances=ELEMENTWISE_TOLERANCES, canonical=by_expert_id, cases=[
     _topk_case("tokens=5,E=16,groups=4/2,top4,softmax,renorm", 5, 16, topk=4, renormalize=True, num_expert_group=4,
                topk_group=2),
     _topk_case("tokens=5,E=16,groups=4/2,top4,sigmoid,bias,scale=2.5", 5, 16, bias="logits", topk=4,

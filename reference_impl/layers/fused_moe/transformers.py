@@ -9,9 +9,10 @@ import torch
 
 from reference_impl.custom_op import PluggableLayer
 from reference_impl.ir.cases import randn
+from reference_impl.ir.tolerances import MOE_TOLERANCES
 from reference_impl.layers._composite import CompositeLayer
 from reference_impl.layers.cases import LayerCase, declare_cases
-from reference_impl.layers.fused_moe.experts import MOE_TOLERANCES, _routing
+from reference_impl.layers.fused_moe.experts import _routing
 from reference_impl.layers.fused_moe.layer import MoELayerBase, _init_moe, _moe_kwargs
 
 

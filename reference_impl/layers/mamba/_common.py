@@ -1,5 +1,5 @@
-"""Shared pieces of the Mamba mixers: argument checks, parameter holders, and the tolerances, seeded
-initialisation and case builder of their conformance cases.
+"""Shared pieces of the Mamba mixers: argument checks, parameter holders, and the seeded initialisation
+and case builder of their conformance cases (their tolerances: MIXER_TOLERANCES in reference_impl/ir/tolerances.py).
 
 MambaMixer, MambaMixer2, Plamo2MambaMixer and ShortConv: the native form is the prefill of ONE
 sequence with zero initial state and no cache: `forward(hidden_states [T, hidden]) -> [T, hidden]`.
@@ -63,17 +63,6 @@ def _heads_params(num_heads: int) -> tuple[nn.Parameter, nn.Parameter, nn.Parame
 
 
 # ----- mixer conformance cases --------------------------------------------------------------------
-# Several projections rounded in the input dtype around a float32 recurrence; the recurrence makes
-# outputs depend on every earlier token, so half precision bounds are looser than a single matmul's.
-# At 64 tokens native float16 / bfloat16 use up to ~40% of these bounds against float64, which
-# leaves a vendor's own (differently placed) roundings room on top.
-MIXER_TOLERANCES = {
-    torch.float32: (5e-5, 5e-5),
-    torch.float16: (1e-2, 1e-2),
-    torch.bfloat16: (6e-2, 6e-2),
-}
-
-
 def _ssm_special(names):
     """A = -(0.5 .. 2) (stable decays), dt_bias around softplus^-1(0.5); the rest as usual."""
     def neg_a(shape, gen):

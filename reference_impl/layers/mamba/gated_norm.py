@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn, row_strided
-from reference_impl.ir.ops.layernorm import NORM_TOLERANCES
+from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES
 from reference_impl.layers.cases import LayerCase, declare_cases, randomize_parameters
 
 
@@ -80,7 +80,7 @@ def _mixer2_case(name, tokens, hidden, groups, *, level="quick", layout=None, fl
                      default_dtype=not float32_weight)
 
 
-declare_cases(Mixer2RMSNormGated, tolerances=NORM_TOLERANCES, cases=[
+declare_cases(Mixer2RMSNormGated, tolerances=ELEMENTWISE_TOLERANCES, cases=[
     _mixer2_case("tokens=7,hidden=768,groups=1", 7, 768, 1),
     _mixer2_case("tokens=7,hidden=768,groups=8", 7, 768, 8),
     _mixer2_case("tokens=5,hidden=300,groups=3,row_strided", 5, 300, 3, layout="row_strided"),

@@ -7,10 +7,10 @@ import dataclasses
 import torch
 
 from reference_impl.custom_op import PluggableLayer
+from reference_impl.ir.tolerances import MIXER_TOLERANCES
 from reference_impl.layers._composite import CompositeLayer, linear, require_single_rank
 from reference_impl.layers.cases import declare_cases
 from reference_impl.layers.mamba._common import (
-    MIXER_TOLERANCES,
     _check_tokens,
     _Conv1dParams,
     _linear,
