@@ -1,8 +1,9 @@
 """Run `pytest --platform=<fixture>` in a subprocess with a fixture plugin on PYTHONPATH; parse its results.
 
-Fixture plugins (tests/plugins/<dist>/) are sys.path roots holding a package and a committed
-`*.dist-info`, so importlib.metadata finds their entry points exactly as for a pip-installed vendor
-plugin, but only in the subprocess: they never leak into the project's own test process.
+Fixture plugins (tests/plugins/<dist>/) are sys.path roots holding a package and a `*.dist-info` (committed, or
+for the broken fixtures made from their records: `plugin_roots`), so importlib.metadata finds their entry points
+exactly as for a pip-installed vendor plugin, but only in the subprocess: they never leak into the project's own
+test process.
 """
 
 from __future__ import annotations
@@ -34,6 +35,44 @@ class HarnessRun:
         return {r["outcome"] for r in self.where(**fields)}
 
 
+def broken_records():
+    """`tests/plugins/broken/conformance_broken/records.py`, loaded by path (standard library only, it puts
+    nothing on sys.path): `faults()`, `controls()`, `entry_points()` of the broken fixtures."""
+    import importlib.util
+
+    name = "_conformance_broken_records"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, PLUGINS / "broken" / "conformance_broken" / "records.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_GENERATED: dict[Path, Path] = {}
+
+
+def plugin_roots(dist: str | Path) -> list[Path]:
+    """The sys.path roots of a fixture plugin: its directory (with its committed `*.dist-info`), and for the broken
+    fixtures, whose entry points come from their records, a directory made once per process holding the dist-info
+    `pip install tests/plugins/broken` would write: the pyproject's name and version, the records' entry points."""
+    root = PLUGINS / dist if isinstance(dist, str) else dist
+    if root != PLUGINS / "broken":
+        return [root]
+    if root not in _GENERATED:
+        import atexit
+        import shutil
+        import tempfile
+        import tomllib
+
+        project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+        site = Path(tempfile.mkdtemp(prefix="fixture-dist-info-"))
+        atexit.register(shutil.rmtree, site, True)
+        write_dist_info(site, project["name"], project["version"], broken_records().entry_points())
+        _GENERATED[root] = site
+    return [root, _GENERATED[root]]
+
+
 def harness_env(dist: str | Path | None = None, **extra: str) -> dict[str, str]:
     """The environment of a harness subprocess: no inherited allowlist or xdist state, `dist` on PYTHONPATH."""
     env = dict(os.environ)
@@ -41,8 +80,8 @@ def harness_env(dist: str | Path | None = None, **extra: str) -> dict[str, str]:
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
     if dist:
-        root = PLUGINS / dist if isinstance(dist, str) else dist
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+        roots = [str(r) for r in plugin_roots(dist)]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [*roots, env.get("PYTHONPATH")]))
     env.update(extra)
     return env
 
@@ -74,13 +113,18 @@ def as_distribution(project_dir: Path, target: Path) -> Path:
     project = meta["project"]
     for package in meta["tool"]["setuptools"]["packages"]:
         shutil.copytree(project_dir / package, target / package)
-    info = target / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    write_dist_info(target, project["name"], project["version"], project.get("entry-points", {}))
+    return target
+
+
+def write_dist_info(target: Path, name: str, version: str, groups: dict[str, dict[str, str]]) -> Path:
+    """`<name>-<version>.dist-info/` (METADATA and entry_points.txt) under `target`, as an installer writes it."""
+    info = target / f"{name.replace('-', '_')}-{version}.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
-    groups = project.get("entry-points", {})
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     (info / "entry_points.txt").write_text("".join(
         f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n" for group, eps in groups.items()))
-    return target
+    return info
 
 
 def entry_points_of(dist_info: Path) -> dict[str, dict[str, str]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import shlex
 import subprocess
@@ -11,7 +10,7 @@ import sys
 import pytest
 
 
-from harness_runner import harness_env, run_harness
+from harness_runner import broken_records, harness_env, run_harness
 
 from conformance.results import schema
 
@@ -45,44 +44,11 @@ def test_demo_plugin_is_conformant_without_false_positives(tmp_path):
     assert "RMSNorm -> conformance_demo.layers.DemoRMSNorm" in run.output
 
 
-@dataclasses.dataclass(frozen=True)
-class FaultRun:
-    """One fixture run end to end: its pytest selection, the family and outcome that must appear with one of
-    `fragments` in the message (or case), and whether something else of the same run must still PASS."""
-
-    selection: tuple[str, ...]
-    family: str
-    outcome: str
-    fragments: tuple[str, ...]
-    clean_too: bool = False
-
-
 # What needs a process (a crash, a hang, the worker's ERROR path, torch.compile in a fresh interpreter) and one
-# fault per family through the whole pipeline (plugin discovery, worker, results file, scorecard). Every other
-# fault's verdict is checked in-process, in seconds, by tests/meta/test_checks_in_process.py.
-FAULTS = {
-    "odd_numerics": FaultRun(("-k", "numerics and rms_norm and float32"), "numerics", "FAIL", ("hidden=769",), True),
-    "mutates_input": FaultRun(("-k", "float32 and ir_case and not compile"), "aliasing", "FAIL",
-                              ("input 'x' was modified",), True),
-    "batch_guard": FaultRun(("-k", "dispatch"), "dispatch", "FAIL", ("guards on the batch size: False with 2 rows",),
-                            True),
-    "raises": FaultRun(("-k", "numerics and float32 and ir_case"), "numerics", "ERROR", ("launch failed",)),
-    "hangs": FaultRun(("--conformance-timeout=3", "-k", "float32 and ir_case and 128 and not 1280 or coverage"),
-                      "numerics", "TIMEOUT", ("per-check limit of 3 s",)),
-    "segfault": FaultRun(("-k", "float32 and ir_case and 128 and not 1280 or coverage"), "numerics", "CRASH",
-                         ("SIGSEGV",)),
-    "missing_epsilon": FaultRun(("-k", "numerics and rms_norm and float32"), "numerics", "FAIL",
-                                ("far beyond rounding differences",), True),
-    "oot_never_runs": FaultRun(("-k", "oot or layer_case and float32"), "dispatch", "FAIL",
-                               ("CudaOnlyRMSNorm defines forward_cuda but platform 'broken_oot_never_runs' (OOT) calls "
-                                "forward_oot, inherited from CustomOp, which falls back to forward_native: the "
-                                "replacement's own code never runs",), True),
-    # Depending on the torch version, is_compiling() steers the trace (wrong result) or the value read
-    # raises a data-dependent guard while lowering (2.11): a compile FAIL either way.
-    "traced_branch": FaultRun(("-k", "rms_norm and float32 and (compile or numerics) and not fused"), "compile",
-                              "FAIL", ("compiled result differs from eager", "branches on tensor values while traced"),
-                              True),
-}
+# fault per family through the whole pipeline (plugin discovery, worker, results file, scorecard): the fixtures
+# whose record (conformance_broken/records.py) has an `end_to_end` selection. Every other fault's verdict is checked
+# in-process, in seconds, by tests/meta/test_checks_in_process.py.
+FAULTS = {name: fault for name, fault in broken_records().faults().items() if fault.end_to_end is not None}
 
 
 def test_contiguity_predicate_passes_the_batch_rule(tmp_path):
@@ -98,7 +64,7 @@ def test_contiguity_predicate_passes_the_batch_rule(tmp_path):
 def test_untraceable_provider_gets_one_compile_fail_and_identical_messages_run_to_run(tmp_path):
     """At the standard level (3 dtypes): one FAIL with diagnosis and fix, the other dtypes point to it;
     two identical runs give identical messages, without addresses or object reprs (the model family's
-    compiled decoder ERROR carries the compile backend's repr). Not in FAULTS: this test covers more."""
+    compiled decoder ERROR carries the compile backend's repr). Its record names this test: it covers more."""
     runs = []
     for i in (1, 2):
         (tmp_path / str(i)).mkdir()
@@ -140,7 +106,7 @@ def test_a_plugin_that_loosens_its_own_tolerance_passes_and_says_so(tmp_path):
 def test_broken_plugin_is_caught_by_the_right_family(tmp_path, fault):
     expect = FAULTS[fault]
     family, outcome = expect.family, expect.outcome
-    run = run_harness(tmp_path, f"broken_{fault}", *expect.selection, dist="broken")
+    run = run_harness(tmp_path, f"broken_{fault}", *expect.end_to_end, dist="broken")
     _assert_valid(run)
     assert run.returncode != 0
     assert run.doc["verdict"] == "NOT_CONFORMANT"
@@ -151,7 +117,7 @@ def test_broken_plugin_is_caught_by_the_right_family(tmp_path, fault):
         f"{r['check']} {r['outcome']} {r['case']}: {(r['message'] or '')[:200]}" for r in run.results)
     if expect.clean_too:   # the fault is specific: something else of the same run passes
         assert "PASS" in {r["outcome"] for r in run.results}
-    if fault in ("mutates_input", "traced_branch", "oot_never_runs"):   # eager values are right
+    if expect.eager_correct:   # eager values are right
         assert run.outcomes(check="numerics") == {"PASS"}
     if fault == "missing_epsilon":   # a real bug: no advice to loosen the tolerance 300,000-fold
         failures = run.where(check="numerics", outcome="FAIL")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ from conformance.exit_codes import ExitCode
 from conformance.gate.waivers import Waiver, WaiverFileError, apply_waivers, load_waivers, regression, stale_waivers
 from conformance.results import schema
 from conformance.results.result import CheckResult, Outcome, ResultsFile, RunInfo, verdict
-from harness_runner import PLUGINS, run_harness
+from harness_runner import harness_env, run_harness
 
 
 @pytest.mark.parametrize("platform, fragments", [
@@ -126,7 +125,7 @@ def test_repro_command_reruns_the_failing_case(tmp_path):
                       dist="broken")
     failing = run.where(outcome="FAIL")
     assert failing
-    env = dict(os.environ, PYTHONPATH=str(PLUGINS / "broken"))
+    env = harness_env("broken")
     cmd = failing[0]["repro"].replace("python", sys.executable, 1)
     proc = subprocess.run(cmd, shell=True, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert proc.returncode == 1

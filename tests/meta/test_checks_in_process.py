@@ -10,8 +10,9 @@ into the rest of the suite.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
+import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -27,48 +28,21 @@ from reference_impl.platforms import CpuPlatform, activate_platform
 PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
 
 
-@dataclasses.dataclass(frozen=True)
-class Expect:
-    """A fixture's expected verdict: the family and outcome that must appear, a message fragment, and
-    whether some result of that family must still PASS (the fault is narrow, not everything fails)."""
-
-    family: str
-    outcome: Outcome
-    fragment: str
-    also_passes: bool = False
-    dtype: str = "float32"
-    level: str = "quick"
+def _broken_records():
+    """conformance_broken/records.py, loaded by path: the records of the broken fixtures, without importing them
+    (the same module tests/harness_runner.py loads, under the same name)."""
+    name = "_conformance_broken_records"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, PLUGINS / "broken" / "conformance_broken" / "records.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
 
 
-EXPECT = {
-    "odd_numerics": Expect("numerics", Outcome.FAIL, "hidden=769", also_passes=True),
-    "strides": Expect("numerics", Outcome.FAIL, "strided", also_passes=True),
-    "wrong_dtype": Expect("numerics", Outcome.FAIL, "dtype is float32, native gives bfloat16", dtype="bfloat16"),
-    "missing_epsilon": Expect("numerics", Outcome.FAIL, "far beyond rounding differences", also_passes=True),
-    "raises": Expect("numerics", Outcome.ERROR, "launch failed"),
-    "mutates_input": Expect("aliasing", Outcome.FAIL, "input 'x' was modified"),
-    "writes_weight": Expect("aliasing", Outcome.FAIL, "'weight'"),
-    "returns_input": Expect("aliasing", Outcome.FAIL, "shares storage with input 'x'"),
-    "batch_guard": Expect("dispatch", Outcome.FAIL, "guards on the batch size", also_passes=True),
-    "batch_guard_large": Expect("dispatch", Outcome.FAIL, "guards on the batch size", also_passes=True),
-    "nonbool_supports": Expect("dispatch", Outcome.FAIL, "not a Python bool"),
-    "oot_name": Expect("dispatch", Outcome.FAIL, "matches no in-tree CustomOp class"),
-    "missing_default": Expect("dispatch", Outcome.FAIL, "'fastnorm', which is not registered", also_passes=True),
-    "oot_never_runs": Expect("dispatch", Outcome.FAIL, "the replacement's own code never runs"),
-    "untraceable": Expect("compile", Outcome.FAIL, "not traceable by make_fx"),
-    # new case kinds, each with its fault: saturation, repeated calls, kept results, mixed dtypes, real-model shapes
-    "no_saturation": Expect("numerics", Outcome.FAIL, "saturated", also_passes=True),
-    "caches_per_signature": Expect("numerics", Outcome.FAIL, "caches its result per signature", also_passes=True),
-    "reuses_output": Expect("numerics", Outcome.FAIL, "returns an output buffer it reuses", also_passes=True),
-    "cache_dtype": Expect("numerics", Outcome.FAIL, "cache=float32", also_passes=True, dtype="bfloat16",
-                          level="standard"),
-    "coarse_rotary": Expect("numerics", Outcome.FAIL, "large", also_passes=True, dtype="float16", level="standard"),
-    # advice keyed by what went wrong: an ignored argument, a refusal of accepted arguments
-    "ignores_neox": Expect("numerics", Outcome.FAIL, "The output is native's for is_neox_style=False", also_passes=True),
-    "tanh_gelu": Expect("numerics", Outcome.FAIL, "The output is native's for approximate='tanh', not for the "
-                        "approximate='none' asked", also_passes=True),
-    "refuses_tail": Expect("numerics", Outcome.ERROR, "decline these arguments in `supports_args`", also_passes=True),
-}
+RECORDS = _broken_records()
+# Each fixture's expected verdict, from its module's `EXPECTED = Fault(...)`: the family and outcome that must
+# appear with one of its message fragments, and whether some result of that family must still PASS.
+EXPECT = {name: fault for name, fault in RECORDS.faults().items() if fault.in_process}
 
 
 @contextlib.contextmanager
@@ -113,27 +87,30 @@ def run_family(name: str, make_platform, family: str, dtype: str | None, level: 
 @pytest.mark.parametrize("fault", sorted(EXPECT))
 def test_each_broken_fixture_is_caught_by_its_family_in_process(fault):
     expect = EXPECT[fault]
+    outcome = Outcome(expect.outcome)
     with plugin("broken", f"conformance_broken.{fault}") as load:
         results = run_family(f"broken_{fault}", lambda: load().Platform(), expect.family, expect.dtype, expect.level)
-    caught = [v for _, v in results if v.outcome is expect.outcome and expect.fragment in (v.message or "")]
+    caught = [v for _, v in results
+              if v.outcome is outcome and any(f in (v.message or "") for f in expect.fragments)]
     seen = sorted({f"{u.check} {v.outcome.value}: {(v.message or '')[:120]}" for u, v in results})
-    assert caught, f"{fault}: no {expect.family} {expect.outcome.value} mentioning {expect.fragment!r}; got {seen}"
+    assert caught, f"{fault}: no {expect.family} {outcome.value} mentioning {expect.fragments!r}; got {seen}"
     if expect.also_passes:
         assert any(v.outcome is Outcome.PASS for _, v in results), f"{fault}: nothing passed: {seen}"
 
 
 # Controls: fixtures that look suspicious but keep the contract; every check of their family must pass.
-CONTROLS = {"precise_rotary": ("numerics", ("float16", "bfloat16"), "standard")}
+CONTROLS = RECORDS.controls()
 
 
-@pytest.mark.parametrize("dtype", CONTROLS["precise_rotary"][1])
+@pytest.mark.parametrize("dtype", CONTROLS["precise_rotary"].dtypes)
 def test_a_kernel_closer_to_float64_than_native_passes_where_native_is_the_less_precise(dtype):
     """precise_rotary rotates in float64 and rounds once. At inputs near 300 (case `large`) in 16-bit dtypes it differs
     from native by more than the tolerance, because native rounds every product: it is the closer of the two to the
     true value, so the result is a PASS that says native is the less precise one (vLLM's CPU rotary kernel met
     exactly this: its error against float64 0.2435, native's 0.387, in float16)."""
     with plugin("broken", "conformance_broken.precise_rotary") as load:
-        results = run_family("broken_precise_rotary", lambda: load().Platform(), "numerics", dtype, "standard")
+        control = CONTROLS["precise_rotary"]
+        results = run_family("broken_precise_rotary", lambda: load().Platform(), control.family, dtype, control.level)
     bad = [f"{u.id}: {v.outcome.value} {v.message}" for u, v in results if v.outcome is not Outcome.PASS]
     assert results and not bad, bad
     large = [v.message for u, v in results if u.case and "large" in u.case.split(",")]
@@ -163,24 +140,24 @@ def test_the_demo_plugins_correct_kernels_pass_every_check_in_process(family):
 
 
 def test_every_broken_fixture_is_checked_in_process_or_end_to_end():
-    import ast
-    import re
-
-    text = (PLUGINS / "broken" / "conformance_broken" / "__init__.py").read_text()
-    faults = ast.literal_eval(re.search(r"FAULTS = (\(.*?\))\n", text, re.S).group(1))
-    end_to_end = (Path(__file__).resolve().parent.parent / "test_harness_fixtures.py").read_text()
-    unchecked = [f for f in faults if f not in EXPECT and f not in CONTROLS and f'"{f}": FaultRun(' not in end_to_end
-                 and f'"broken_{f}"' not in end_to_end]
+    """Every fixture module with a record is run by some test: in process, end to end, or by the tests its record
+    names (which must exist); and every module defining a Platform has a record, so none is left out unseen."""
+    tests = Path(__file__).resolve().parent.parent
+    defined = {m.group(1) for path in tests.rglob("test_*.py")
+               for m in re.finditer(r"^def (test_\w+)\(", path.read_text(), re.M)}
+    records = RECORDS.fixtures()
+    unchecked = [name for name, r in records.items()
+                 if not (isinstance(r, RECORDS.Fault) and (r.in_process or r.end_to_end)) and not r.checked_by]
     assert unchecked == [], "fixtures no test runs"
+    missing = {(name, test) for name, r in records.items() for test in r.checked_by if test not in defined}
+    assert missing == set(), "records naming tests that do not exist"
+    package = PLUGINS / "broken" / "conformance_broken"
+    platforms = {p.stem for p in package.glob("*.py") if re.search(r"^Platform = ", p.read_text(), re.M)}
+    assert platforms - set(records) == set(), "fixture modules without an EXPECTED record"
 
 
-HINTS = {
-    "ignores_neox": ("float32", "quick", "only cases with is_neox_style=True fail"),
-    "tanh_gelu": ("float32", "quick", "only cases with approximate='none' fail"),
-    "no_saturation": ("float32", "quick", "only saturated inputs (beyond the static scale's range) fail"),
-    "cache_dtype": ("bfloat16", "standard", "only cases with a float32 cos_sin_cache fail"),
-    "refuses_tail": ("float32", "quick", "only odd sizes raise"),
-}
+# Cause hints: the fixtures whose record names what the hint over its family's results must say.
+HINTS = {name: fault for name, fault in EXPECT.items() if fault.hint}
 
 
 @pytest.mark.parametrize("fault", sorted(HINTS))
@@ -191,13 +168,11 @@ def test_cause_hints_follow_what_the_op_does_and_which_argument_values_fail(faul
     from conformance.judge.hints import cause_hint
     from conformance.results.result import CheckResult
 
-    dtype, level, fragment = HINTS[fault]
+    expect = HINTS[fault]
     with plugin("broken", f"conformance_broken.{fault}") as load:
-        results = run_family(f"broken_{fault}", lambda: load().Platform(), "numerics", dtype, level)
+        results = run_family(f"broken_{fault}", lambda: load().Platform(), expect.family, expect.dtype, expect.level)
     hint = cause_hint([CheckResult(u.id, u.family, u.op, u.provider, u.dtype, u.case, v.outcome, v.message)
                        for u, v in results])
-    assert hint is not None and fragment in hint, hint
-    if fault in ("ignores_neox", "tanh_gelu"):
-        assert "no tolerance override fits" in hint
+    assert hint is not None and all(fragment in hint for fragment in expect.hint), hint
     if fault == "refuses_tail":
-        assert "decline these arguments in `supports_args`" in hint and "tail is dropped" not in hint
+        assert "tail is dropped" not in hint

@@ -1,28 +1,29 @@
 """Deliberately broken platform plugins, one entry point per fault the harness claims to catch.
 
-Each fault is a module `conformance_broken.<fault>` defining `Platform` (an OOT platform whose
-`import_ir_kernels()` imports the module's faulty kernels); `register_<fault>` entry points return
-its qualified name. tests/plugins/README.md lists the faults and how to add one.
+Each fixture is a module `conformance_broken.<fixture>` defining `Platform` (an OOT platform whose
+`import_ir_kernels()` imports the module's faulty kernels) and its record `EXPECTED` (`records.py`). The
+entry point `broken_<fixture>` names `register_<fixture>`, made here on first access for every module that
+has a record, and returning its platform's qualified name. tests/plugins/README.md lists the fixtures and
+how to add one.
 """
 
-FAULTS = ("odd_numerics", "strides", "wrong_dtype", "mutates_input", "writes_weight", "returns_input",
-          "batch_guard", "nonbool_supports", "oot_name", "missing_default", "raises", "hangs", "segfault",
-          "traced_branch", "untraceable", "batch_guard_large", "contiguous_only",
-          "oot_never_runs", "missing_epsilon", "segfault_shape", "precise_rotary", "coarse_rotary",
-          "cache_dtype", "ignores_neox", "no_saturation", "caches_per_signature", "reuses_output",
-          "refuses_tail", "tanh_gelu", "loosens_tolerance")
+from conformance_broken.records import fixtures as _fixtures
 
 
-def _register(fault: str):
+def _register(fixture: str):
     def register() -> str:
-        return f"conformance_broken.{fault}.Platform"
+        return f"conformance_broken.{fixture}.Platform"
 
-    register.__name__ = register.__qualname__ = f"register_{fault}"
+    register.__name__ = register.__qualname__ = f"register_{fixture}"
     return register
 
 
-for _fault in FAULTS:
-    globals()[f"register_{_fault}"] = _register(_fault)
+def __getattr__(name: str):
+    fixture = name.removeprefix("register_")
+    if fixture != name and fixture in _fixtures():
+        globals()[name] = register = _register(fixture)
+        return register
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register_absent():

@@ -4,6 +4,7 @@ from reference_impl.custom_op import CustomOp
 from reference_impl.layers.layernorm import RMSNorm
 
 from conformance_broken.base import make_platform
+from conformance_broken.records import Fault
 
 Platform = make_platform("oot_name", {})
 Platform.import_ir_kernels = lambda self: None
@@ -13,3 +14,5 @@ Platform.import_ir_kernels = lambda self: None
 class TypoRMSNorm(RMSNorm):
     def forward_oot(self, x, residual=None):
         return self.forward_native(x, residual)
+
+EXPECTED = Fault(family="dispatch", outcome="FAIL", fragments=("matches no in-tree CustomOp class",))
