@@ -237,8 +237,10 @@ def child_compile(out_path: str) -> None:
     from triton.compiler import ASTSource
 
     import reference_impl.kernels.triton  # noqa: F401
+    from reference_impl.kernels.triton import _env
 
     launches = _capture_launches()
+    _env.device_ok = lambda t: True    # the cases' CPU tensors stand in for GPU ones; only the shapes are judged
     for name in _provider_ops():
         op = getattr(ir.ops, name)
         for case in [c for c in op.cases if c.runs_at("quick")][:6]:
