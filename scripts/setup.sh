@@ -4,7 +4,7 @@
 # unpinned torch would pull a multi-GB CUDA build). No build isolation, so no second torch is fetched.
 #
 # --vllm (or WITH_VLLM=1): also install the CPU build of vLLM 0.32 (the `vllm` extra), for
-# `pytest --platform=vllm` and tests/test_vllm_bridge.py, then remove the torchvision, torchaudio and
+# `pytest --platform=vllm` and tests/vllm_bridge/test_vllm_bridge.py, then remove the torchvision, torchaudio and
 # torchcodec wheels it pulls in: their builds do not load next to torch 2.13+cpu and break `import
 # vllm.config` (vLLM's layers and config do not need them).
 set -euo pipefail

@@ -14,7 +14,7 @@ lengths, which must not compile another graph (tokens and sequences are dynamic 
 
 The model and prompts are fixed (`MODEL_SEED`), not drawn from the run's seed: at every step the
 native top-1/top-2 gap of every sequence is more than twice what a flip needs (both logits moving
-by their full tolerance) in every dtype (tests/test_model.py), so a platform within tolerance
+by their full tolerance) in every dtype (tests/runtime/test_model.py), so a platform within tolerance
 cannot flip a token. The hidden size is odd (65), like the numerics cases, so kernels that
 mishandle a tail past a power-of-two width show up here too. Every tensor lives on the platform's
 device.
@@ -46,7 +46,7 @@ MODEL_NAME = "decoder"
 CASES = ("eager", "compiled")
 MODEL_SEED = 173
 PROMPT_LENS = (6, 2, 5)        # one prefill of 13 packed tokens, then decode steps of 3 sequences
-PROMPT_SEEDS = (174, 1073, 197)  # chosen for wide greedy margins (tests/test_model.py)
+PROMPT_SEEDS = (174, 1073, 197)  # chosen for wide greedy margins (tests/runtime/test_model.py)
 SECOND_BATCH = (1, 2)          # compiled: the prompts rerun as a batch of 2 must reuse the graph
 NEW_TOKENS = 4
 

@@ -4,7 +4,7 @@ A value within `atol + rtol * |native|` of native's passes (docs/checks.md, "Tol
 `override_tolerance`"). Every IR op (`register_op(tolerances=...)`), every in-tree layer
 (`declare_cases(cls, tolerances=...)`) and the model check names its entry here, so one fact lives
 in one place: ops whose bounds have the same reason share one entry, and a bound changes here or
-nowhere (tests/test_tolerances.py fails on a table declared anywhere else). An IR op's entry is laid
+nowhere (tests/ir/test_tolerances.py fails on a table declared anywhere else). An IR op's entry is laid
 over `DEFAULT_TOLERANCES` (which alone gives float64). `override_tolerance` changes one op's or
 layer's own copy at run time, never an entry.
 

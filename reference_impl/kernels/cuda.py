@@ -7,7 +7,7 @@ built and loaded; that build happens here, at import, which only the CUDA platfo
 (`CudaPlatform.import_ir_kernels`). Anywhere else (the CPU wheel, no GPU, no nvcc, a failed
 build) the provider is registered with supported=False and the reason is logged, so dispatch
 uses the next provider. The .cu sources are compile-checked without a GPU by
-`python -m reference_impl.kernels._build_cuda` (tests/test_cuda_build.py).
+`python -m reference_impl.kernels._build_cuda` (tests/kernels/test_cuda_build.py).
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ the CUDA kernels registers, stack and spills (ptxas's resource report).
 The GPU speed targets rest on properties the compiler output shows before any GPU runs: 16-byte
 vector memory operations (a warp moves 512 contiguous bytes per instruction), no spills to local
 memory, the hardware fp8 conversion on sm_90, and arithmetic under the memory's pace.
-`tests/test_cuda_build.py` asserts them on the objects `_build_cuda.compile_check(keep=True)`
+`tests/kernels/test_cuda_build.py` asserts them on the objects `_build_cuda.compile_check(keep=True)`
 leaves (`python -m reference_impl.kernels._build_cuda --facts` prints them);
-`tests/test_kernels_triton.py` on the Triton kernels' sm_90 PTX.
+`tests/kernels/test_kernels_triton.py` on the Triton kernels' sm_90 PTX.
 """
 
 from __future__ import annotations

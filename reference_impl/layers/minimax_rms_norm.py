@@ -64,7 +64,7 @@ def _case(name, tokens, hidden, *, level="quick", default_dtype=True):
                      dtypes=None if default_dtype else (torch.float16, torch.bfloat16))
 
 
-# Single rank here (the harness runs one process); the TP all-reduce is covered by tests/test_distributed.py.
+# Single rank here (the harness runs one process); the TP all-reduce is covered by tests/runtime/test_distributed.py.
 declare_cases(MiniMaxText01RMSNormTP, tolerances=ELEMENTWISE_TOLERANCES, cases=[
     _case("tokens=7,hidden=769", 7, 769),
     _case("tokens=5,hidden=256,weight=float32", 5, 256, default_dtype=False),

@@ -1,7 +1,7 @@
 """The fast meta tier: each check run in this process, directly on the broken fixtures' kernels and on the
 demo plugin's correct ones, without a pytest subprocess or a kernel worker (seconds, not minutes).
 
-The end-to-end runs in tests/test_harness_fixtures.py keep what needs a process: crashes, hangs, the
+The end-to-end runs in tests/harness/test_harness_fixtures.py keep what needs a process: crashes, hangs, the
 command line and exit codes. A fixture's modules are imported with its plugin root on sys.path only
 for the duration of one test, and every registration it made is undone afterwards, so nothing leaks
 into the rest of the suite.
@@ -30,7 +30,7 @@ PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
 
 def _broken_records():
     """conformance_broken/records.py, loaded by path: the records of the broken fixtures, without importing them
-    (the same module tests/harness_runner.py loads, under the same name)."""
+    (the same module tests/support/harness_runner.py loads, under the same name)."""
     name = "_conformance_broken_records"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, PLUGINS / "broken" / "conformance_broken" / "records.py")

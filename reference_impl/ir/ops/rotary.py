@@ -71,7 +71,7 @@ def cos_sin_rows(positions: Tensor, rotary_dim: int, base: float) -> Tensor:
 
 # Fakes: what the native function returns, a new contiguous tensor of each input's shape and dtype
 # (`cat(...).reshape(shape)`), without its two dozen view and arithmetic ops, which on the fake
-# tensors of compilation (symbolic batch) cost a third of compiling a decoder. tests/test_ir_fakes.py
+# tensors of compilation (symbolic batch) cost a third of compiling a decoder. tests/ir/test_ir_fakes.py
 # holds them to the native outputs' shape, dtype and strides on every case.
 def _rope_fake_output(x: Tensor) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)

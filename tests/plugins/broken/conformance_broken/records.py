@@ -3,8 +3,8 @@ declares `EXPECTED = Fault(...)` (what the harness must report) or `EXPECTED = C
 
 Everything that enumerates the fixtures reads them from here: the `register_<fixture>` functions of
 `conformance_broken/__init__.py`, the entry points (`entry_points()`: `setup.py` for `pip install`, and the
-dist-info `tests/harness_runner.py` lays out for a harness subprocess), the in-process tier
-(`tests/meta/test_checks_in_process.py`) and the end-to-end runs (`tests/test_harness_fixtures.py`).
+dist-info `tests/support/harness_runner.py` lays out for a harness subprocess), the in-process tier
+(`tests/meta/test_checks_in_process.py`) and the end-to-end runs (`tests/harness/test_harness_fixtures.py`).
 
 Standard library only, and records are read from the modules' source (`ast`), not by importing them: a fixture
 module imports torch and may register things at import (`oot_name`), and the tests read the records while
@@ -22,7 +22,7 @@ PACKAGE = "conformance_broken"
 GROUP = "reference_impl.platform_plugins"
 
 # Entry points that are not a fixture module: the plugin's register() returns None, the entry-point module raises.
-# tests/test_harness_options.py runs both.
+# tests/harness/test_harness_options.py runs both.
 SPECIAL_ENTRY_POINTS = {"broken_absent": f"{PACKAGE}:register_absent",
                         "broken_import": f"{PACKAGE}.import_error:register"}
 
@@ -35,7 +35,7 @@ class Fault:
     Where it is checked (at least one): `in_process` runs every check of `family` on the fixture's kernels in
     the test process, at `level` and in `dtype` (tests/meta/test_checks_in_process.py); `end_to_end` is the
     pytest selection of a `pytest --platform=broken_<fixture>` run, for what needs a process (a crash, a hang,
-    the worker's error path, torch.compile in a fresh interpreter; tests/test_harness_fixtures.py);
+    the worker's error path, torch.compile in a fresh interpreter; tests/harness/test_harness_fixtures.py);
     `checked_by` names the tests that check more than this record says.
     """
 

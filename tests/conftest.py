@@ -1,0 +1,34 @@
+"""Shared by every folder of tests/: the helper modules' place on sys.path, and the fixtures more than one
+test module uses.
+
+The helpers (`tests/support/`: `harness_runner`, `_hf_checkpoints`, `_compile_support`, ...) are imported
+by bare name (`from harness_runner import run_harness`) from whichever folder a test module sits in;
+putting their folder on sys.path here, before pytest imports any test module, is what makes that work.
+A process spawned by `multiprocessing` inherits this sys.path, so the gloo ranks can import them too.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+SUPPORT = Path(__file__).resolve().parent / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))
+
+
+@pytest.fixture
+def inductor_env(monkeypatch, tmp_path):
+    """The compile-pipeline tests' platform (no kernel defaults), their test providers registered, no grad,
+    Dynamo reset, and a private, empty inductor cache: those tests read what the post-grad passes decided,
+    which a graph served from the cache (an earlier run's) does not record (post_grad_cached)."""
+    import torch
+    from _compile_support import CompileTestPlatform, providers
+    from reference_impl.platforms import activate_platform
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    with activate_platform(CompileTestPlatform()), providers(), torch.no_grad():
+        yield

@@ -1,0 +1,75 @@
+"""benchmarks/bench_kernels.py: the CUDA mode refuses with one line where no CUDA device exists, and its
+table code runs on the CPU with stand-ins."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_kernels.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device: the refusal path cannot occur")
+def test_cuda_mode_without_a_cuda_device_fails_with_one_line():
+    proc = _run("--device", "cuda", "--ops", "rms_norm")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("bench_kernels.py --device cuda: torch ")
+    assert "CUDA" in lines[0] and "run it on a machine with a CUDA GPU" in lines[0]
+
+
+
+def test_cuda_table_code_runs_on_the_cpu_with_stand_ins(monkeypatch):
+    """The GPU table's own code (specs, copy, providers' predicates, GB/s and ratios) on the CPU,
+    with the cpp kernels standing in for cuda and triton and a stand-in for CUDA events, so a mistake
+    in it shows here and not first on a GPU machine. The stand-in runs every function (so the kernels
+    really run) and reports a fixed time per function, so the cells are exact and no assertion depends
+    on how fast the machine is (a wall-clock timer printed 0 GB/s on a loaded machine)."""
+    import importlib.util
+
+    from reference_impl import ir
+    from reference_impl.kernels import _cpp_build
+    from reference_impl.kernels import cpu as _registers_cpp  # noqa: F401  (registers the "cpp" provider)
+
+    if _cpp_build.toolchain_problem():
+        pytest.skip(f"the cpp kernels stand in for the GPU ones: {_cpp_build.toolchain_problem()}")
+    spec = importlib.util.spec_from_file_location("bench_kernels_under_test", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)      # dataclasses look their module up there
+    spec.loader.exec_module(bench)
+
+    calls = []
+
+    def fixed_ms(fn, quick):
+        """1 us per call, whatever the machine: the copy and every provider 'move' bytes at 1000 GB/s per MB."""
+        fn()
+        calls.append(fn)
+        return 1e-3
+
+    monkeypatch.setattr(bench, "cuda_ms", fixed_ms)
+    monkeypatch.setattr(bench, "_cuda_impls", lambda op: {p: op.impls["cpp"] for p in bench.CUDA_PROVIDERS})
+    ops = ["rms_norm", "dynamic_group_quant_fp8"]
+    rows = bench.run_cuda(ops, [torch.bfloat16], quick=True, inductor=False, device="cpu")
+    assert [r[0] for r in rows] == ops
+    assert len(calls) == len(ops) * (2 + len(bench.CUDA_PROVIDERS))   # copy, eager and each provider timed
+    for row in rows:
+        assert len(row) == len(bench.CUDA_HEADERS)
+        cells = dict(zip(bench.CUDA_HEADERS, row))
+        assert cells["dtype"] == "bfloat16" and cells["inductor GB/s"] == "-"
+        megabytes = float(cells["MB moved"])
+        assert megabytes > 0
+        for column in ("copy GB/s", "eager GB/s", "cuda GB/s", "triton GB/s"):   # MB per 1 us, as GB/s
+            assert float(cells[column]) == pytest.approx(megabytes * 1000, abs=500), (column, cells)   # MB cell rounded
+        assert cells["cuda/copy"] == cells["triton/copy"] == cells["cuda/triton"] == "1.00"
+        assert cells["inductor/copy"] == cells["cuda/inductor"] == "-"
+    assert ir.ops.rms_norm.impls["cpp"].supported
