@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from reference_impl.models.llama import DecoderConfig
+from reference_impl.models.decoder_config import DecoderConfig
 
 PRESETS = {
     "tiny": DecoderConfig(),

@@ -9,15 +9,10 @@ from reference_impl.models.generation import (
     generate,
     greedy_generate,
 )
+from reference_impl.models.decoder_config import DecoderConfig
 from reference_impl.models.kv_cache import KVCache, using_kv_cache
-from reference_impl.models.llama import (
-    DecoderConfig,
-    LlamaForCausalLM,
-    LlamaModel,
-    build_model,
-    expected_shapes,
-    random_checkpoint,
-)
+from reference_impl.models.llama import LlamaForCausalLM, LlamaModel, build_model
+from reference_impl.models.weights import expected_shapes, random_checkpoint
 
 __all__ = ["DecoderConfig", "LlamaForCausalLM", "LlamaModel", "build_model", "expected_shapes", "random_checkpoint",
            "Generation", "greedy_generate", "BatchGeneration", "Sampler", "SamplingParams", "generate", "KVCache",

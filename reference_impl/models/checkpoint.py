@@ -25,7 +25,9 @@ from reference_impl.models.hf_config import (  # noqa: F401 - CheckpointError an
     config_from_hf,
     config_to_hf,
 )
-from reference_impl.models.llama import DecoderConfig, LlamaForCausalLM, build_model, random_checkpoint
+from reference_impl.models.decoder_config import DecoderConfig
+from reference_impl.models.llama import LlamaForCausalLM, build_model
+from reference_impl.models.weights import random_checkpoint
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from reference_impl.models.llama import GATED_ACTIVATIONS, DecoderConfig
+from reference_impl.models.decoder_config import GATED_ACTIVATIONS, DecoderConfig
 from reference_impl.models.rope import ROPE_TYPES, RopeScaling
 
 CONFIG_FILE = "config.json"

@@ -5,22 +5,22 @@ rotary, causal attention, row-parallel output projection), RMSNorm, MLP (merged 
 column-parallel projection, SiluAndMul or GeluAndMul, row-parallel down projection) or a sparse MoE
 block (a replicated router and FusedMoE over this rank's slice of every expert, all-reduced)] ->
 RMSNorm -> ParallelLMHead + LogitsProcessor. The residual stream goes through `RMSNorm(x, residual)`
-(IR `fused_add_rms_norm.maybe_inplace`). The config also covers the Llama-shaped families' variants:
-rope scaling (models/rope.py), projection biases (Qwen2's q/k/v, Llama's attention_bias / mlp_bias),
-a sliding attention window (Mistral, Qwen2) and a gelu-gated MLP.
+(IR `fused_add_rms_norm.maybe_inplace`). Its shape is a DecoderConfig (models/decoder_config.py), which
+also covers the Llama-shaped families' variants (rope scaling, projection biases, a sliding attention
+window, a gelu-gated MLP).
 
 `forward(input_ids, positions)` is one sequence recomputed whole (causal SDPA, no cache).
 `forward(input_ids, positions, cu_seqlens, seq_lens)` runs packed tokens of several sequences
 against the current KV cache (`kv_cache.using_kv_cache`): prefill or one decode step.
 `logits_indices` keeps the LM head to the rows that are sampled (each sequence's last token).
-Weights come from a full (unsharded) checkpoint dict with Hugging Face Llama / Mixtral names:
-`random_checkpoint` makes a seeded one and `load_weights` checks every tensor's shape
-(`expected_shapes`) and shards it onto this rank through the layers' weight loaders.
+Weights come from a full (unsharded) checkpoint dict with Hugging Face Llama / Mixtral names
+(models/weights.py: `random_checkpoint` makes a seeded one): `load_weights` checks every tensor's shape
+(`expected_shapes`) and shards it onto this rank through the layers' weight loaders; `build_model`
+builds a decoder and loads one.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import torch
@@ -29,7 +29,6 @@ import torch.nn.functional as F
 
 from reference_impl.distributed import divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from reference_impl.distributed import tensor_model_parallel_all_reduce
-from reference_impl.layers.activation import GeluAndMul, SiluAndMul
 from reference_impl.layers.fused_moe import FusedMoE
 from reference_impl.layers.layernorm import RMSNorm
 from reference_impl.layers.linear import (
@@ -40,78 +39,10 @@ from reference_impl.layers.linear import (
 )
 from reference_impl.layers.logits_processor import LogitsProcessor
 from reference_impl.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from reference_impl.models.decoder_config import GATED_ACTIVATIONS, DecoderConfig
 from reference_impl.models.kv_cache import CachedBatch, KVCache, attend_cached, plan_batch
-from reference_impl.models.rope import RopeScaling, build_rotary
-
-# hidden_act of a transformers config -> the gated layer computing act(gate) * up (vLLM's and-mul
-# registry; gelu_new is the tanh approximation's formula written out)
-GATED_ACTIVATIONS = {
-    "silu": lambda: SiluAndMul(),
-    "swish": lambda: SiluAndMul(),
-    "gelu": lambda: GeluAndMul("none"),
-    "gelu_pytorch_tanh": lambda: GeluAndMul("tanh"),
-    "gelu_new": lambda: GeluAndMul("tanh"),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class DecoderConfig:
-    """Shape of the decoder; the defaults are the tiny model (hidden 64, 2 layers, vocab 300).
-
-    `num_experts` > 0 makes every MLP a Mixtral-style sparse MoE block (`num_experts_per_tok` of
-    them per token, each of width `intermediate_size`). `sliding_window` W lets a token attend to
-    the W positions ending at its own, on `sliding_window_layers` (None: every layer).
-    """
-
-    vocab_size: int = 300
-    hidden_size: int = 64
-    intermediate_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 16
-    rope_theta: float = 10000.0
-    max_position_embeddings: int = 256
-    rms_norm_eps: float = 1e-6
-    padding_size: int = 64
-    logit_scale: float = 1.0
-    final_logit_softcap: float | None = None
-    tie_word_embeddings: bool = False
-    num_experts: int = 0
-    num_experts_per_tok: int = 2
-    rope_scaling: RopeScaling | None = None
-    hidden_act: str = "silu"
-    qkv_bias: bool = False
-    o_proj_bias: bool = False
-    mlp_bias: bool = False
-    sliding_window: int | None = None
-    sliding_window_layers: tuple[int, ...] | None = None
-
-    def __post_init__(self):
-        if self.hidden_act not in GATED_ACTIVATIONS:
-            raise ValueError(f"hidden_act={self.hidden_act!r} is not supported; supported: "
-                             f"{', '.join(GATED_ACTIVATIONS)}")
-        if self.sliding_window is not None and self.sliding_window < 1:
-            raise ValueError(f"sliding_window={self.sliding_window} must be a positive number of tokens")
-        if self.sliding_window_layers is not None and not all(0 <= i < self.num_layers
-                                                              for i in self.sliding_window_layers):
-            raise ValueError(f"sliding_window_layers={self.sliding_window_layers} must be layers in "
-                             f"[0, {self.num_layers})")
-        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
-            raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be in [1, "
-                             f"num_experts={self.num_experts}]")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even (rotary embedding)")
-
-    def attention_window(self, layer: int) -> int | None:
-        """Layer `layer`'s sliding window in tokens, or None (full causal attention)."""
-        if self.sliding_window is None:
-            return None
-        if self.sliding_window_layers is not None and layer not in self.sliding_window_layers:
-            return None
-        return self.sliding_window
+from reference_impl.models.rope import build_rotary
+from reference_impl.models.weights import expected_shapes, random_checkpoint
 
 
 class LlamaAttention(nn.Module):
@@ -372,66 +303,6 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             raise KeyError(f"parameters the checkpoint did not provide: {missing}")
         return loaded
-
-
-def expected_shapes(config: DecoderConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor of a full checkpoint (HF names, unsharded) and its shape, in checkpoint order."""
-    h, inter, d = config.hidden_size, config.intermediate_size, config.head_dim
-    shapes = {"model.embed_tokens.weight": (config.vocab_size, h)}
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}"
-        shapes[f"{p}.input_layernorm.weight"] = (h,)
-        for proj, rows in (("q", config.num_heads * d), ("k", config.num_kv_heads * d), ("v", config.num_kv_heads * d)):
-            shapes[f"{p}.self_attn.{proj}_proj.weight"] = (rows, h)
-            if config.qkv_bias:
-                shapes[f"{p}.self_attn.{proj}_proj.bias"] = (rows,)
-        shapes[f"{p}.self_attn.o_proj.weight"] = (h, config.num_heads * d)
-        if config.o_proj_bias:
-            shapes[f"{p}.self_attn.o_proj.bias"] = (h,)
-        shapes[f"{p}.post_attention_layernorm.weight"] = (h,)
-        if config.num_experts:
-            shapes[f"{p}.block_sparse_moe.gate.weight"] = (config.num_experts, h)
-            for e in range(config.num_experts):
-                q = f"{p}.block_sparse_moe.experts.{e}"
-                shapes[f"{q}.w1.weight"] = (inter, h)
-                shapes[f"{q}.w3.weight"] = (inter, h)
-                shapes[f"{q}.w2.weight"] = (h, inter)
-        else:
-            shapes[f"{p}.mlp.gate_proj.weight"] = (inter, h)
-            shapes[f"{p}.mlp.up_proj.weight"] = (inter, h)
-            shapes[f"{p}.mlp.down_proj.weight"] = (h, inter)
-            if config.mlp_bias:
-                shapes.update({f"{p}.mlp.gate_proj.bias": (inter,), f"{p}.mlp.up_proj.bias": (inter,),
-                               f"{p}.mlp.down_proj.bias": (h,)})
-    shapes["model.norm.weight"] = (h,)
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, h)
-    return shapes
-
-
-def random_checkpoint(config: DecoderConfig, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """A seeded full checkpoint (HF Llama / Mixtral names, unsharded) whose logits spread over a few units.
-
-    Values are drawn in float32 on the CPU and then cast, so every dtype and rank sees the same
-    model. Projections (router included) ~ N(0, 1/fan_in); norm weights ~ 1 + N(0, 0.1^2);
-    embeddings ~ N(0, 1); the LM head ~ N(0, (3/sqrt(hidden))^2), so logits have a standard
-    deviation of about 3; biases ~ N(0, 0.1^2).
-    """
-    gen = torch.Generator().manual_seed(seed)
-    ckpt = {}
-    for name, shape in expected_shapes(config).items():
-        if name.endswith("norm.weight"):
-            std, mean = 0.1, 1.0
-        elif name.endswith(".bias"):
-            std, mean = 0.1, 0.0
-        elif name == "model.embed_tokens.weight":
-            std, mean = 1.0, 0.0
-        elif name == "lm_head.weight":
-            std, mean = 3.0 * config.hidden_size ** -0.5, 0.0
-        else:
-            std, mean = shape[-1] ** -0.5, 0.0
-        ckpt[name] = (torch.randn(shape, generator=gen, device="cpu") * std + mean).to(dtype)
-    return ckpt
 
 
 def build_model(config: DecoderConfig, dtype: torch.dtype = torch.float32, seed: int = 0,
