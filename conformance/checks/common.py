@@ -84,10 +84,6 @@ class Verdict:
         self.message = sanitize(self.message)
 
 
-class CheckFailed(Exception):
-    """Raised inside a check body to end it with FAIL and this message."""
-
-
 def passed(message: str | None = None, **errs) -> Verdict:
     return Verdict(Outcome.PASS, message, **errs)
 

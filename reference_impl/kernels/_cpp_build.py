@@ -123,10 +123,6 @@ def build_directory(name: str) -> Path:
     return Path(root) / name
 
 
-def is_loaded() -> bool:
-    return _loaded
-
-
 def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
