@@ -8,6 +8,7 @@ import logging
 import pytest
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from reference_impl import ir
 from reference_impl.config import ConfigError, KernelConfig, RuntimeConfig, set_current_config
@@ -376,18 +377,19 @@ def test_every_declared_op_has_cases_for_every_level():
         assert op.property_args is not None, f"{op.name} declares no property draws"
 
 
+class Recorder(TorchDispatchMode):
+    """Records every aten/library op that reaches the dispatcher inside its block."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(func)
+        return func(*args, **(kwargs or {}))
+
+
 def test_eager_fast_path_and_dispatcher_path_agree_and_modes_see_the_op():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.seen.append(func)
-            return func(*args, **(kwargs or {}))
-
     op = _declare_add(allow_inplace=True)
     _inplace_add_provider(op)
     x, y = torch.arange(3.0), torch.ones(3)
@@ -468,17 +470,6 @@ def test_torch_wrap_switch_scopes_and_default():
 
 
 def test_keyword_calls_under_a_mode_reach_the_torch_op_and_bad_keywords_fail():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.seen.append(func)
-            return func(*args, **(kwargs or {}))
-
     op = _declare_scale()
     with Recorder() as rec:
         out = op(torch.ones(2), weight=None, factor=4.0)

@@ -94,12 +94,17 @@ def _verdict(op, args, got, dtype, compare_nan: bool = True) -> str | None:
     return None if cmp.outcome in (Outcome.PASS, Outcome.QUALITY_WARNING) else cmp.message
 
 
+def _triton_takes(op, args) -> bool:
+    """Whether the triton implementation's supports_args accepts these arguments (dispatch runs native if not)."""
+    impl = op.impls["triton"]
+    return impl.supports_args is None or bool(impl.supports_args(*args))
+
+
 def _run_numerics(name: str, case_name: str, dtype: torch.dtype, device: str) -> str | None:
     op = getattr(ir.ops, name)
     case = next(c for c in op.cases if c.name == case_name)
     args = case.make_args(dtype, device, torch.Generator().manual_seed(1234))
-    impl = op.impls["triton"]
-    declined = impl.supports_args is not None and not impl.supports_args(*args)
+    declined = not _triton_takes(op, args)
     with op.set_priority(["triton"]):
         selected = op.dispatch(*args).provider
         if declined:    # arguments the kernel cannot take (hidden 200, group 128): dispatch must fall back
@@ -246,9 +251,8 @@ def child_compile(out_path: str) -> None:
         for case in [c for c in op.cases if c.runs_at("quick")][:6]:
             for dtype in (torch.float32, torch.bfloat16):  # float16 rounds through a plain cast
                 args = case.make_args(dtype, "cpu", torch.Generator().manual_seed(0))
-                impl = op.impls["triton"]
-                if impl.supports_args is None or impl.supports_args(*args):  # declined cases run native
-                    impl.impl_fn(*args)
+                if _triton_takes(op, args):  # declined cases run native
+                    op.impls["triton"].impl_fn(*args)
     type_names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
                   torch.float8_e4m3fn: "fp8e4nv", torch.int64: "i64", torch.int32: "i32"}
     results = {f"compile::{k}": {"ok": False, "message": "never launched by any case"} for k in KERNELS}

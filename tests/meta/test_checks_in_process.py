@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from harness_runner import PLUGINS, broken_records
 
 from conformance.checks import CheckContext, run_unit
 from conformance.collect.inventory import activate
@@ -26,21 +26,7 @@ from reference_impl.custom_op import CustomOp
 from reference_impl.ir.op import IrOp
 from reference_impl.platforms import CpuPlatform, activate_platform
 
-PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
-
-
-def _broken_records():
-    """conformance_broken/records.py, loaded by path: the records of the broken fixtures, without importing them
-    (the same module tests/support/harness_runner.py loads, under the same name)."""
-    name = "_conformance_broken_records"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, PLUGINS / "broken" / "conformance_broken" / "records.py")
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-RECORDS = _broken_records()
+RECORDS = broken_records()
 # Each fixture's expected verdict, from its module's `EXPECTED = Fault(...)`: the family and outcome that must
 # appear with one of its message fragments, and whether some result of that family must still PASS.
 EXPECT = {name: fault for name, fault in RECORDS.faults().items() if fault.in_process}
