@@ -29,7 +29,7 @@ from torch.library import Library, infer_schema
 from reference_impl.ir.cases import OpCase
 from reference_impl.ir.dispatch import IrDispatchError, IrOpImpl, Selector  # noqa: F401 - IrDispatchError re-exported
 from reference_impl.ir.priority import PriorityError, get_priority_source
-from reference_impl.ir.tolerances import DEFAULT_TOLERANCES  # noqa: F401 - re-exported
+from reference_impl.ir.tolerances import DEFAULT_TOLERANCES
 
 logger = logging.getLogger("reference_impl.ir")
 
