@@ -4,14 +4,15 @@ Op modules describe *what* to draw (rows of a given width, heads of a rotary inp
 with the strategies below; `conformance.checks.numerics.ir_property` runs the draws under
 `conformance_settings()`. Each strategy yields a small frozen record whose repr names every drawn
 field, so a failure message lists the exact draw. hypothesis is imported when a strategy is built,
-not when an op module is imported, so using the runtime does not import it.
+not when an op module is imported, so using the runtime does not import it. Strategies are immutable, so each
+is built once per set of arguments and reused: building one costs hypothesis more than drawing from it.
 """
 
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
+import functools
 
 PROFILE = "reference-impl-conformance"
 LAYOUTS = (None, "strided", "row_strided")
@@ -48,6 +49,7 @@ class RopeHeads:
         return self.rotary_dim + self.pass_dims
 
 
+@functools.cache
 def rows(max_width: int, scales: tuple[float, ...], layouts: tuple[str | None, ...] = LAYOUTS,
          width_step: int = 1):
     """Rows of width `width_step * k` for k in 1..max_width/width_step, one of `scales`, one of `layouts`."""
@@ -58,6 +60,7 @@ def rows(max_width: int, scales: tuple[float, ...], layouts: tuple[str | None, .
                      scale=st.sampled_from(scales), layout=st.sampled_from(layouts))
 
 
+@functools.cache
 def rope_heads(max_kv_heads: int = 4, max_group: int = 3, max_half_rotary: int = 64, max_pass_dims: int = 40):
     """Rotary shapes: GQA groups, even rotary dims up to 2*max_half_rotary, pass-through dims, both styles."""
     from hypothesis import strategies as st
@@ -68,6 +71,7 @@ def rope_heads(max_kv_heads: int = 4, max_group: int = 3, max_half_rotary: int =
                      pass_dims=st.integers(0, max_pass_dims), neox=st.booleans())
 
 
+@functools.cache
 def flags():
     """An optional argument present or not (weight, per_token, ...)."""
     from hypothesis import strategies as st
@@ -75,6 +79,7 @@ def flags():
     return st.booleans()
 
 
+@functools.lru_cache(maxsize=4096)
 def optional_size(max_size: int):
     """None, or a size in 1..max_size (variance_size)."""
     from hypothesis import strategies as st
