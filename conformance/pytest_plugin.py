@@ -195,6 +195,9 @@ class ConformanceRun:
         result = yield
         expected = sum(1 for item in items if unit_of(item) is not None)
         if self.is_xdist_worker:
+            from conformance.run.shard import longest_first
+
+            longest_first(items)   # every worker the same order: heavy checks first, spread by the controller
             self.run_dir.write_json(f"collection-{config.workerinput['workerid']}.json",
                                     {"expected": expected, "deselected": self.deselected_units})
         else:
@@ -252,6 +255,13 @@ def pytest_configure(config: pytest.Config) -> None:
     from conformance.run.tool_state import redirect_tool_state
 
     redirect_tool_state(config.option)  # no .hypothesis/ or .benchmarks/ in the vendor's directory
+    # hypothesis's pytest plugin serves @given tests, which a conformance run has none of (its property draws
+    # run in the kernel worker); its terminal summary imports hypothesis: 1.3 s at the end of every process
+    config.pluginmanager.unregister(name="hypothesispytest")
+    if getattr(config.option, "maxschedchunk", False) is None:   # xdist's controller, not set by the user
+        from conformance.run.shard import SCHED_CHUNK
+
+        config.option.maxschedchunk = SCHED_CHUNK
     state = ConformanceRun(config)
     config.stash[_STATE] = state
     config.pluginmanager.register(state, "conformance-run")

@@ -5,6 +5,10 @@ collected items, so a shard combines with `-n`: xdist sees identical collections
 The plan is greedy longest-first: items sorted by (expected cost, nodeid) descending go one by one
 to the shard with the least cost so far (ties to the lower index), which keeps shards within about
 one heavy item of each other. Costs are relative, measured per check on the cpu platform.
+
+Under `-n`, `longest_first` orders every worker's collection by the same costs, and the controller hands
+items out a few at a time (`SCHED_CHUNK`): the heavy checks start first and spread over the workers, and the
+run ends on cheap items instead of one worker finishing a long tail while the others wait.
 """
 
 from __future__ import annotations
@@ -16,23 +20,25 @@ from collections.abc import Sequence
 
 import pytest
 
-# Seconds per item, rounded from runs of the cpu platform and the demo plugin on 2 cores: the
-# check's own time plus about 0.03 s of pytest and worker round trip that every item pays. Compile
-# and model checks dominate; property draws and opcheck-based aliasing cases come next; numerics
-# cases are cheap. Unknown checks count as a plain case.
-ITEM_OVERHEAD_S = 0.03
+# Seconds per item, rounded from the `duration_s` of a cpu platform standard run on 2 cores (the check's
+# own time), plus about 0.005 s of pytest and worker round trip that every item pays. The fake-tensor
+# probes of supports_args (every case x dtype) and the model dominate, compile comes next; numerics
+# cases are cheap. layer_compile (no cpu units) is rated like a model check. Unknown checks count
+# as a plain case.
+ITEM_OVERHEAD_S = 0.005
 CHECK_COST_S = {
-    "model.decoder": 2.0,
-    "compile.ir_compile": 1.5,
-    "compile.layer_compile": 1.5,
-    "numerics.ir_property": 0.5,
-    "aliasing.ir_case": 0.1,
-    "dispatch.supports_args": 0.1,
-    "numerics.layer_case": 0.03,
-    "numerics.ir_repeat": 0.03,
-    "numerics.ir_case": 0.02,
+    "dispatch.supports_args": 1.0,
+    "model.decoder": 1.0,
+    "compile.layer_compile": 1.0,
+    "compile.ir_compile": 0.3,
+    "numerics.ir_property": 0.12,
+    "dispatch.priority": 0.04,
+    "numerics.layer_case": 0.02,
+    "aliasing.ir_case": 0.015,
+    "numerics.ir_case": 0.005,
 }
-DEFAULT_CHECK_COST_S = 0.005
+DEFAULT_CHECK_COST_S = 0.002
+SCHED_CHUNK = 4   # items the xdist controller sends a worker at a time (its --maxschedchunk), see longest_first
 
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
@@ -82,6 +88,11 @@ def _cost_of(item: pytest.Item) -> float:
     marker = item.get_closest_marker("conformance")
     family, check = (marker.args[:2] if marker is not None and len(marker.args) >= 2 else (None, None))
     return item_cost(family, check)
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    """Order `items` in place by expected cost, heaviest first (ties keep collection order)."""
+    items.sort(key=lambda item: -_cost_of(item))
 
 
 class ShardSelector:
