@@ -45,25 +45,32 @@ class FakeArgs:
         return str(expr.xreplace(mapping)) if hasattr(expr, "xreplace") else str(expr)
 
 
-def static_mode() -> FakeTensorMode:
-    """A fake mode with static sizes, to share between `at_batch` calls on the same arguments."""
-    return _fake_mode(None)
+class BatchFakes:
+    """Fakes of one case's arguments at any number of rows (sizes static; strides, dtype, device kept). One fake
+    mode serves every row count, and arguments without a batch dim are converted once, not once per count."""
+
+    def __init__(self, op, args: Sequence[Any]):
+        self.args = tuple(args)
+        self.batched = batched_indices(op, args)
+        self.mode = _fake_mode(None)
+        self.fixed = {i: self.mode.from_tensor(a) for i, a in enumerate(args)
+                      if isinstance(a, torch.Tensor) and i not in self.batched}
+
+    def at(self, rows: int) -> FakeArgs:
+        """Fakes with `rows` rows in every batched argument."""
+        out = []
+        for i, a in enumerate(self.args):
+            if i in self.batched:
+                with self.mode:
+                    out.append(torch.empty_strided((rows, *a.shape[1:]), a.stride(), dtype=a.dtype, device=a.device))
+            else:
+                out.append(self.fixed.get(i, a))
+        return FakeArgs(tuple(out), self.mode)
 
 
-def at_batch(op, args: Sequence[Any], rows: int, mode: FakeTensorMode | None = None) -> FakeArgs:
-    """Fakes with `rows` rows in every batched argument (sizes static; strides, dtype, device kept)."""
-    batched = batched_indices(op, args)
-    mode = mode or _fake_mode(None)
-    out = []
-    for i, a in enumerate(args):
-        if i in batched:
-            with mode:
-                out.append(torch.empty_strided((rows, *a.shape[1:]), a.stride(), dtype=a.dtype, device=a.device))
-        elif isinstance(a, torch.Tensor):
-            out.append(mode.from_tensor(a))
-        else:
-            out.append(a)
-    return FakeArgs(tuple(out), mode)
+def at_batch(op, args: Sequence[Any], rows: int) -> FakeArgs:
+    """Fakes with `rows` rows in every batched argument (one row count; `BatchFakes` for several)."""
+    return BatchFakes(op, args).at(rows)
 
 
 def symbolic(op, args: Sequence[Any], *, every_dim: bool = False) -> FakeArgs:

@@ -39,10 +39,10 @@ def at_batch_sizes(op, impl, args: Sequence[Any], answer: bool) -> str | None:
     n = batch_size(op, args)
     if n is None:
         return None
-    mode = fakes.static_mode()
+    batch_fakes = fakes.BatchFakes(op, args)
     first: tuple[int, bool] | None = None      # (rows, answer) every later answer must equal
     if n >= 2:
-        fake = _call_fake(impl, fakes.at_batch(op, args, n, mode).args, f"fake tensors with {n} rows")
+        fake = _call_fake(impl, batch_fakes.at(n).args, f"fake tensors with {n} rows")
         if isinstance(fake, str):
             return fake
         if fake != answer:
@@ -51,7 +51,7 @@ def at_batch_sizes(op, impl, args: Sequence[Any], answer: bool) -> str | None:
                     f"graphs would select another provider than eager; {STATIC_FIX}")
         first = (n, answer)
     for rows in PROBE_ROWS:
-        got = _call_fake(impl, fakes.at_batch(op, args, rows, mode).args, f"fake tensors with {rows} rows")
+        got = _call_fake(impl, batch_fakes.at(rows).args, f"fake tensors with {rows} rows")
         if isinstance(got, str):
             return got
         first = first or (rows, got)
