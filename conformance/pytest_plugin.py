@@ -136,7 +136,7 @@ class ConformanceRun:
         else:
             reply = self._run_in_worker(unit)
             self.poison.record(unit, Outcome(reply["outcome"]))
-        result = CheckResult(nodeid=nodeid, check=unit.family, op=unit.op, provider=unit.provider, dtype=unit.dtype,
+        result = CheckResult(nodeid=nodeid, family=unit.family, op=unit.op, provider=unit.provider, dtype=unit.dtype,
                              case=unit.case, outcome=Outcome(reply["outcome"]), message=sanitize(reply.get("message")),
                              max_abs_err=reply.get("max_abs_err"), max_rel_err=reply.get("max_rel_err"),
                              err_to_tol=reply.get("err_to_tol"),

@@ -16,9 +16,10 @@ import fnmatch
 import json
 import re
 
-from conformance.results.result import BLOCKING, FAMILIES, CheckResult, Outcome, suite_function
+from conformance.results.result import BLOCKING, FAMILIES, FILE_FIELD, CheckResult, Outcome, suite_function
 
 MATCH_FIELDS = ("check", "op", "provider", "dtype", "case")
+FILE_FIELD_OF = {member: attr for attr, member in FILE_FIELD.items()}   # "check" -> CheckResult.family
 PATTERN_CHARS = frozenset("*?[")
 
 
@@ -35,7 +36,7 @@ def check_name(result: CheckResult) -> str:
     if named:
         return named.group(1)
     test = suite_function(result.nodeid).removeprefix("test_")
-    return f"{result.check}.{test}" if test else result.check
+    return f"{result.family}.{test}" if test else result.family
 
 
 def is_pattern(value: str) -> bool:
@@ -52,7 +53,7 @@ class Waiver:
     case: str | None = None
 
     def matches(self, result: CheckResult) -> bool:
-        if self.check is not None and not (fnmatch.fnmatchcase(result.check, self.check)
+        if self.check is not None and not (fnmatch.fnmatchcase(result.family, self.check)
                                            or fnmatch.fnmatchcase(check_name(result), self.check)):
             return False
         for field in MATCH_FIELDS[1:]:
@@ -176,7 +177,9 @@ def stale_waivers(waivers: list[Waiver], results: list[CheckResult]) -> list[tup
 
 
 def result_key(r) -> tuple:
-    get = r.get if isinstance(r, dict) else (lambda k: getattr(r, k))
+    """(check, op, provider, dtype, case) of a results-file entry (a dict) or of a CheckResult (whose `family` is the
+    file's `check`)."""
+    get = r.get if isinstance(r, dict) else (lambda k: getattr(r, FILE_FIELD_OF.get(k, k)))
     return tuple(get(k) for k in MATCH_FIELDS)
 
 

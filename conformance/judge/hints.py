@@ -252,11 +252,11 @@ def numerics_hint(results: Sequence[CheckResult]) -> str | None:
 
 def cause_hint(results: Sequence[CheckResult]) -> str | None:
     """The hint for one provider and op from all its results (numerics first, then compile-only failures)."""
-    numerics = [r for r in results if r.check == "numerics"]
+    numerics = [r for r in results if r.family == "numerics"]
     hint = numerics_hint(numerics)
     if hint:
         return hint
-    compiled = [r for r in results if r.check == "compile" and r.outcome in FAILED]
+    compiled = [r for r in results if r.family == "compile" and r.outcome in FAILED]
     if compiled and numerics and all(r.outcome in PASSED for r in numerics if r.outcome is not Outcome.NOT_SUPPORTED):
         return (f"only the compiled program fails ({_n(len(compiled), 'result')}) while every eager numerics result "
                 "passes: the implementation behaves differently when traced (data-dependent Python branches, "

@@ -57,7 +57,7 @@ def not_covered_line(results: Sequence[CheckResult]) -> str | None:
 
 def row_label(r: CheckResult) -> str:
     op = r.op or "(platform)"
-    if r.check == "model":
+    if r.family == "model":
         return f"{op} (model)"
     return f"{op} (CustomOp)" if is_layer_result(r) else op
 
@@ -83,11 +83,11 @@ def pytest_counts(results: Sequence[CheckResult]) -> dict[str, int]:
 def scorecard_rows(results: Sequence[CheckResult]) -> tuple[list[str], list[list[str]]]:
     """One row per (op, provider) the platform brings; rows that are only NOT_IMPLEMENTED are left out
     (they are the coverage line)."""
-    families = list(FAMILY_COLUMNS) + sorted({r.check for r in results} - set(FAMILY_COLUMNS))
+    families = list(FAMILY_COLUMNS) + sorted({r.family for r in results} - set(FAMILY_COLUMNS))
     table: dict[tuple[str, str], dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
     for r in results:
         if not is_not_covered_result(r):   # those are the not-covered line
-            table[(row_label(r), r.provider or "-")][r.check][r.outcome] += 1
+            table[(row_label(r), r.provider or "-")][r.family][r.outcome] += 1
     headers = ["op", "provider", *families]
     rows = []
     for (op, provider), cells in sorted(table.items(), key=lambda kv: (kv[0][1] == "-", kv[0])):
@@ -123,7 +123,7 @@ def coverage_scope(run: dict | None) -> str | None:
 def coverage(results: Sequence[CheckResult], ir_ops: Sequence[str] | None = None, scope: str | None = None) -> str:
     """'ops implemented / ops in the catalog' from the results (dispatch coverage marks the rest); with a
     `scope` (coverage_scope), the counts of what was reached instead of a fraction that looks final."""
-    results = [r for r in results if not is_layer_result(r) and r.check != "model"]
+    results = [r for r in results if not is_layer_result(r) and r.family != "model"]
     not_impl = {r.op for r in results if r.outcome is Outcome.NOT_IMPLEMENTED}
     implemented = {r.op for r in results if r.provider and r.op and r.op not in not_impl}
     total = set(ir_ops) if ir_ops is not None else (implemented | not_impl)

@@ -135,7 +135,7 @@ def _heatmap(results: list[CheckResult]):
     for r in results:
         if r.outcome is Outcome.NOT_IMPLEMENTED or is_not_covered_result(r):   # shown under coverage, not as a row
             continue
-        cells[(row_label(r), r.provider or NO_DTYPE)][(r.check, r.dtype or NO_DTYPE)].append(r)
+        cells[(row_label(r), r.provider or NO_DTYPE)][(r.family, r.dtype or NO_DTYPE)].append(r)
     present = {col for row in cells.values() for col in row}
     families = [f for f in FAMILY_COLUMNS if any(c[0] == f for c in present)]
     families += sorted({c[0] for c in present} - set(families))
@@ -162,7 +162,7 @@ def _heatmap(results: list[CheckResult]):
 
 
 def _coverage(results: list[CheckResult]) -> dict[str, list[str]]:
-    ir = [r for r in results if not is_layer_result(r) and r.check != "model"]
+    ir = [r for r in results if not is_layer_result(r) and r.family != "model"]
     fallback = sorted({r.op for r in ir if r.outcome is Outcome.NOT_IMPLEMENTED and r.op})
     implemented = sorted({r.op for r in ir if r.provider and r.op} - set(fallback))
     providers = defaultdict(set)

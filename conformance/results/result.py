@@ -52,12 +52,20 @@ CONFORMANT = "CONFORMANT"
 NOT_CONFORMANT = "NOT_CONFORMANT"
 
 
+FILE_FIELD = {"family": "check"}   # CheckResult attribute -> results-file member, where the names differ
+
+
 @dataclasses.dataclass
 class CheckResult:
-    """One entry of `results` in the results file (field names and order as in docs/results-file.md)."""
+    """One entry of `results` in the results file (fields in the order of docs/results-file.md).
+
+    `family` is the check family (one of FAMILIES), which the file names `check` (public, normative field name):
+    `to_json` writes it as "check", in the same place, and `from_json` reads "check" into it. Not to be confused
+    with `Unit.check`, the name of one check of the family (`ir_case`).
+    """
 
     nodeid: str | None
-    check: str
+    family: str
     op: str | None
     provider: str | None
     dtype: str | None
@@ -72,11 +80,12 @@ class CheckResult:
 
     def __post_init__(self):
         self.outcome = Outcome(self.outcome)
-        if self.check not in FAMILIES:
-            raise ValueError(f"check {self.check!r} is not one of {FAMILIES}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"family {self.family!r} (the results file's 'check') is not one of {FAMILIES}")
 
     def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        """The results-file entry: the attribute `family` under its file name `check`, fields in file order."""
+        data = {FILE_FIELD.get(f.name, f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
         data["outcome"] = self.outcome.value
         for key in ("max_abs_err", "max_rel_err", "err_to_tol"):
             value = data[key]
@@ -86,8 +95,9 @@ class CheckResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CheckResult:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        """A results-file entry (its `check` read into `family`); members this version does not know are ignored."""
+        names = {FILE_FIELD.get(f.name, f.name): f.name for f in dataclasses.fields(cls)}
+        return cls(**{names[k]: v for k, v in data.items() if k in names})
 
 
 def verdict(results: Iterable[CheckResult], *, strict_xpass: bool = True) -> str:

@@ -116,3 +116,41 @@ def test_unreadable_results_file_is_one_line_naming_the_file(tmp_path, content, 
         load_results(str(path))
     message = str(info.value)
     assert message.startswith(str(path)) and fragment in message and "\n" not in message
+
+
+def test_result_attribute_is_family_and_the_file_field_stays_check():
+    """`CheckResult.family` holds the check family (`Unit.check` is a check's own name, `ir_case`); the results file
+    keeps its public member name `check`, in its documented place (docs/results-file.md)."""
+    result = _result(Outcome.FAIL)
+    assert result.family == "numerics" and not hasattr(result, "check")
+    assert CheckResult(nodeid=None, family="dispatch", op=None, provider=None, dtype=None, case=None,
+                       outcome="PASS").family == "dispatch"
+    data = result.to_json()
+    assert list(data) == ["nodeid", "check", "op", "provider", "dtype", "case", "outcome", "message", "max_abs_err",
+                          "max_rel_err", "repro", "duration_s", "err_to_tol"]
+    assert data["check"] == "numerics" and "family" not in data
+    with pytest.raises(ValueError, match="family 'speed' .* is not one of"):
+        CheckResult.from_json({**data, "check": "speed"})
+
+
+def test_results_file_entry_round_trips_byte_for_byte(tmp_path):
+    """`from_json` reads `check` into `family` and `to_json` writes it back: an entry re-encodes to the same bytes,
+    and the line the results file holds for it is unchanged by the attribute's name."""
+    line = ('{"nodeid": "suites/test_numerics.py::test_ir_case[rms_norm-p-bfloat16-tokens=7]", "check": "numerics", '
+            '"op": "rms_norm", "provider": "p", "dtype": "bfloat16", "case": "tokens=7", "outcome": "FAIL", '
+            '"message": "max abs err 3.1e-02 > atol 1e-03", "max_abs_err": 0.031, "max_rel_err": 0.02, '
+            '"repro": "python -m conformance repro --check numerics.ir_case", "duration_s": 0.01, "err_to_tol": 31.0}')
+    entry = json.loads(line)
+    result = CheckResult.from_json(entry)
+    assert result.family == "numerics" and result.outcome is Outcome.FAIL
+    assert json.dumps(result.to_json()) == line
+    assert CheckResult.from_json(result.to_json()) == result
+    dispatch = {"nodeid": "suites/test_dispatch.py::test_coverage[silu]", "check": "dispatch", "op": "silu",
+                "provider": None, "dtype": None, "case": None, "outcome": "NOT_IMPLEMENTED", "message": "native runs",
+                "max_abs_err": None, "max_rel_err": None, "repro": None, "duration_s": 0.0}   # older: no err_to_tol
+    assert CheckResult.from_json(dispatch).to_json() == {**dispatch, "err_to_tol": None}
+    rf = _file(tmp_path, expected=1)
+    rf.add(result)
+    rf.write(final=True)
+    assert f"\n  {line}\n" in (tmp_path / "r.json").read_text()
+    assert _read(tmp_path)["results"] == [entry]

@@ -15,8 +15,8 @@ NORM_CASES = ("tokens=1,hidden=128", "tokens=7,hidden=769", "tokens=5,hidden=100
               "tokens=3,hidden=127,prime")
 
 
-def _r(case, outcome, dtype="float32", check="numerics", op="rms_norm", provider="p", test="test_ir_case"):
-    return CheckResult(f"suites/test_{check}.py::{test}[{op}-{provider}-{dtype}-{case}]", check, op, provider, dtype,
+def _r(case, outcome, dtype="float32", family="numerics", op="rms_norm", provider="p", test="test_ir_case"):
+    return CheckResult(f"suites/test_{family}.py::{test}[{op}-{provider}-{dtype}-{case}]", family, op, provider, dtype,
                        case, Outcome(outcome), None if outcome == "PASS" else f"{outcome} here")
 
 
@@ -70,7 +70,7 @@ def test_no_hint_without_a_pattern_or_without_failures():
 
 
 def test_compile_only_failure_is_named():
-    results = _numerics(lambda c, d: False) + [_r(None, "FAIL", d, check="compile", test="test_ir_compile")
+    results = _numerics(lambda c, d: False) + [_r(None, "FAIL", d, family="compile", test="test_ir_compile")
                                                for d in DTYPES]
     assert "only the compiled program fails" in cause_hint(results)
 
