@@ -91,8 +91,14 @@ def _cost_of(item: pytest.Item) -> float:
 
 
 def longest_first(items: list[pytest.Item]) -> None:
-    """Order `items` in place by expected cost, heaviest first (ties keep collection order)."""
-    items.sort(key=lambda item: -_cost_of(item))
+    """Order `items` in place by expected cost, heaviest first (ties keep collection order), the model checks
+    last: the model runs every default provider, so it must come after their own checks, which find a provider
+    that hangs or crashes and poison it (conformance.run.poison) before the model waits on it again."""
+    def key(item: pytest.Item) -> tuple[bool, float]:
+        marker = item.get_closest_marker("conformance")
+        return (marker is not None and marker.args[:1] == ("model",), -_cost_of(item))
+
+    items.sort(key=key)
 
 
 class ShardSelector:

@@ -27,7 +27,13 @@ def test_hanging_provider_costs_two_limits_and_every_check_is_still_reported(tmp
     meta = run.doc["run"]
     assert meta["complete"] and meta["written_results"] == meta["expected_results"] == len(run.results)
     hung = run.where(provider="broken", op="rms_norm")
-    assert len(hung) > 40 and {r["outcome"] for r in hung} == {"TIMEOUT"}
+    # under -n the heaviest checks start first (conformance.run.shard.longest_first): supports_args, which never
+    # calls this provider's kernel (it registers no predicate), may finish before the hang poisons the provider
+    ran = [r for r in hung if r["outcome"] != "TIMEOUT"]
+    assert all(r["nodeid"].endswith("test_supports_args[rms_norm-broken]") and r["outcome"] == "PASS"
+               and r["message"] == "no supports_args: accepts every input" for r in ran), ran
+    hung = [r for r in hung if r not in ran]
+    assert len(hung) > 40
     waited = [r for r in hung if not r["message"].startswith("not run:")]
     # two xdist workers may each be inside a hang before either has recorded one: at most 2 + 1 real waits
     assert 2 <= len(waited) <= 3, [r["nodeid"] for r in waited]

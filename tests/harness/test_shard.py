@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from conformance.run.shard import Shard, ShardSpecError, item_cost, plan
+from conformance.run.shard import Shard, ShardSpecError, item_cost, longest_first, plan
 
 
 def _items():
@@ -56,3 +56,23 @@ def test_malformed_shard_option_stops_the_run_with_one_line(tmp_path):
                           timeout=300)
     assert proc.returncode == 4
     assert "--conformance-shard '5/3': need 1 <= I <= N" in proc.stderr
+
+
+class _Item:
+    """Just what longest_first reads of a pytest item: its conformance marker."""
+
+    def __init__(self, family: str, check: str):
+        self.marker = pytest.mark.conformance(family, check).mark
+        self.name = f"{family}.{check}"
+
+    def get_closest_marker(self, name):
+        return self.marker if name == "conformance" else None
+
+
+def test_longest_first_puts_heavy_checks_first_and_the_model_last():
+    names = ["numerics.ir_case", "model.decoder", "dispatch.supports_args", "aliasing.ir_case", "numerics.ir_case",
+             "compile.ir_compile"]
+    items = [_Item(*n.split(".")) for n in names]
+    longest_first(items)
+    assert [i.name for i in items] == ["dispatch.supports_args", "compile.ir_compile", "aliasing.ir_case",
+                                       "numerics.ir_case", "numerics.ir_case", "model.decoder"]
