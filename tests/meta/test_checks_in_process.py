@@ -1,5 +1,5 @@
 """The fast meta tier: each check run in this process, directly on the broken fixtures' kernels and on the
-demo plugin's correct ones, without a pytest subprocess or a kernel worker (about 40 s for the whole tier on
+demo plugin's correct ones, without a pytest subprocess or a kernel worker (about 25 s for the whole tier on
 2 cores, against minutes end to end).
 
 The end-to-end runs in tests/harness/test_harness_fixtures.py keep what needs a process: crashes, hangs, the
