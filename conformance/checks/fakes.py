@@ -68,11 +68,6 @@ class BatchFakes:
         return FakeArgs(tuple(out), self.mode)
 
 
-def at_batch(op, args: Sequence[Any], rows: int) -> FakeArgs:
-    """Fakes with `rows` rows in every batched argument (one row count; `BatchFakes` for several)."""
-    return BatchFakes(op, args).at(rows)
-
-
 def symbolic(op, args: Sequence[Any], *, every_dim: bool = False) -> FakeArgs:
     """Fakes whose batch dimension (or, with `every_dim`, every dimension) is a symbol, each size
     >= 2 as torch.compile assumes; `args` must already have >= 2 rows where batched."""

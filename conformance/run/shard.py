@@ -84,10 +84,14 @@ def plan(items: Sequence[tuple[str, float]], count: int) -> list[int]:
     return assignment
 
 
-def _cost_of(item: pytest.Item) -> float:
+def _family_check(item: pytest.Item) -> tuple[str | None, str | None]:
+    """(family, check) from the item's conformance marker, (None, None) without one."""
     marker = item.get_closest_marker("conformance")
-    family, check = (marker.args[:2] if marker is not None and len(marker.args) >= 2 else (None, None))
-    return item_cost(family, check)
+    return tuple(marker.args[:2]) if marker is not None and len(marker.args) >= 2 else (None, None)
+
+
+def _cost_of(item: pytest.Item) -> float:
+    return item_cost(*_family_check(item))
 
 
 def longest_first(items: list[pytest.Item]) -> None:
@@ -95,8 +99,8 @@ def longest_first(items: list[pytest.Item]) -> None:
     last: the model runs every default provider, so it must come after their own checks, which find a provider
     that hangs or crashes and poison it (conformance.run.poison) before the model waits on it again."""
     def key(item: pytest.Item) -> tuple[bool, float]:
-        marker = item.get_closest_marker("conformance")
-        return (marker is not None and marker.args[:1] == ("model",), -_cost_of(item))
+        family, check = _family_check(item)
+        return (family == "model", -item_cost(family, check))
 
     items.sort(key=key)
 

@@ -100,7 +100,7 @@ def test_every_dim_probe_sees_symbols_and_accepts_a_symbool_of_them():
 def test_fakes_cost_nothing_and_keep_the_layout():
     op = ir.ops.rms_norm
     wide = torch.zeros(5, 1007)[:, :1000]
-    fa = fakes.at_batch(op, (wide, torch.ones(1000), 1e-6, None), 65537)
+    fa = fakes.BatchFakes(op, (wide, torch.ones(1000), 1e-6, None)).at(65537)
     x = fa.args[0]
     assert x.shape == (65537, 1000) and x.stride() == (1007, 1) and x.dtype == wide.dtype
     assert x.device == wide.device
