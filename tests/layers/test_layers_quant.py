@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from _layer_support import counting_provider
 from reference_impl.custom_op import CustomOp
@@ -159,3 +160,36 @@ def test_quant_layer_goes_through_ir_dispatch():
         QuantFP8(False, GroupShape(1, 64))(x)
     assert len(static) == 1 and len(group) == 1 and group[0][1] == 64
     assert [call[1] for call in dynamic] == [True, False]     # per_token reaches the op
+
+
+class _Divisions(TorchDispatchMode):
+    """Records the divisor of every aten.div call."""
+
+    def __init__(self):
+        super().__init__()
+        self.divisors = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket is torch.ops.aten.div:
+            self.divisors.append(args[1])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("form", ["per_token", "per_tensor", "scale_ub", "group", "group_ue8m0"])
+def test_dynamic_scales_divide_by_a_tensor_on_the_device_not_a_python_number(form):
+    """torch's CUDA division by a Python number multiplies by its reciprocal (two roundings): on an H100 the native
+    per-token scale came out one ulp above absmax / 448 and flipped fp8 codes at exact ties, so the correctly
+    rounding cuda and triton kernels got QUALITY_WARNINGs. Every scale division of the natives takes a tensor."""
+    from reference_impl import ir
+    from reference_impl.layers.quantization import group_quant_ue8m0
+
+    x = _x(4, 256, dtype=torch.bfloat16)
+    call = {"per_token": lambda: ir.ops.dynamic_quant_fp8.native_fn(x, True),
+            "per_tensor": lambda: ir.ops.dynamic_quant_fp8.native_fn(x, False),
+            "scale_ub": lambda: ir.ops.dynamic_quant_fp8.native_fn(x, True, torch.tensor([2.0])),
+            "group": lambda: ir.ops.dynamic_group_quant_fp8.native_fn(x, 128),
+            "group_ue8m0": lambda: group_quant_ue8m0(x, 128)}[form]
+    with _Divisions() as seen:
+        call()
+    assert seen.divisors and all(isinstance(d, torch.Tensor) and d.device == x.device for d in seen.divisors), \
+        [type(d).__name__ for d in seen.divisors]

@@ -23,6 +23,13 @@ FP8_MAX = float(torch.finfo(FP8_DTYPE).max)          # 448
 FP8_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
 
 
+def over_fp8_max(absmax: Tensor) -> Tensor:
+    """absmax / 448, correctly rounded on every device. The divisor is a tensor on absmax's device: torch's CUDA
+    kernel divides by a Python number as a multiply by its reciprocal, two roundings that move the scale by an ulp
+    and so flip fp8 codes where x / scale is an exact tie (CPU divides exactly either way; measured on an H100)."""
+    return absmax / absmax.new_full((), FP8_MAX)
+
+
 def _quantize(x: Tensor, scale: Tensor) -> Tensor:
     return (x.to(torch.float32) * scale.to(torch.float32).reciprocal()).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
@@ -54,7 +61,7 @@ def dynamic_quant_fp8(x: Tensor, per_token: bool, scale_ub: Tensor | None = None
         absmax = x.abs().amax().reshape(1).to(torch.float32)
     if scale_ub is not None:
         absmax = absmax.clamp(max=scale_ub.to(torch.float32))
-    scale = (absmax / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+    scale = over_fp8_max(absmax).clamp(min=FP8_MIN_SCALE)
     return _quantize(x, scale), scale
 
 
@@ -69,7 +76,7 @@ def dynamic_group_quant_fp8(x: Tensor, group_size: int) -> tuple[Tensor, Tensor]
     n_groups = -(-hidden // group_size)
     padded = torch.nn.functional.pad(x, (0, n_groups * group_size - hidden)) if hidden % group_size else x
     groups = padded.reshape(*x.shape[:-1], n_groups, group_size).to(torch.float32)
-    scale = (groups.abs().amax(dim=-1) / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+    scale = over_fp8_max(groups.abs().amax(dim=-1)).clamp(min=FP8_MIN_SCALE)
     q = (groups / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).reshape(padded.shape)
     return (q[..., :hidden].contiguous() if hidden % group_size else q), scale
 
