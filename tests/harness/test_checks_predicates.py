@@ -106,3 +106,23 @@ def test_fakes_cost_nothing_and_keep_the_layout():
     assert x.device == wide.device
     with pytest.raises(RuntimeError, match="data pointer"):
         x.data_ptr()
+
+
+def test_symbolic_fakes_of_views_keep_strides_and_offset_and_record_no_guard():
+    """Fakes are built from meta tensors (not converted): a slice of a fused qkv keeps its row stride and storage
+    offset, its batch is the one duck-sized symbol, and building them records no guard."""
+    op = ir.ops.rotary_embedding
+    qkv = torch.randn(7, 3 * 64)
+    cache = torch.randn(32, 16)
+    args = (torch.arange(7), qkv[:, :64], qkv[:, 64:128], 16, cache, True)
+    for every_dim in (False, True):
+        fa = fakes.symbolic(op, args, every_dim=every_dim)
+        q, k = fa.args[1], fa.args[2]
+        assert fa.shape_env.guards == []
+        assert q.shape[0] is not None and fa.involves_batch(q.shape[0].node.expr)
+        assert q.shape[0].node.expr == k.shape[0].node.expr == fa.args[0].shape[0].node.expr
+        offset = k.storage_offset()
+        assert k.stride(0).node.hint == 192 and (offset.node.hint if isinstance(offset, torch.SymInt) else offset) == 64
+        assert isinstance(q.shape[1], torch.SymInt) is every_dim and q.device == qkv.device and q.dtype == qkv.dtype
+        assert fa.render(k.stride(0).node.expr) == "x_query.stride(0)"   # one symbol for the shared row stride
+        assert fa.shape_env.guards == []

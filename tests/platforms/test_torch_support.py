@@ -38,6 +38,11 @@ PRIVATE_APIS = [
     ("torch._dispatch.python", "enable_python_dispatcher"),
     ("torch._guards", "detect_fake_mode"),
     ("torch._subclasses", "FakeTensor"),
+    ("torch._subclasses.fake_tensor", "FakeTensorMode"),   # conformance/checks/fakes.py: FakeTensor(mode, meta, device)
+    ("torch._dynamo.source", "LocalSource"),
+    ("torch.fx.experimental.symbolic_shapes", "ShapeEnv"),  # .create_symbolic_sizes_strides_storage_offset
+    ("torch.fx.experimental.symbolic_shapes", "StatelessSymbolicContext"),
+    ("torch.fx.experimental.symbolic_shapes", "DimDynamic"),
     ("torch.fx.experimental.proxy_tensor", "make_fx"),
     ("torch.fx.experimental.symbolic_shapes", "statically_known_true"),
     ("torch.fx.experimental.symbolic_shapes", "GuardOnDataDependentSymNode"),  # conformance/checks/tracing.py
