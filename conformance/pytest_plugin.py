@@ -222,6 +222,15 @@ class ConformanceRun:
             self.set_collection(int(record["expected"]), int(record["deselected"]))
 
     @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """pytest's log capture attaches its handler to every non-propagating logger (torch has about 56), three
+        times per test: 4 s of a cpu run. The checks run in the kernel worker, whose output goes to its own log, so
+        this process has nothing to capture and a conformance run switches the capture off."""
+        capture = session.config.pluginmanager.get_plugin("logging-plugin")
+        if capture is not None:
+            session.config.pluginmanager.unregister(capture)
+
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:
         """Before the first check (and before xdist hands any out): build the C++ kernels here, on the terminal."""
         from conformance.run.prebuild import prebuild_reference_kernels
