@@ -111,10 +111,11 @@ struct FatRelu {
 // where two left them waiting on latency (llvm-mca, znver3: 33 -> ~24 cycles per 16 bf16 gelu_new
 // elements). While a row is computed the next row's lines are prefetched, one per 64 bytes.
 
-// One row of a gated activation: o = act(first) * second (kActOnSecond: first * act(second)).
+// One row of a gated activation: o = act(first) * second (kActOnSecond: first * act(second));
+// `stream`: non-temporal stores (see store_out).
 template <typename T, typename Act, bool kActOnSecond>
 inline void gated_row(const T* __restrict first, const T* __restrict second, T* __restrict o, int64_t d,
-                      const fVec& p, const T* next_first, const T* next_second, const T* next_o) {
+                      const fVec& p, bool stream, const T* next_first, const T* next_second, const T* next_o) {
   auto apply = [&](fVec& a, const fVec& b) {
     a = kActOnSecond ? a * Act::apply(b, p) : Act::apply(a, p) * b;
   };
@@ -123,7 +124,7 @@ inline void gated_row(const T* __restrict first, const T* __restrict second, T* 
     if (next_first != nullptr) {
       prefetch_bytes(next_first + j, 2 * kChunk * sizeof(T));
       prefetch_bytes(next_second + j, 2 * kChunk * sizeof(T));
-      prefetch_bytes<true>(next_o + j, 2 * kChunk * sizeof(T));
+      if (!stream) prefetch_bytes<true>(next_o + j, 2 * kChunk * sizeof(T));
     }
     fVec a0, a1, a2, a3, b0, b1, b2, b3;
     Io<T>::load(first + j, a0, a1);
@@ -134,8 +135,8 @@ inline void gated_row(const T* __restrict first, const T* __restrict second, T* 
     apply(a1, b1);
     apply(a2, b2);
     apply(a3, b3);
-    Io<T>::store(o + j, a0, a1);
-    Io<T>::store(o + j + kChunk, a2, a3);
+    store_out(o + j, kChunk, stream, a0, a1);
+    store_out(o + j + kChunk, kChunk, stream, a2, a3);
   }
   for (; j < d; j += kChunk) {
     const int64_t len = std::min<int64_t>(kChunk, d - j);
@@ -151,12 +152,15 @@ inline void gated_row(const T* __restrict first, const T* __restrict second, T* 
 template <typename T, typename Act, bool kActOnSecond>
 void gated_rows(const T* x, RowIndex x_rows, T* out, int64_t rows, int64_t d, float param) {
   const fVec p(param);
+  const bool stream_all = stream_output<T>(rows * d * static_cast<int64_t>(sizeof(T)));
   at::parallel_for(0, rows, row_grain(3 * d), [=](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + x_rows(r);
       const T* next = r + 1 < end ? x + x_rows(r + 1) : nullptr;
-      gated_row<T, Act, kActOnSecond>(xr, xr + d, out + r * d, d, p, next, next + d, out + (r + 1) * d);
+      T* o = out + r * d;
+      gated_row<T, Act, kActOnSecond>(xr, xr + d, o, d, p, stream_all && aligned64(o), next, next + d, o + d);
     }
+    stream_fence();
   });
 }
 
