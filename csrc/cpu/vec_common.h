@@ -235,14 +235,25 @@ inline void store_n(T* p, int64_t n, const fVec& a, const fVec& b) {
 // normal stores, as do small outputs (the next op finds them in cache).
 constexpr int64_t kStreamMinBytes = int64_t{16} << 20;
 
+// The per-ISA pieces: one fp32 vector stored non-temporally (p aligned to the vector), and the
+// fence that orders a task's streamed stores before its end.
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+constexpr bool kCanStream = true;
+inline void stream_fence() { _mm_sfence(); }
+#if defined(CPU_CAPABILITY_AVX512)
+inline void stream_vec(float* p, const fVec& v) { _mm512_stream_ps(p, v); }
+#else
+inline void stream_vec(float* p, const fVec& v) { _mm256_stream_ps(p, v); }
+#endif
+#else
+constexpr bool kCanStream = false;
+inline void stream_fence() {}
+inline void stream_vec(float* p, const fVec& v) { v.store(p); }
+#endif
+
 template <typename T>
 inline bool stream_output(int64_t out_bytes) {
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-  return std::is_same_v<T, float> && out_bytes >= kStreamMinBytes;
-#else
-  (void)out_bytes;
-  return false;
-#endif
+  return kCanStream && std::is_same_v<T, float> && out_bytes >= kStreamMinBytes;
 }
 
 inline bool aligned64(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 63) == 0; }
@@ -252,30 +263,14 @@ inline bool aligned64(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 // with stream_fence().
 template <typename T>
 inline void store_out(T* p, int64_t len, bool stream, const fVec& a, const fVec& b) {
-#if defined(CPU_CAPABILITY_AVX512)
-  if (stream && len == kChunk) {
-    if constexpr (std::is_same_v<T, float>) {
-      _mm512_stream_ps(p, a);
-      _mm512_stream_ps(p + kF, b);
+  if constexpr (kCanStream && std::is_same_v<T, float>) {
+    if (stream && len == kChunk) {
+      stream_vec(p, a);
+      stream_vec(p + kF, b);
       return;
     }
   }
-#elif defined(CPU_CAPABILITY_AVX2)
-  if (stream && len == kChunk) {
-    if constexpr (std::is_same_v<T, float>) {
-      _mm256_stream_ps(p, a);
-      _mm256_stream_ps(p + kF, b);
-      return;
-    }
-  }
-#endif
   store_n(p, len, a, b);
-}
-
-inline void stream_fence() {
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-  _mm_sfence();
-#endif
 }
 
 // Prefetches the cache lines of `bytes` bytes at p (kWrite: with intent to write). Used to fetch
