@@ -2,14 +2,16 @@
 
 Per (op, provider, dtype, case): the functional overload (`ir.ops.<op>(...)`), then for ops declared
 `allow_inplace` the `maybe_inplace` overload, then `torch.library.opcheck`'s schema check
-(SchemaCheckMode) and fake-tensor check (fake vs real metadata) on the functional overload.
+(SchemaCheckMode) and its fake-tensor check (the real outputs' metadata against the op's fake run,
+compared by torch's own function), the fake side computed once per op and argument layout.
 """
 
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_utils import _check_alias_info, _check_fake_real_tensors
 
-from conformance.checks import lookup
+from conformance.checks import fakes, lookup
 from conformance.checks.common import (
     CheckContext,
     Verdict,
@@ -59,7 +61,8 @@ def _mutation_problems(op, args, before, allowed=()) -> list[str]:
             for i in changed_args(args, before) if i not in allowed]
 
 
-def check_functional(op, impl, args) -> list[str]:
+def check_functional(op, impl, args) -> tuple[list[str], tuple, tuple]:
+    """(problems, the arguments it was called with, its outputs) of the functional overload."""
     a = clone_args(args)
     before = snapshot(a)
     with op.set_priority([impl.provider]):
@@ -67,7 +70,7 @@ def check_functional(op, impl, args) -> list[str]:
     outputs = as_outputs(out)
     problems = [f"functional overload: {p}" for p in _overlap_problems(op, a, outputs)]
     problems += [f"functional overload: {p}" for p in _mutation_problems(op, a, before)]
-    return problems
+    return problems, a, outputs
 
 
 def check_maybe_inplace(op, impl, args, dtype) -> tuple[list[str], str | None]:
@@ -101,14 +104,67 @@ def check_maybe_inplace(op, impl, args, dtype) -> tuple[list[str], str | None]:
     return [f"maybe_inplace: {p}" for p in problems], note
 
 
-def check_opcheck(op, impl, args) -> list[str]:
-    """torch.library.opcheck's schema (SchemaCheckMode) and fake-tensor tests on the functional op, through its
-    public per-test results (`raise_exception=False`): each failed sub-check is one problem naming it."""
+def check_schema(op, impl, args) -> list[str]:
+    """torch.library.opcheck's schema test (SchemaCheckMode) on the functional op, through its public per-test
+    results (`raise_exception=False`): a failure is one problem naming it."""
     with op.set_priority([impl.provider]):
-        results = torch.library.opcheck(op.torch_op, clone_args(args), test_utils=("test_schema", "test_faketensor"),
+        results = torch.library.opcheck(op.torch_op, clone_args(args), test_utils=("test_schema",),
                                         raise_exception=False)
     return [f"torch.library.opcheck {name}: {exception_line(outcome) if isinstance(outcome, BaseException) else outcome}"
             for name, outcome in results.items() if outcome != "SUCCESS"]
+
+
+# (op, its fake function, argument layout) -> (fake args, fake outputs) or the text of the fake's raise. The fake
+# side of the fake-tensor check runs the op's fake function (native semantics), never a provider's kernel, so
+# every provider's case of one layout shares it; this process's cases only, so a run's results never depend on
+# which worker ran what.
+_FAKE_RUNS: dict = {}
+
+
+def _layout(a):
+    if isinstance(a, torch.Tensor):
+        return ("tensor", a.dtype, str(a.device), tuple(a.shape), a.stride(), a.storage_offset(), a.requires_grad)
+    return ("value", type(a).__name__, repr(a))
+
+
+def _fake_run(op, args):
+    key = (op.name, id(op._fake_fn), tuple(_layout(a) for a in args))
+    if key not in _FAKE_RUNS:
+        fa = fakes.exact(args)
+        try:
+            with fa.mode:
+                _FAKE_RUNS[key] = (fa.args, as_outputs(op.torch_op(*fa.args)))
+        except Exception as exc:  # noqa: BLE001 - any raise of the fake is the finding
+            _FAKE_RUNS[key] = exception_line(exc)
+    return _FAKE_RUNS[key]
+
+
+def check_fake(op, args, outputs) -> list[str]:
+    """torch.library.opcheck's fake-tensor test: the functional call's outputs (`outputs`, of the call on `args`)
+    against the op's fake run on fakes of the same layout, compared by the functions that test uses (count, aliasing,
+    sizes, dtype, device, significant strides, storage offset, requires_grad). torch.compile traces with the fake,
+    so a kernel whose outputs differ from it breaks compiled graphs."""
+    fake = _fake_run(op, args)
+    if isinstance(fake, str):
+        return [f"fake-tensor check: the op's fake (meta) function raised on fakes of these arguments: {fake}"]
+    fake_args, fake_outputs = fake
+    where = "fake-tensor check (the real outputs against the op's fake, which torch.compile traces with)"
+    if len(fake_outputs) != len(outputs):
+        return [f"{where}: {len(outputs)} outputs, the fake returns {len(fake_outputs)}"]
+    try:
+        _check_alias_info("found", outputs, args, fake_outputs, fake_args)
+    except Exception as exc:  # noqa: BLE001 - torch's comparison raises MetadataMismatchError
+        return [f"{where}: {exception_line(exc)}"]
+    for k, (real, fake_out) in enumerate(zip(outputs, fake_outputs)):
+        if isinstance(real, torch.Tensor) != isinstance(fake_out, torch.Tensor):
+            return [f"{where}: output {k} is a {type(real).__name__}, the fake's a {type(fake_out).__name__}"]
+        if isinstance(real, torch.Tensor):
+            try:
+                _check_fake_real_tensors(real, fake_out, "found", sizes=True, strides=True, storage_offset=True,
+                                         requires_grad=True)
+            except Exception as exc:  # noqa: BLE001 - as above
+                return [f"{where}: output {k} (the kernel's, then the fake's): {exception_line(exc)}"]
+    return []
 
 
 @check("aliasing", "ir_case", units=Inventory.ir_case_units)
@@ -125,13 +181,13 @@ def _ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
         return not_supported(f"{note} (case {unit.case}, {unit.dtype})")
     where = (f" [op {op.name}, provider {impl.provider} (inplace={impl.inplace}), case {unit.case}, dtype "
              f"{dtype_name(dtype)}, seed {ctx.seed}; args: {describe_args(op.param_names, args)}]")
-    problems = check_functional(op, impl, args)
+    problems, called_with, outputs = check_functional(op, impl, args)
     quality = None
     if not problems and op.allow_inplace:
         more, quality = check_maybe_inplace(op, impl, args, dtype)
         problems += more
     if not problems:
-        problems += check_opcheck(op, impl, args)
+        problems += check_schema(op, impl, args) + check_fake(op, called_with, outputs)
     if problems:
         return Verdict(Outcome.FAIL, "; ".join(problems) + where)
     if quality:

@@ -15,7 +15,6 @@ from typing import Any
 import sympy
 import torch
 import torch._functorch.config
-from torch._dynamo.source import LocalSource
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
@@ -56,6 +55,15 @@ class FakeArgs:
         return str(expr.xreplace(mapping)) if hasattr(expr, "xreplace") else str(expr)
 
 
+def exact(args: Sequence[Any]) -> FakeArgs:
+    """Fakes with each tensor's own sizes, strides and storage offset, in a fresh mode with a shape environment:
+    what `torch.library.opcheck`'s fake-tensor test converts the arguments to (`from_tensor(static_shapes=True)`)."""
+    mode = _fake_mode(ShapeEnv())
+    out = tuple(_fake(mode, a, a.shape, a.stride(), a.storage_offset()) if isinstance(a, torch.Tensor) else a
+                for a in args)
+    return FakeArgs(out, mode, mode.shape_env)
+
+
 class BatchFakes:
     """Fakes of one case's arguments at any number of rows (sizes static; strides, dtype, device kept). One fake
     mode serves every row count, and arguments without a batch dim are converted once, not once per count."""
@@ -81,6 +89,8 @@ class BatchFakes:
 def symbolic(op, args: Sequence[Any], *, every_dim: bool = False) -> FakeArgs:
     """Fakes whose batch dimension (or, with `every_dim`, every dimension) is a symbol, each size
     >= 2 as torch.compile assumes; `args` must already have >= 2 rows where batched."""
+    from torch._dynamo.source import LocalSource   # here: importing Dynamo costs 2 s, and collection needs none
+
     batched = batched_indices(op, args)
     shape_env = ShapeEnv()
     mode = _fake_mode(shape_env)

@@ -47,7 +47,9 @@ PRIVATE_APIS = [
     ("torch.fx.experimental.symbolic_shapes", "statically_known_true"),
     ("torch.fx.experimental.symbolic_shapes", "GuardOnDataDependentSymNode"),  # conformance/checks/tracing.py
     ("torch._subclasses.fake_tensor", "DataDependentOutputException"),
-    ("torch.library", "opcheck"),                          # conformance/checks/aliasing.py
+    ("torch.library", "opcheck"),                          # conformance/checks/aliasing.py: its test_schema
+    ("torch._subclasses.fake_utils", "_check_fake_real_tensors"),  # aliasing.py: opcheck's fake-tensor comparisons
+    ("torch._subclasses.fake_utils", "_check_alias_info"),
     ("torch._inductor.utils", "run_and_get_code"),         # benchmarks/bench_compile.py
 ]
 
