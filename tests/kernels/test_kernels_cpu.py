@@ -153,6 +153,25 @@ def test_fast_gelu_math_is_close_to_float64(built):
 
 
 @needs_build
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_fp32_gated_gelu_keeps_the_native_formula_to_a_few_ulp(built, approximate):
+    """fp32 gelu_and_mul evaluates native's 0.5 x (1 + erf) / 0.5 x (1 + tanh) with inlined erf and tanh: within
+    2 ulp of native plus 2 steps of native's own cancellation in 1 + erf / 1 + tanh (2^-24 times 0.5 |x|; the kernel
+    uses 0.6 of that bound); infinities and NaN as native gives them."""
+    x = torch.cat([torch.linspace(-12, 12, 400_001), torch.logspace(-30, 1, 2001), -torch.logspace(-30, 1, 2001),
+                   torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e30, -1e30])])
+    native = torch.nn.functional.gelu(x, approximate=approximate)
+    got = built.gelu_and_mul(torch.cat([x, torch.ones_like(x)]).reshape(1, -1), approximate).flatten()
+    assert torch.equal(got.isnan(), native.isnan())
+    finite = native.isfinite()
+    assert torch.equal(got[~finite & ~native.isnan()], native[~finite & ~native.isnan()])
+    eps = torch.finfo(torch.float32).eps
+    bound = 2 * eps * native.abs() + 2 * eps * 0.5 * x.abs() + torch.finfo(torch.float32).tiny
+    excess = ((got - native).abs() - bound)[finite]
+    assert excess.max() <= 0, f"off by {excess.max():.3g} beyond the bound at x={x[finite][excess.argmax()]:.6g}"
+
+
+@needs_build
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_reduced_precision_sigmoid_forms_stay_within_one_ulp_on_16_bit_outputs(built, dtype):
     """16-bit outputs use a degree-5 exp and the bare 14-bit reciprocal: every 16-bit input gives
