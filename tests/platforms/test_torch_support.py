@@ -50,6 +50,7 @@ PRIVATE_APIS = [
     ("torch.library", "opcheck"),                          # conformance/checks/aliasing.py: its test_schema
     ("torch._subclasses.fake_utils", "_check_fake_real_tensors"),  # aliasing.py: opcheck's fake-tensor comparisons
     ("torch._subclasses.fake_utils", "_check_alias_info"),
+    ("torch._subclasses.fake_tensor", "UnsupportedFakeTensorException"),
     ("torch._inductor.utils", "run_and_get_code"),         # benchmarks/bench_compile.py
 ]
 
