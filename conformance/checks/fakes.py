@@ -36,6 +36,11 @@ def _fake(mode: FakeTensorMode, like: torch.Tensor, sizes, strides, storage_offs
     return FakeTensor(mode, meta, like.device)
 
 
+def _fake_like(mode: FakeTensorMode, like: torch.Tensor) -> FakeTensor:
+    """A fake of `like` with its own sizes, strides and storage offset."""
+    return _fake(mode, like, like.shape, like.stride(), like.storage_offset())
+
+
 @dataclasses.dataclass
 class FakeArgs:
     """Fake arguments, their mode and shape environment, and readable names of their symbols."""
@@ -59,8 +64,7 @@ def exact(args: Sequence[Any]) -> FakeArgs:
     """Fakes with each tensor's own sizes, strides and storage offset, in a fresh mode with a shape environment:
     what `torch.library.opcheck`'s fake-tensor test converts the arguments to (`from_tensor(static_shapes=True)`)."""
     mode = _fake_mode(ShapeEnv())
-    out = tuple(_fake(mode, a, a.shape, a.stride(), a.storage_offset()) if isinstance(a, torch.Tensor) else a
-                for a in args)
+    out = tuple(_fake_like(mode, a) if isinstance(a, torch.Tensor) else a for a in args)
     return FakeArgs(out, mode, mode.shape_env)
 
 
@@ -72,7 +76,7 @@ class BatchFakes:
         self.args = tuple(args)
         self.batched = batched_indices(op, args)
         self.mode = _fake_mode(None)
-        self.fixed = {i: _fake(self.mode, a, a.shape, a.stride(), a.storage_offset()) for i, a in enumerate(args)
+        self.fixed = {i: _fake_like(self.mode, a) for i, a in enumerate(args)
                       if isinstance(a, torch.Tensor) and i not in self.batched}
 
     def at(self, rows: int) -> FakeArgs:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn, row_strided
-from reference_impl.ir.ops.quant import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE, over_fp8_max
+from reference_impl.ir.ops.quant import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE, group_quantize, over_fp8_max
 from reference_impl.ir.tolerances import QUANT_TOLERANCES
 from reference_impl.layers.cases import LayerCase, declare_cases
 
@@ -80,13 +80,8 @@ def group_quant_ue8m0(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, t
     """Dynamic group quantization with UE8M0 scales (DeepGEMM's format): each scale `absmax / 448`
     rounded up to a power of two, then clamped below at 1 / (448 * 512). Zero-pads a ragged last
     group like `dynamic_group_quant_fp8`; no IR op has this form, so it is computed here."""
-    hidden = x.shape[-1]
-    n_groups = -(-hidden // group_size)
-    padded = F.pad(x, (0, n_groups * group_size - hidden)) if hidden % group_size else x
-    groups = padded.reshape(*x.shape[:-1], n_groups, group_size).to(torch.float32)
-    scale = torch.exp2(torch.ceil(torch.log2(over_fp8_max(groups.abs().amax(dim=-1))))).clamp(min=FP8_MIN_SCALE)
-    q = (groups / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).reshape(padded.shape)
-    return (q[..., :hidden].contiguous() if hidden % group_size else q), scale
+    return group_quantize(x, group_size,
+                          lambda absmax: torch.exp2(torch.ceil(torch.log2(over_fp8_max(absmax)))).clamp(min=FP8_MIN_SCALE))
 
 
 @CustomOp.register("quant_fp8")

@@ -72,11 +72,18 @@ def dynamic_group_quant_fp8(x: Tensor, group_size: int) -> tuple[Tensor, Tensor]
     A ragged last group is zero-padded (its scale is that of the features it has)."""
     if group_size <= 0:
         raise ValueError(f"dynamic_group_quant_fp8: group_size={group_size} must be positive")
+    return group_quantize(x, group_size, lambda absmax: over_fp8_max(absmax).clamp(min=FP8_MIN_SCALE))
+
+
+def group_quantize(x: Tensor, group_size: int, scale_of) -> tuple[Tensor, Tensor]:
+    """(fp8 codes, scales[..., ceil(hidden / group)]) with one scale per `group_size` features, `scale_of(absmax)`
+    of each group's fp32 absmax; a ragged last group is zero-padded. The one body of every dynamic group quant
+    (this op's scales and the UE8M0 power-of-two ones of reference_impl.layers.quantization)."""
     hidden = x.shape[-1]
     n_groups = -(-hidden // group_size)
     padded = torch.nn.functional.pad(x, (0, n_groups * group_size - hidden)) if hidden % group_size else x
     groups = padded.reshape(*x.shape[:-1], n_groups, group_size).to(torch.float32)
-    scale = over_fp8_max(groups.abs().amax(dim=-1)).clamp(min=FP8_MIN_SCALE)
+    scale = scale_of(groups.abs().amax(dim=-1))
     q = (groups / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).reshape(padded.shape)
     return (q[..., :hidden].contiguous() if hidden % group_size else q), scale
 
