@@ -40,6 +40,20 @@ def died_of(rc: int | None) -> str:
     return f"exited with status {rc}"
 
 
+# faulthandler's names of the fatal signals it reports (CPython's faulthandler.c)
+_FAULTHANDLER_SIGNALS = {"Segmentation fault": signal.SIGSEGV, "Aborted": signal.SIGABRT, "Bus error": signal.SIGBUS,
+                         "Illegal instruction": signal.SIGILL, "Floating point exception": signal.SIGFPE,
+                         "Floating-point exception": signal.SIGFPE}
+
+
+def first_fatal_signal(fault_text: str) -> int | None:
+    """The signal faulthandler reported first: the one the code raised. A process can end of another one, when a
+    crash handler that runs after faulthandler (torch's native stack printer allocates memory) aborts itself."""
+    match = re.search(r"^Fatal Python error: (.+?)\s*$", fault_text, re.M)
+    sig = _FAULTHANDLER_SIGNALS.get(match.group(1)) if match else None
+    return int(sig) if sig is not None else None
+
+
 def native_stack(stderr_text: str) -> str | None:
     """The crashing thread's frames from torch's fatal-signal handler output (the block whose frames include
     the handler's own `fatalSignalHandler`, i.e. the thread the signal hit), without the handler's frames."""
@@ -95,7 +109,12 @@ def running_line(note: dict) -> str:
 
 def crash_message(rc: int | None, note: dict, fault_text: str, stderr_text: str, who: str) -> str:
     """The CRASH message of the process `who` ('the worker process running this check') that ended with `rc`."""
-    lines = [f"{who} {died_of(rc)} {running_line(note)}."]
+    first = first_fatal_signal(fault_text)
+    if rc is not None and rc < 0 and first is not None and first != -rc:
+        lines = [f"{who} {died_of(-first)} {running_line(note)}.",
+                 f"(It then {died_of(rc)} while its crash handlers ran; the first signal is the code's.)"]
+    else:
+        lines = [f"{who} {died_of(rc)} {running_line(note)}."]
     py = python_stack(fault_text)
     native = native_stack(stderr_text)
     if py:

@@ -152,9 +152,13 @@ def test_a_crash_on_one_drawn_shape_is_named_everywhere_and_its_repro_prints_the
                                 "'broken' of rotary_embedding called with positions=Tensor("), first
         assert first.endswith(f"case {case}, dtype bfloat16). A new worker runs the next check."), first
         message = crashes[case]["message"]
-        python_stack, native_stack = message.split("Native stack of the crashing thread:\n")
+        python_stack, _, native_stack = message.partition("Native stack of the crashing thread:\n")
         assert "Python stack of the crashed process" in python_stack and "segfault_shape_kernels.py" in python_stack
-        assert native_stack and all(ln.startswith(("frame #", "<omitting", "...")) for ln in native_stack.splitlines())
+        # torch's native-stack printer is not async-signal-safe: now and then it aborts (a heap check fails) before it
+        # prints; the message then says so in its second line and keeps the first signal in its first
+        if "while its crash handlers ran" not in message.splitlines()[1]:
+            assert native_stack
+        assert all(ln.startswith(("frame #", "<omitting", "...")) for ln in native_stack.splitlines())
         assert "PID" not in message and not re.search(r"0x[0-9a-f]{9,}", message)   # offsets stay, addresses go
         assert first in run.output   # the terminal
     assert ("x_query=Tensor(5, 160):bfloat16, x_key=Tensor(5, 160):bfloat16, head_size=80, "

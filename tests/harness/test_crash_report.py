@@ -1,0 +1,37 @@
+"""The CRASH message names the signal the code raised, even when a crash handler then ended the process otherwise."""
+
+from __future__ import annotations
+
+import signal
+
+from conformance.run.crash_report import crash_message, first_fatal_signal
+
+_STACK = """
+Current thread 0x00007f7088ea1b80 (most recent call first):
+  File "/plugin/segfault_shape_kernels.py", line 15 in _crash_on_odd_half
+  File "/work/conformance/checks/common.py", line 128 in call_impl
+
+Extension modules: torch._C (total: 1)
+"""
+NOTE = {"unit": {"family": "numerics", "check": "ir_case", "op": "rotary_embedding", "provider": "broken",
+                 "case": "c", "dtype": "bfloat16"}, "call": "provider 'broken' of rotary_embedding", "args": "x=Tensor(4,)"}
+
+
+def test_the_first_signal_faulthandler_saw_is_the_one_reported():
+    """faulthandler wrote SIGSEGV; torch's native-stack printer then failed a heap check and aborted (SIGABRT is the
+    exit status): the first line names SIGSEGV, the second says how the process ended."""
+    fault = "Fatal Python error: Segmentation fault\n" + _STACK + "Fatal Python error: Aborted\n" + _STACK
+    assert first_fatal_signal(fault) == signal.SIGSEGV
+    lines = crash_message(-signal.SIGABRT, NOTE, fault, "double free or corruption (out)\n", "the worker").splitlines()
+    assert lines[0] == ("the worker died of signal SIGSEGV (11) in provider 'broken' of rotary_embedding called with "
+                        "x=Tensor(4,) (numerics.ir_case of op rotary_embedding, provider broken, case c, dtype bfloat16).")
+    assert lines[1] == "(It then died of signal SIGABRT (6) while its crash handlers ran; the first signal is the code's.)"
+    assert "_crash_on_odd_half" in "\n".join(lines[2:])
+
+
+def test_one_signal_gives_one_line():
+    fault = "Fatal Python error: Segmentation fault\n" + _STACK
+    lines = crash_message(-signal.SIGSEGV, NOTE, fault, "", "the worker").splitlines()
+    assert lines[0].startswith("the worker died of signal SIGSEGV (11) in provider 'broken'")
+    assert lines[1] == "Python stack of the crashed process (most recent call first):"
+    assert first_fatal_signal("") is None and first_fatal_signal("Fatal Python error: something else\n") is None
