@@ -22,8 +22,9 @@ from conformance.collect import environment
 from conformance.collect.units import DEFAULT_SEED, LEVELS, Unit, repro_command
 from conformance.exit_codes import ExitCode
 from conformance.exit_codes import one_line as exit_codes_line
+from conformance.results.messages import sanitize
 from conformance.results.result import CheckResult, Outcome, ResultsFile, RunInfo, verdict
-from conformance.run import options
+from conformance.run import collection_plan, options
 from conformance.run.options import MAX_TIMEOUT_S
 from conformance.run.run_dir import WORKERINPUT_KEY, RunDir
 from conformance.run.scope import (configuration_notes, gate_description, is_empty_parameter_set, selection_of,
@@ -70,8 +71,6 @@ class ConformanceRun:
     """Per-process state of one conformance run."""
 
     def __init__(self, config: pytest.Config):
-        from conformance.collect import tolerance_changes
-        from conformance.collect.inventory import PlatformSetupError, activate, import_catalog
         from conformance.gate.waivers import WaiverFileError, load_baseline, load_waivers
         from conformance.run.poison import PoisonBook
 
@@ -88,19 +87,25 @@ class ConformanceRun:
         except options.OptionError as exc:
             raise pytest.UsageError(str(exc)) from None
         self.strict_xpass = not config.getoption("conformance_allow_xpass")
-        try:
-            import_catalog()
-            declared = tolerance_changes.snapshot()   # the reference's tolerances, before the platform is imported
-            self.inventory = activate(self.name)
-            self.tolerance_changes = tolerance_changes.changes(declared)
-            self.waivers = load_waivers(self.waivers_path) if self.waivers_path else []
-            self.baseline = load_baseline(self.baseline_path, self.name) if self.baseline_path else None
-        except (PlatformSetupError, WaiverFileError) as exc:
-            raise pytest.UsageError(str(exc)) from None
         workerinput = getattr(config, "workerinput", None)
         self.is_xdist_worker = workerinput is not None
         shared = (workerinput or {}).get(WORKERINPUT_KEY)
         self.run_dir = RunDir(shared) if shared else RunDir.create()
+        # an xdist worker collects from the controller's plan: it never imports torch or the platform
+        self.plan = self.run_dir.read_json(collection_plan.PLAN_FILE) if self.is_xdist_worker else None
+        self.plan_written = False
+        self.inventory = None
+        self.tolerance_changes: list[str] = []
+        try:
+            if self.plan is None:
+                self._activate()
+            self.waivers = load_waivers(self.waivers_path) if self.waivers_path else []
+            self.baseline = load_baseline(self.baseline_path, self.name) if self.baseline_path else None
+        except WaiverFileError as exc:
+            self.run_dir.remove()
+            raise pytest.UsageError(str(exc)) from None
+        self.defaults = ([tuple(pair) for pair in self.plan["defaults"]] if self.plan is not None
+                         else collection_plan.default_pairs(self.inventory))
         self.poison = PoisonBook(self.run_dir)
         self.run_info = RunInfo(self.level, self.seed, selection_of(config, SUITES_DIR))
         self.complete = False
@@ -124,13 +129,25 @@ class ConformanceRun:
                 raise pytest.UsageError(f"--conformance-json={json_path}: cannot write it "
                                         f"({exc.strerror or exc})") from None
 
+    def _activate(self) -> None:
+        """Import the catalog and activate the platform (torch, the vendor's plugin); a failure is one usage line."""
+        from conformance.collect import tolerance_changes
+        from conformance.collect.inventory import PlatformSetupError, activate, import_catalog
+
+        try:
+            import_catalog()
+            declared = tolerance_changes.snapshot()   # the reference's tolerances, before the platform is imported
+            self.inventory = activate(self.name)
+        except PlatformSetupError as exc:
+            self.run_dir.remove()
+            raise pytest.UsageError(str(exc)) from None
+        self.tolerance_changes = tolerance_changes.changes(declared)
+
     # ----- running one unit ------------------------------------------------------------------
     def execute(self, unit: Unit, nodeid: str) -> CheckResult:
-        from conformance.checks.common import sanitize
         from conformance.gate.waivers import apply_waivers
 
-        defaults = [(op, p) for op, providers in self.inventory.defaults.items() for p in providers if p != "native"]
-        poisoned = self.poison.check(unit, defaults)
+        poisoned = self.poison.check(unit, self.defaults)
         if poisoned is not None:
             reply = {"outcome": poisoned[0].value, "message": poisoned[1], "duration_s": 0.0}
         else:
@@ -212,7 +229,11 @@ class ConformanceRun:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:
-        """xdist controller: every worker shares this run's directory."""
+        """xdist controller, before each worker starts: every worker shares this run's directory and collects from
+        the plan written there (conformance.run.collection_plan), once, before the first worker."""
+        if not self.plan_written:
+            self.run_dir.write_json(collection_plan.PLAN_FILE, collection_plan.build(self.inventory, self.level))
+            self.plan_written = True
         node.workerinput[WORKERINPUT_KEY] = self.run_dir.path
 
     @pytest.hookimpl(optionalhook=True)
@@ -287,7 +308,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     state = _state(config)
-    if state is None:
+    if state is None or state.inventory is None:   # an xdist worker: its header is never shown, the controller's is
         return None
     inv = state.inventory
     providers = "; ".join(f"{op}: {', '.join(p)}" for op, p in inv.ir_providers.items()) or "none"
@@ -316,10 +337,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("conformance_unit", [pytest.param(None, marks=pytest.mark.skip(
             reason="conformance suites run only with --platform=NAME"))])
         return
-    from conformance.checks import units as catalog_units
-
     family, check = marker.args
-    units = catalog_units(state.inventory, family, check, state.level)
+    if state.plan is not None:
+        units = collection_plan.units_of(state.plan, family, check)
+    else:
+        from conformance.checks import units as catalog_units
+
+        units = catalog_units(state.inventory, family, check, state.level)
     metafunc.parametrize("conformance_unit", units, ids=[u.id for u in units])
 
 
@@ -378,11 +402,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    from conformance.report.scorecard import render_scorecard
-
     state = _state(config)
     if state is None or state.is_xdist_worker:
         return
+    from conformance.report.scorecard import render_scorecard
+
     inv = state.inventory
     replaced = inv.replaced_layers()
     layers = inv.in_tree_layers()

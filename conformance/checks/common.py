@@ -22,6 +22,7 @@ from conformance.checks.comparison import (  # noqa: F401 - re-exported: the che
     compare_outputs,
 )
 from conformance.run import running_note
+from conformance.results.messages import sanitize
 from conformance.results.result import Outcome
 from conformance.collect.units import LEVELS, Unit, dtype_from_name, dtype_name, generator, unit_seed
 
@@ -42,21 +43,6 @@ class CheckContext:
     def __post_init__(self):
         if self.level not in LEVELS:
             raise ValueError(f"level {self.level!r} is not one of {LEVELS}")
-
-
-# `<pkg.Cls object at 0x7f..>` -> `<Cls object>`; `<function f at 0x7f..>` -> `<function f>`; other addresses.
-_OBJECT_REPR = re.compile(r"<(?:[\w.<>]+\.)?(\w+) object at 0x[0-9a-fA-F]+>")
-_AT_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-_ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{8,}\b")
-
-
-def sanitize(text: str | None) -> str | None:
-    """`text` without memory addresses or object reprs, so the same run gives the same messages."""
-    if text is None:
-        return None
-    text = _OBJECT_REPR.sub(r"<\1 object>", text)
-    text = _AT_ADDRESS.sub("", text)
-    return _ADDRESS.sub("0x...", text)
 
 
 def exception_line(exc: BaseException) -> str:

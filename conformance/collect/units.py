@@ -1,16 +1,18 @@
 """What a check runs on: the `Unit` (family, check, op, provider, dtype, case) and per-unit seeds.
 
 A unit is small and plain so it crosses the pipe to the kernel worker as a dict; the worker
-rebuilds every input deterministically from (op, case, dtype, seed).
+rebuilds every input deterministically from (op, case, dtype, seed). This module does not import torch at load:
+an xdist worker handles units without ever importing it (conformance.run.collection_plan).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 LEVELS = ("quick", "standard", "full")
 DEFAULT_SEED = 1234
@@ -48,6 +50,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def dtype_from_name(name: str) -> torch.dtype:
+    import torch
+
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype name {name!r}")
@@ -61,6 +65,8 @@ def unit_seed(seed: int, *parts: object) -> int:
 
 
 def generator(seed: int) -> torch.Generator:
+    import torch
+
     return torch.Generator().manual_seed(seed)
 
 

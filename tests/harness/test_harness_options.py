@@ -107,17 +107,32 @@ def test_a_baseline_that_matches_no_result_says_it_guarded_nothing(tmp_path):
     assert unused_baseline_notes(state) == []
 
 
+_WORKER_PROBE = """
+import json, os, sys
+def pytest_sessionfinish(session):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        with open(os.path.join(os.path.dirname(__file__), f"probe-{worker}.json"), "w") as fh:
+            json.dump({"torch": "torch" in sys.modules, "platform": "conformance_demo" in sys.modules}, fh)
+"""
+
+
 def test_xdist_results_cover_all_workers(tmp_path):
+    """Under -n 2 the same results as one process; the xdist workers collect from the controller's plan and never
+    import torch or the platform (only their kernel workers do)."""
     select = ["-k", "rms_norm and float32"]
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
+    (tmp_path / "two" / "worker_probe.py").write_text(_WORKER_PROBE)   # the cwd is on a `python -m pytest` sys.path
     single = run_harness(tmp_path / "one", "demo", *select, dist="demo")
-    spread = run_harness(tmp_path / "two", "demo", "-n", "2", *select, dist="demo")
+    spread = run_harness(tmp_path / "two", "demo", "-n", "2", "-p", "worker_probe", *select, dist="demo")
     assert spread.returncode == 0, spread.output[-2000:]
-    key = lambda r: (r["nodeid"], r["outcome"])  # noqa: E731
+    key = lambda r: (r["nodeid"], r["outcome"], r["message"])  # noqa: E731
     assert sorted(map(key, spread.results)) == sorted(map(key, single.results))
     assert len(spread.results) > 20
     assert "conformance scorecard" in spread.output
+    probes = [json.loads((tmp_path / "two" / f"probe-gw{i}.json").read_text()) for i in range(2)]
+    assert probes == [{"torch": False, "platform": False}] * 2
 
 
 def test_repro_command_reruns_the_failing_case(tmp_path):
