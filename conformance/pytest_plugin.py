@@ -128,6 +128,10 @@ class ConformanceRun:
                 self.run_dir.remove()
                 raise pytest.UsageError(f"--conformance-json={json_path}: cannot write it "
                                         f"({exc.strerror or exc})") from None
+        if self.plan is not None and any(self.plan["units"].values()) and not config.option.collectonly:
+            # an xdist worker starts its kernel worker now: its start-up (about 4.5 s) overlaps with this process's
+            # collection and xdist's scheduling; the first check waits for it
+            self._kernel_worker().start()
 
     def _activate(self) -> None:
         """Import the catalog and activate the platform (torch, the vendor's plugin); a failure is one usage line."""
@@ -163,13 +167,16 @@ class ConformanceRun:
             result.message = f"{result.outcome.value} without further detail"
         return apply_waivers(result, self.waivers)
 
-    def _run_in_worker(self, unit: Unit) -> dict:
+    def _kernel_worker(self):
         if self.worker is None:
             from conformance.run.worker import KernelWorker
 
             self.worker = KernelWorker(self.name, self.seed, self.level)
+        return self.worker
+
+    def _run_in_worker(self, unit: Unit) -> dict:
         try:
-            return self.worker.run(unit, self.timeout)
+            return self._kernel_worker().run(unit, self.timeout)
         except Exception as exc:  # noqa: BLE001 - the worker could not start: every check is an ERROR
             return {"outcome": Outcome.ERROR.value, "message": str(exc), "duration_s": 0.0}
 

@@ -148,8 +148,19 @@ class KernelWorker:
         self.fault_path: str | None = None
         self.note_path: str | None = None
         self.starts = 0
+        self.ready = False
+
+    def start(self) -> None:
+        """Launch the worker without waiting for it to be ready: its start-up (imports, platform, kernels: about
+        4.5 s) then overlaps with the caller's own work; the first `run` waits for it."""
+        if self.proc is None:
+            self._launch()
 
     def _spawn(self) -> None:
+        self._launch()
+        self._await_ready()
+
+    def _launch(self) -> None:
         self._remove_log()   # the previous worker's files (what they said is already in a CRASH message)
         fd, self.log_path = tempfile.mkstemp(prefix="conformance-worker-", suffix=".log")
         self.fault_path = _empty_file("conformance-worker-", ".faulthandler")
@@ -172,11 +183,18 @@ class KernelWorker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, env=env, start_new_session=True)
         os.close(fd)
         self.starts += 1
-        reply = self._read(self.start_timeout)
+        self.ready = False
+
+    def _await_ready(self) -> None:
+        try:
+            reply = self._read(self.start_timeout)
+        except TimeoutError:
+            reply = {"error": f"no ready message within {self.start_timeout:g} s"}
         if not isinstance(reply, dict) or not reply.get("ready"):
             detail = reply.get("error") if isinstance(reply, dict) else self._log_tail(0)
             self.stop()
             raise WorkerStartError(f"kernel worker for platform '{self.platform}' did not start: {detail}")
+        self.ready = True
 
     def _read(self, timeout: float) -> Any | None:
         """One message, or None on EOF; raises TimeoutError when nothing arrives in `timeout` s."""
@@ -220,6 +238,8 @@ class KernelWorker:
             return 0
 
     def run(self, unit: Unit, timeout: float) -> dict[str, Any]:
+        if self.proc is not None and not self.ready:   # launched by start(): wait for its ready message
+            self._await_ready()
         if self.proc is None or self.proc.poll() is not None:
             self.stop()
             self._spawn()
