@@ -14,6 +14,11 @@ from reference_impl.ir.op import register_op
 from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES, GELU_TOLERANCES, SPARSE_GELU_TOLERANCES
 
 
+def _check_approximate(op: str, approximate: str) -> None:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"{op}: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
 def _halves(x: Tensor) -> tuple[Tensor, Tensor]:
     d = x.shape[-1] // 2
     return x[..., :d], x[..., d:]
@@ -36,8 +41,7 @@ def mul_and_silu(x: Tensor) -> Tensor:
 @register_op(tolerances=GELU_TOLERANCES)
 def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
     """gelu(x[..., :d], approximate) * x[..., d:]; approximate is 'none' or 'tanh'."""
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
+    _check_approximate("gelu_and_mul", approximate)
     gate, up = _halves(x)
     return F.gelu(gate, approximate=approximate) * up
 
@@ -54,8 +58,7 @@ def gelu_and_mul_sparse(x: Tensor, std_multiplier: float, approximate: str = "no
     """Gemma3n's sparse GeGLU (vLLM 0.32's IR op): over the gate `x[..., :d]`, `target = mean + std *
     std_multiplier` (std with unbiased=False, statistics in the input dtype and per tensor-parallel
     shard), `gate = relu(gate - target)`, then `gelu(gate, approximate) * x[..., d:]`."""
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"gelu_and_mul_sparse: approximate must be 'none' or 'tanh', got {approximate!r}")
+    _check_approximate("gelu_and_mul_sparse", approximate)
     gate, up = _halves(x)
     mean = torch.mean(gate, dim=-1, keepdim=True)
     std = torch.std(gate, dim=-1, keepdim=True, unbiased=False)
@@ -95,6 +98,48 @@ def quick_gelu(x: Tensor) -> Tensor:
 def relu2(x: Tensor) -> Tensor:
     """relu(x)^2."""
     return torch.square(F.relu(x))
+
+
+# ----- fakes ------------------------------------------------------------------------------------------
+# What each native function returns, a new tensor laid out as element-wise ops lay out their result
+# (`empty_like` of the operand: its strides where it is dense, else dense in its dims' order), without
+# the function's chain of element-wise ops: compile tracing and the conformance fake-tensor check run the
+# fake once per call, and each op of a chain is one more fake dispatch. tests/ir/test_ir_fakes.py holds
+# every fake to the native outputs' shape, dtype and strides on every case and dtype.
+def _even_last_dim(x: Tensor) -> None:
+    """The native product of the two halves refuses an odd last dim (their sizes differ); so does the fake (a
+    guard under a symbolic size, as the product's broadcast would add)."""
+    torch._check(x.shape[-1] % 2 == 0, lambda: f"a gated activation needs an even last dim, got {x.shape[-1]}")
+
+
+def _like_gate(x: Tensor) -> Tensor:
+    _even_last_dim(x)
+    return torch.empty_like(_halves(x)[0])
+
+
+def _swigluoai_and_mul_fake(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
+    _even_last_dim(x)
+    return torch.empty_like(x[..., ::2])
+
+
+for _op in (silu_and_mul, mul_and_silu):
+    _op.register_fake(_like_gate)
+fatrelu_and_mul.register_fake(lambda x, threshold=0.0: _like_gate(x))
+swigluoai_and_mul.register_fake(_swigluoai_and_mul_fake)
+for _op in (gelu_new, gelu_fast, quick_gelu, relu2):
+    _op.register_fake(torch.empty_like)
+
+
+@gelu_and_mul.register_fake
+def _gelu_and_mul_fake(x: Tensor, approximate: str = "none") -> Tensor:
+    _check_approximate("gelu_and_mul", approximate)
+    return _like_gate(x)
+
+
+@gelu_and_mul_sparse.register_fake
+def _gelu_and_mul_sparse_fake(x: Tensor, std_multiplier: float, approximate: str = "none") -> Tensor:
+    _check_approximate("gelu_and_mul_sparse", approximate)
+    return _like_gate(x)
 
 
 # ----- input cases ------------------------------------------------------------------------------
