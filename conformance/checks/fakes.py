@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sympy
 import torch
 import torch._functorch.config
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+if TYPE_CHECKING:
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from conformance.checks.batch import batched_indices
 
@@ -56,6 +57,8 @@ class FakeArgs:
 
     def render(self, expr) -> str:
         """`expr` with symbols named after the argument dims they stand for (deterministic text)."""
+        import sympy
+
         mapping = {s: sympy.Symbol(n) for s, n in self.names.items()}
         return str(expr.xreplace(mapping)) if hasattr(expr, "xreplace") else str(expr)
 
@@ -63,6 +66,8 @@ class FakeArgs:
 def exact(args: Sequence[Any]) -> FakeArgs:
     """Fakes with each tensor's own sizes, strides and storage offset, in a fresh mode with a shape environment:
     what `torch.library.opcheck`'s fake-tensor test converts the arguments to (`from_tensor(static_shapes=True)`)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
     mode = _fake_mode(ShapeEnv())
     out = tuple(_fake_like(mode, a) if isinstance(a, torch.Tensor) else a for a in args)
     return FakeArgs(out, mode, mode.shape_env)
@@ -93,7 +98,10 @@ class BatchFakes:
 def symbolic(op, args: Sequence[Any], *, every_dim: bool = False) -> FakeArgs:
     """Fakes whose batch dimension (or, with `every_dim`, every dimension) is a symbol, each size
     >= 2 as torch.compile assumes; `args` must already have >= 2 rows where batched."""
-    from torch._dynamo.source import LocalSource   # here: importing Dynamo costs 2 s, and collection needs none
+    # imported here: Dynamo costs 2 s, sympy 0.5 s, and enumerating units (the xdist controller's plan) needs neither
+    import sympy
+    from torch._dynamo.source import LocalSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
     batched = batched_indices(op, args)
     shape_env = ShapeEnv()

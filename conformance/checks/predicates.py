@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from conformance.checks import fakes
 from conformance.checks.batch import at_least_two_rows, batch_size
@@ -88,6 +87,8 @@ def symbolic_batch(op, impl, args: Sequence[Any], answer: bool) -> str | None:
         return (f"supports_args guards on the batch size: under a symbolic batch it needs "
                 f"{fa.render(guards[0])}, so a compiled graph holds only for that batch range; {STATIC_FIX}")
     if isinstance(got, torch.SymBool):
+        from torch.fx.experimental.symbolic_shapes import statically_known_true   # here: it imports sympy (0.5 s)
+
         if statically_known_true(got):
             got = True
         elif statically_known_true(torch.sym_not(got)):
