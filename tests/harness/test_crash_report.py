@@ -8,8 +8,8 @@ from conformance.run.crash_report import crash_message, first_fatal_signal
 
 _STACK = """
 Current thread 0x00007f7088ea1b80 (most recent call first):
-  File "/plugin/segfault_shape_kernels.py", line 15 in _crash_on_odd_half
-  File "/work/conformance/checks/common.py", line 128 in call_impl
+  File "plugin/segfault_shape_kernels.py", line 15 in _crash_on_odd_half
+  File "conformance/checks/common.py", line 128 in call_impl
 
 Extension modules: torch._C (total: 1)
 """
