@@ -15,6 +15,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -102,8 +103,7 @@ class ConformanceRun:
             self.waivers = load_waivers(self.waivers_path) if self.waivers_path else []
             self.baseline = load_baseline(self.baseline_path, self.name) if self.baseline_path else None
         except WaiverFileError as exc:
-            self.run_dir.remove()
-            raise pytest.UsageError(str(exc)) from None
+            self._usage_error(str(exc))
         self.defaults = ([tuple(pair) for pair in self.plan["defaults"]] if self.plan is not None
                          else collection_plan.default_pairs(self.inventory))
         self.poison = PoisonBook(self.run_dir)
@@ -125,9 +125,7 @@ class ConformanceRun:
             try:   # the first write: a path that cannot be written stops the run before any check
                 self.results_file = ResultsFile(json_path, self.inventory.platform_info(), env, run=self.run_info)
             except OSError as exc:
-                self.run_dir.remove()
-                raise pytest.UsageError(f"--conformance-json={json_path}: cannot write it "
-                                        f"({exc.strerror or exc})") from None
+                self._usage_error(f"--conformance-json={json_path}: cannot write it ({exc.strerror or exc})")
         if self.plan is not None and any(self.plan["units"].values()) and not config.option.collectonly:
             # an xdist worker starts its kernel worker now: its start-up (about 4.5 s) overlaps with this process's
             # collection and xdist's scheduling; the first check waits for it
@@ -143,9 +141,13 @@ class ConformanceRun:
             declared = tolerance_changes.snapshot()   # the reference's tolerances, before the platform is imported
             self.inventory = activate(self.name)
         except PlatformSetupError as exc:
-            self.run_dir.remove()
-            raise pytest.UsageError(str(exc)) from None
+            self._usage_error(str(exc))
         self.tolerance_changes = tolerance_changes.changes(declared)
+
+    def _usage_error(self, message: str) -> NoReturn:
+        """Stop the run before any check with one usage line (exit 4), leaving no run directory behind."""
+        self.run_dir.remove()
+        raise pytest.UsageError(message) from None
 
     # ----- running one unit ------------------------------------------------------------------
     def execute(self, unit: Unit, nodeid: str) -> CheckResult:

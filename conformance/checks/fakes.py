@@ -16,10 +16,10 @@ import torch
 import torch._functorch.config
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from conformance.checks.batch import batched_indices
+
 if TYPE_CHECKING:
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-from conformance.checks.batch import batched_indices
 
 
 def _fake_mode(shape_env: ShapeEnv | None) -> FakeTensorMode:

@@ -22,7 +22,6 @@ def build(inventory, level: str) -> dict[str, Any]:
     from conformance.checks import records, units
 
     return {
-        "level": level,
         "units": {key: [u.to_dict() for u in units(inventory, *key.split("."), level)] for key in records()},
         "defaults": default_pairs(inventory),
     }

@@ -156,10 +156,6 @@ class KernelWorker:
         if self.proc is None:
             self._launch()
 
-    def _spawn(self) -> None:
-        self._launch()
-        self._await_ready()
-
     def _launch(self) -> None:
         self._remove_log()   # the previous worker's files (what they said is already in a CRASH message)
         fd, self.log_path = tempfile.mkstemp(prefix="conformance-worker-", suffix=".log")
@@ -238,11 +234,11 @@ class KernelWorker:
             return 0
 
     def run(self, unit: Unit, timeout: float) -> dict[str, Any]:
-        if self.proc is not None and not self.ready:   # launched by start(): wait for its ready message
-            self._await_ready()
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None or (self.ready and self.proc.poll() is not None):   # none yet, or the last one died
             self.stop()
-            self._spawn()
+            self._launch()
+        if not self.ready:   # launched here or by start(): wait for its ready message
+            self._await_ready()
         assert self.proc is not None and self.proc.stdin is not None
         offset = self._log_size()
         start = time.monotonic()
