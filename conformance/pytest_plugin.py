@@ -27,7 +27,7 @@ from conformance.results.messages import sanitize
 from conformance.results.result import CheckResult, Outcome, ResultsFile, RunInfo, verdict
 from conformance.run import collection_plan, options
 from conformance.run.options import MAX_TIMEOUT_S
-from conformance.run.run_dir import WORKERINPUT_KEY, RunDir
+from conformance.run.run_dir import WORKERINPUT_KEY, ZYGOTE_KEY, RunDir
 from conformance.run.scope import (configuration_notes, gate_description, is_empty_parameter_set, selection_of,
                                    unit_of, unused_baseline_notes, unused_waiver_notes)
 
@@ -95,6 +95,18 @@ class ConformanceRun:
         # an xdist worker collects from the controller's plan: it never imports torch or the platform
         self.plan = self.run_dir.read_json(collection_plan.PLAN_FILE) if self.is_xdist_worker else None
         self.plan_written = False
+        self.worker = None
+        self.zygote = None   # the controller's, when xdist workers will start kernel workers (conformance.run.zygote)
+        self.zygote_path = (workerinput or {}).get(ZYGOTE_KEY)
+        if not self.is_xdist_worker and _xdist_workers(config) > 1 and not config.option.collectonly:
+            from conformance.run.worker import worker_environment
+            from conformance.run.zygote import Zygote
+
+            # first: its imports (4 s) overlap with this process's, and the workers' kernel workers fork from it
+            try:
+                self.zygote = Zygote.start(self.run_dir.path, worker_environment(os.environ, _xdist_workers(config)))
+            except OSError:   # e.g. a TMPDIR too long for a socket path: the kernel workers start from scratch
+                self.zygote = None
         self.inventory = None
         self.tolerance_changes: list[str] = []
         try:
@@ -118,7 +130,6 @@ class ConformanceRun:
             self.run_info.selection.partial = True
         self.results: list[CheckResult] = []
         self.regressions: list[str] = []
-        self.worker = None
         self.results_file = None
         if json_path and not self.is_xdist_worker:
             env = environment.collect(self.seed, self.name, self.inventory.platform)
@@ -146,6 +157,7 @@ class ConformanceRun:
 
     def _usage_error(self, message: str) -> NoReturn:
         """Stop the run before any check with one usage line (exit 4), leaving no run directory behind."""
+        self.close()
         self.run_dir.remove()
         raise pytest.UsageError(message) from None
 
@@ -173,7 +185,7 @@ class ConformanceRun:
         if self.worker is None:
             from conformance.run.worker import KernelWorker
 
-            self.worker = KernelWorker(self.name, self.seed, self.level)
+            self.worker = KernelWorker(self.name, self.seed, self.level, zygote=self.zygote_path)
         return self.worker
 
     def _run_in_worker(self, unit: Unit) -> dict:
@@ -244,6 +256,8 @@ class ConformanceRun:
             self.run_dir.write_json(collection_plan.PLAN_FILE, collection_plan.build(self.inventory, self.level))
             self.plan_written = True
         node.workerinput[WORKERINPUT_KEY] = self.run_dir.path
+        if self.zygote is not None:
+            node.workerinput[ZYGOTE_KEY] = self.zygote.path
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids) -> None:
@@ -280,6 +294,16 @@ class ConformanceRun:
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
+
+
+def _xdist_workers(config: pytest.Config) -> int:
+    """How many xdist workers this run starts (0 without xdist); xdist has resolved `-n auto` by configure."""
+    if getattr(config.option, "dist", "no") == "no":
+        return 0
+    return len(getattr(config.option, "tx", None) or [])
 
 
 def _state(config: pytest.Config) -> ConformanceRun | None:

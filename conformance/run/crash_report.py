@@ -18,6 +18,9 @@ MAX_NATIVE_FRAMES = 30
 
 NATIVE_STACK_HEADER = re.compile(r"^(SIG[A-Z0-9]+)\((\d+)\), PID: \d+, Thread \d+:\s*$", re.M)
 _FRAME_ADDRESS = re.compile(r" \(0x[0-9a-fA-F]+ in ")
+# faulthandler's line for the harness's entry into a check (conformance.checks.run_unit): the frames below it are the
+# harness's process plumbing
+_CHECK_ENTRY_FRAME = re.compile(r'^  File ".*[/\\]conformance[/\\]checks[/\\]__init__\.py", line \d+ in run_unit$')
 
 
 def describe_exit(rc: int | None) -> str:
@@ -67,6 +70,12 @@ def native_stack(stderr_text: str) -> str | None:
         handler = max((k for k, ln in enumerate(frames) if "FatalSignalHandler" in ln), default=-1)
         frames = [_FRAME_ADDRESS.sub(" (in ", f) for f in frames[handler + 1:]
                   if f.startswith("frame #") or f.startswith("<omitting")]
+        if frames and re.search(r"\b_start\b", frames[-1]):
+            # below the last Python frames lies the process's entry (libc, `_start`), numbered by how deep the
+            # harness's plumbing was: cut, like the Python stack below the check's entry
+            last_python = max((k for k, f in enumerate(frames) if f.startswith("<omitting")), default=None)
+            if last_python is not None:
+                frames = frames[:last_python]
         if len(frames) > MAX_NATIVE_FRAMES:
             frames = frames[:MAX_NATIVE_FRAMES] + [f"... {len(frames) - MAX_NATIVE_FRAMES} more frames"]
         return "\n".join(frames) or None
@@ -75,13 +84,19 @@ def native_stack(stderr_text: str) -> str | None:
 
 def python_stack(fault_text: str) -> str | None:
     """faulthandler's dump without its 'Extension modules' list (the thread lines keep their order: the
-    current, crashing thread is marked 'Current thread')."""
+    current, crashing thread is marked 'Current thread'), each stack cut below the harness's entry into the check
+    (`run_unit`): what called it (a kernel worker started from scratch or forked, `conformance repro`) says nothing
+    about the crash, and the same check gives the same message whichever process ran it."""
     lines = []
+    below_entry = False
     for line in fault_text.splitlines():
         if line.startswith("Extension modules:"):
             break
         if line.startswith("Fatal Python error:") or not line.strip():
             continue
+        if below_entry and line.startswith("  File "):
+            continue
+        below_entry = bool(_CHECK_ENTRY_FRAME.match(line))
         lines.append(re.sub(r"0x[0-9a-fA-F]+", "0x...", line.rstrip()))
     if len(lines) > MAX_PYTHON_LINES:
         lines = lines[:MAX_PYTHON_LINES] + [f"... {len(lines) - MAX_PYTHON_LINES} more lines"]

@@ -17,6 +17,7 @@ import tempfile
 from typing import Any
 
 WORKERINPUT_KEY = "conformance_run_dir"
+ZYGOTE_KEY = "conformance_zygote"   # the socket of the run's zygote (conformance.run.zygote), when it has one
 
 
 class RunDir:

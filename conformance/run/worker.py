@@ -28,6 +28,7 @@ from typing import Any
 
 from conformance.run import running_note
 from conformance.run.crash_report import crash_message, describe_exit, running_line  # noqa: F401 - describe_exit kept here
+from conformance.run.zygote import ForkedProcess, fork_worker
 from conformance.results.result import Outcome
 from conformance.collect.units import Unit
 
@@ -133,6 +134,21 @@ def prepare_reference_kernels(inventory) -> None:
 
 
 # ----- parent side ---------------------------------------------------------------------------------
+def worker_environment(base, xdist_workers: int) -> dict[str, str]:
+    """The environment of a kernel worker (and of the zygote that forks them, which must import under the same
+    settings) when `xdist_workers` processes each run one."""
+    env = dict(base)
+    env.setdefault("PYTHONFAULTHANDLER", "1")   # until the worker names its own file: a crash at import
+    # one graph compiles at a time here: Inductor's pool of compile subprocesses would import torch once
+    # more per worker and make the next compile wait for the pool to start (2.5 s against 0.06 s)
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    if xdist_workers > 1:   # share the cores between the xdist workers' kernel workers
+        threads = str(max(1, (os.cpu_count() or 1) // xdist_workers))
+        env.setdefault("OMP_NUM_THREADS", threads)
+        env.setdefault("CONFORMANCE_WORKER_THREADS", threads)
+    return env
+
+
 class WorkerStartError(RuntimeError):
     """The worker could not activate the platform."""
 
@@ -140,10 +156,11 @@ class WorkerStartError(RuntimeError):
 class KernelWorker:
     """Owns one worker process; `run(unit, timeout)` answers a result dict whatever the worker does."""
 
-    def __init__(self, platform: str, seed: int, level: str, start_timeout: float = 300.0):
+    def __init__(self, platform: str, seed: int, level: str, start_timeout: float = 300.0, zygote: str | None = None):
         self.platform, self.seed, self.level = platform, seed, level
         self.start_timeout = start_timeout
-        self.proc: subprocess.Popen | None = None
+        self.zygote = zygote   # socket of the run's zygote (conformance.run.zygote), which forks workers ready-imported
+        self.proc: subprocess.Popen | ForkedProcess | None = None
         self.log_path: str | None = None
         self.fault_path: str | None = None
         self.note_path: str | None = None
@@ -161,22 +178,20 @@ class KernelWorker:
         fd, self.log_path = tempfile.mkstemp(prefix="conformance-worker-", suffix=".log")
         self.fault_path = _empty_file("conformance-worker-", ".faulthandler")
         self.note_path = _empty_file("conformance-worker-", ".running.json")
-        env = dict(os.environ)
-        env.setdefault("PYTHONFAULTHANDLER", "1")   # until the worker names its own file: a crash at import
+        env = worker_environment(os.environ, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
         env[FAULT_FILE_ENV] = self.fault_path
         env[running_note.NOTE_ENV] = self.note_path
-        # one graph compiles at a time here: Inductor's pool of compile subprocesses would import torch once
-        # more per worker and make the next compile wait for the pool to start (2.5 s against 0.06 s)
-        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-        workers = int(env.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-        if workers > 1:   # share the cores between the xdist workers' kernel workers
-            threads = str(max(1, (os.cpu_count() or 1) // workers))
-            env.setdefault("OMP_NUM_THREADS", threads)
-            env.setdefault("CONFORMANCE_WORKER_THREADS", threads)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "conformance.run.worker", "--platform", self.platform, "--seed", str(self.seed),
-             "--level", self.level],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, env=env, start_new_session=True)
+        args = ["--platform", self.platform, "--seed", str(self.seed), "--level", self.level]
+        self.proc = None
+        if self.zygote:
+            try:
+                self.proc = fork_worker(self.zygote, ["conformance.run.worker", *args], env, fd)
+            except OSError:   # the zygote has ended (or never listened): start one from scratch
+                self.proc = None
+        if self.proc is None:
+            self.proc = subprocess.Popen([sys.executable, "-m", "conformance.run.worker", *args],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, env=env,
+                                         start_new_session=True)
         os.close(fd)
         self.starts += 1
         self.ready = False
@@ -269,7 +284,7 @@ class KernelWorker:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.poll() is None:
+        if proc.poll() is None and proc.pid is not None:   # a forked worker whose zygote is gone has no pid to kill
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

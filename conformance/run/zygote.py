@@ -1,0 +1,299 @@
+"""The kernel workers' zygote: one process of a distributed run that imports torch, Dynamo and the checks once,
+then forks each kernel worker on request.
+
+A kernel worker started from scratch spends about 4.5 s of CPU on imports (torch 2.2 s, Dynamo 1.8 s) before it
+activates the platform. Under `-n N` every xdist worker starts one, and starts another after each CRASH or
+TIMEOUT. The controller starts this process first (`Zygote.start`), and its import overlaps with the
+controller's own. Each xdist worker then asks it for a kernel worker (`fork_worker`). The forked child activates
+the platform itself, after the fork, so a vendor runtime that starts threads or opens a device does so in the
+child, never in the zygote. The zygote runs nothing but imports: it never opens a thread pool that a fork would
+break.
+
+Protocol on the zygote's Unix socket, one connection per kernel worker: the client sends one length-prefixed
+JSON request (the worker's argv and environment) with three descriptors attached (the worker's stdin, stdout and
+stderr). The zygote answers `pid N` once it has forked, and `exit RC` when the child ends (RC as Popen's
+returncode: negative for a signal), then closes the connection. A client that finds no zygote launches its worker
+the usual way (conformance.run.worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from typing import Any
+
+SOCKET_NAME = "zygote.sock"
+_HEADER = struct.Struct("!I")
+_REAP_INTERVAL_S = 0.05   # how soon a child's exit reaches its client while children run
+
+
+# ----- the zygote process -------------------------------------------------------------------------
+def preload() -> None:
+    """What every kernel worker imports before it activates a platform (conformance.run.worker.serve)."""
+    import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401
+
+    from conformance.checks import registry
+
+    registry()
+
+
+def serve(listener: socket.socket) -> int:
+    """Fork on requests to `listener` (bound by the controller, so clients can connect before these imports are
+    done, and wait), report exits; end when stdin (a pipe from the controller) closes."""
+    try:
+        preload()
+    except Exception:  # noqa: BLE001 - each forked worker imports what is missing and reports the failure itself
+        import traceback
+
+        traceback.print_exc()
+    children: dict[int, socket.socket] = {}
+    stdin = sys.stdin.fileno()
+    while True:
+        readable, _, _ = select.select([listener, stdin], [], [], _REAP_INTERVAL_S if children else None)
+        _reap(children)
+        if stdin in readable and not os.read(stdin, 4096):
+            break   # the controller is done (or gone)
+        if listener in readable:
+            conn, _ = listener.accept()
+            _fork_child(listener, conn, children)
+    listener.close()
+    deadline = time.monotonic() + 5.0   # the clients close their workers before the controller ends
+    while children and time.monotonic() < deadline:
+        time.sleep(_REAP_INTERVAL_S)
+        _reap(children)
+    return 0
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is not None:
+            rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            try:
+                conn.sendall(f"exit {rc}\n".encode())
+            except OSError:
+                pass
+            conn.close()
+
+
+def _receive_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    while len(data) < _HEADER.size or len(data) < _HEADER.size + _HEADER.unpack(data[:_HEADER.size])[0]:
+        more = conn.recv(1 << 16)
+        if not more:
+            raise EOFError("the client closed the connection mid-request")
+        data += more
+    (n,) = _HEADER.unpack(data[:_HEADER.size])
+    return json.loads(data[_HEADER.size:_HEADER.size + n]), list(fds)
+
+
+def _fork_child(listener: socket.socket, conn: socket.socket, children: dict[int, socket.socket]) -> None:
+    try:
+        request, fds = _receive_request(conn)
+    except (OSError, EOFError, ValueError):
+        conn.close()
+        return
+    if len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return
+    pid = os.fork()
+    if pid == 0:   # the kernel worker: never returns into the zygote's loop
+        code = 1
+        try:
+            listener.close()
+            for other in children.values():
+                other.close()
+            conn.close()
+            code = _become_worker(request, fds)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:  # noqa: BLE001 - printed to the worker's log, which its client reads
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    for fd in fds:
+        os.close(fd)
+    try:
+        conn.sendall(f"pid {pid}\n".encode())
+    except OSError:   # the client gave up before the fork: nobody will read this worker
+        os.kill(pid, signal.SIGKILL)
+    children[pid] = conn
+
+
+def _become_worker(request: dict[str, Any], fds: list[int]) -> int:
+    """In the forked child: its own session (the client kills it by process group), the client's descriptors as
+    fds 0-2, the client's environment, and the signal dispositions a fresh interpreter has."""
+    os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    import runpy
+
+    module, *args = request["argv"]   # run as `python -m module args` runs it
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not args[0].isdigit():
+        print("usage: python -m conformance.run.zygote LISTENING_SOCKET_FD", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the controller ends it by closing stdin
+    return serve(socket.socket(fileno=int(args[0])))
+
+
+# ----- the controller: owning the zygote ----------------------------------------------------------
+class Zygote:
+    """The zygote process of one run; `path` is its socket, which the xdist workers receive."""
+
+    def __init__(self, proc: subprocess.Popen, path: str):
+        self.proc, self.path = proc, path
+
+    @classmethod
+    def start(cls, run_dir: str, env: dict[str, str]) -> Zygote:
+        """Launch it without waiting: clients that connect before its imports are done wait in the listen queue.
+        The socket is `run_dir/zygote.sock`; its path must fit AF_UNIX's limit (about 100 bytes)."""
+        path = os.path.join(run_dir, SOCKET_NAME)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener, \
+                open(os.path.join(run_dir, "zygote.log"), "wb") as log:   # what it printed, should it fail
+            listener.bind(path)   # here: a client that connects at once finds it listening
+            listener.listen(64)
+            fd = listener.fileno()
+            proc = subprocess.Popen([sys.executable, "-m", "conformance.run.zygote", str(fd)], stdin=subprocess.PIPE,
+                                    stdout=log, stderr=log, env=env, start_new_session=True, pass_fds=[fd])
+        return cls(proc, path)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# ----- the client: a kernel worker forked by the zygote --------------------------------------------
+class ForkedProcess:
+    """A kernel worker forked by the zygote, with the part of subprocess.Popen's interface KernelWorker uses.
+    Its pid and exit status come over the zygote connection; the pid is read when first needed, so launching
+    does not wait for the zygote's imports."""
+
+    def __init__(self, conn: socket.socket, stdin, stdout):
+        self._conn = conn
+        self._buffer = b""
+        self._pid: int | None = None
+        self.returncode: int | None = None
+        self._lost = False   # the zygote went away without saying how the worker ended
+        self.stdin, self.stdout = stdin, stdout
+
+    @property
+    def pid(self) -> int | None:
+        while self._pid is None and not self._lost:
+            self._read(None)
+        return self._pid
+
+    def _read(self, timeout: float | None) -> None:
+        """Read what the zygote sent within `timeout` s (None: until one more line or the end)."""
+        if self._lost or self.returncode is not None:
+            return
+        ready, _, _ = select.select([self._conn], [], [], timeout)
+        if not ready:
+            return
+        try:
+            chunk = self._conn.recv(4096)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._lost = True
+            self._conn.close()
+            return
+        self._buffer += chunk
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            word, _, value = line.decode().partition(" ")
+            if word == "pid":
+                self._pid = int(value)
+            elif word == "exit":
+                self.returncode = int(value)
+                self._conn.close()
+
+    def poll(self) -> int | None:
+        self._read(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None and not self._lost:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise subprocess.TimeoutExpired("kernel worker", timeout)
+            self._read(remaining)
+        return self.returncode
+
+    def kill(self) -> None:
+        pid = self.pid
+        if pid is not None and self.returncode is None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def fork_worker(path: str, argv: list[str], env: dict[str, str], stderr_fd: int) -> ForkedProcess:
+    """Ask the zygote at `path` for a process running `python -m <argv>` (argv[0] the module) with this environment
+    and stderr; OSError when there is no zygote."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+        child_stdin, parent_stdin = os.pipe()
+        parent_stdout, child_stdout = os.pipe()
+        try:
+            data = json.dumps({"argv": argv, "env": env}).encode()
+            message = _HEADER.pack(len(data)) + data
+            sent = socket.send_fds(conn, [message], [child_stdin, child_stdout, stderr_fd])
+            conn.sendall(message[sent:])
+        except OSError:
+            for fd in (parent_stdin, parent_stdout):
+                os.close(fd)
+            raise
+        finally:
+            os.close(child_stdin)
+            os.close(child_stdout)
+    except OSError:
+        conn.close()
+        raise
+    return ForkedProcess(conn, os.fdopen(parent_stdin, "wb"), os.fdopen(parent_stdout, "rb"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Kernel workers forked by the run's zygote (conformance.run.zygote): they run checks like a worker started from
+scratch, their exit status (a kill, a signal) comes back through the zygote, and a client that finds no zygote
+starts its worker from scratch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conformance.collect.units import DEFAULT_SEED, Unit
+from conformance.run.worker import KernelWorker, worker_environment
+from conformance.run.zygote import ForkedProcess, Zygote
+from harness_runner import run_harness
+
+UNIT = Unit("dispatch", "defaults", "rms_norm", "cpp")
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.fixture
+def zygote(tmp_path):
+    z = Zygote.start(str(tmp_path), worker_environment(os.environ, 2))
+    yield z
+    z.close()
+
+
+def test_forked_workers_run_checks_and_their_kill_comes_back_as_the_exit_status(zygote):
+    workers = [KernelWorker("cpu", DEFAULT_SEED, "quick", zygote=zygote.path) for _ in range(2)]
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            reply = worker.run(UNIT, timeout=120)
+            assert reply["outcome"] == "PASS", reply
+            assert isinstance(worker.proc, ForkedProcess) and _parent_of(worker.proc.pid) == zygote.proc.pid
+        assert workers[0].proc.pid != workers[1].proc.pid
+        proc = workers[0].proc
+        workers[0].stop()   # as after a TIMEOUT: the worker's process group is killed
+        assert proc.returncode == -signal.SIGKILL and _gone(proc.pid)
+        assert workers[0].run(UNIT, timeout=120)["outcome"] == "PASS"   # the next check: a fresh fork
+        assert workers[0].starts == 2 and isinstance(workers[0].proc, ForkedProcess)
+    finally:
+        for worker in workers:
+            worker.close()
+    zygote.close()
+    assert zygote.proc.returncode == 0
+
+
+def test_a_worker_that_dies_of_a_signal_is_a_crash_naming_it(zygote):
+    worker = KernelWorker("cpu", DEFAULT_SEED, "quick", zygote=zygote.path)
+    try:
+        assert worker.run(UNIT, timeout=120)["outcome"] == "PASS"
+        os.kill(worker.proc.pid, signal.SIGSEGV)
+        deadline = time.monotonic() + 30
+        while worker.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert worker.proc.returncode == -signal.SIGSEGV
+        reply = worker.run(UNIT, timeout=120)   # a dead worker is replaced before the next check
+        assert reply["outcome"] == "PASS" and worker.starts == 2
+    finally:
+        worker.close()
+
+
+def test_without_a_zygote_the_worker_starts_from_scratch(tmp_path, zygote):
+    zygote.close()   # ended: its socket no longer answers
+    for path in (zygote.path, str(tmp_path / "never-started.sock")):
+        worker = KernelWorker("cpu", DEFAULT_SEED, "quick", zygote=path)
+        try:
+            assert worker.run(UNIT, timeout=120)["outcome"] == "PASS"
+            assert isinstance(worker.proc, subprocess.Popen)
+        finally:
+            worker.close()
+
+
+def test_a_crash_under_xdist_reads_as_in_one_process(tmp_path):
+    """-n 2 forks the kernel workers from the zygote: the CRASH results (signal, stacks) are those of one process,
+    whose workers start from scratch."""
+    select = ["-k", "float32 and ir_case and 128 and not 1280"]
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    single = run_harness(tmp_path / "one", "broken_segfault", *select, dist="broken")
+    spread = run_harness(tmp_path / "two", "broken_segfault", "-n", "2", *select, dist="broken")
+    crashes = [r for r in spread.results if r["outcome"] == "CRASH"]
+    assert crashes and all("died of signal SIGSEGV (11)" in r["message"].splitlines()[0] for r in crashes), \
+        spread.output[-3000:]
+    key = lambda r: (r["nodeid"], r["outcome"], r["message"])  # noqa: E731
+    assert sorted(map(key, spread.results)) == sorted(map(key, single.results))
