@@ -22,6 +22,8 @@
 // Forces inlining of the small vector helpers: with several of them per loop body GCC's
 // heuristics otherwise leave some as calls, spilling every vector register around them.
 #define REFERENCE_CPU_INLINE inline __attribute__((always_inline))
+// The same for a lambda (written after its parameter list).
+#define REFERENCE_CPU_INLINE_LAMBDA __attribute__((always_inline))
 
 namespace reference_cpu {
 
