@@ -98,15 +98,8 @@ class ConformanceRun:
         self.worker = None
         self.zygote = None   # the controller's, when xdist workers will start kernel workers (conformance.run.zygote)
         self.zygote_path = (workerinput or {}).get(ZYGOTE_KEY)
-        if not self.is_xdist_worker and _xdist_workers(config) > 1 and not config.option.collectonly:
-            from conformance.run.worker import worker_environment
-            from conformance.run.zygote import Zygote
-
-            # first: its imports (4 s) overlap with this process's, and the workers' kernel workers fork from it
-            try:
-                self.zygote = Zygote.start(self.run_dir.path, worker_environment(os.environ, _xdist_workers(config)))
-            except OSError:   # e.g. a TMPDIR too long for a socket path: the kernel workers start from scratch
-                self.zygote = None
+        if not self.is_xdist_worker and not config.option.collectonly:
+            self._start_kernel_processes(_xdist_workers(config))
         self.inventory = None
         self.tolerance_changes: list[str] = []
         try:
@@ -140,6 +133,21 @@ class ConformanceRun:
         if self.plan is not None and any(self.plan["units"].values()) and not config.option.collectonly:
             # an xdist worker starts its kernel worker now: its start-up (about 4.5 s) overlaps with this process's
             # collection and xdist's scheduling; the first check waits for it
+            self._kernel_worker().start()
+
+    def _start_kernel_processes(self, xdist_workers: int) -> None:
+        """Before this process imports torch and the platform, so that the 4.5 s start-up of what runs the checks
+        overlaps with that: under xdist the zygote the workers' kernel workers fork from (conformance.run.zygote),
+        in a single process its own kernel worker (the first check waits for it)."""
+        if xdist_workers > 1:
+            from conformance.run.worker import worker_environment
+            from conformance.run.zygote import Zygote
+
+            try:
+                self.zygote = Zygote.start(self.run_dir.path, worker_environment(os.environ, xdist_workers))
+            except OSError:   # e.g. a TMPDIR too long for a socket path: the kernel workers start from scratch
+                self.zygote = None
+        elif xdist_workers == 0:
             self._kernel_worker().start()
 
     def _activate(self) -> None:

@@ -298,7 +298,8 @@ class KernelWorker:
                 pass
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None and self.proc.stdin:
+        """End the worker: let a ready one exit on its own (it has sent every result), kill one still starting."""
+        if self.proc is not None and self.ready and self.proc.poll() is None and self.proc.stdin:
             try:
                 self.proc.stdin.close()
                 self.proc.wait(timeout=5)
