@@ -15,6 +15,7 @@ a CRASH message is built from those (conformance.run.crash_report), never from a
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import pickle
 import select
@@ -78,6 +79,9 @@ def serve(platform: str, seed: int, level: str) -> int:
         registry()   # import every check module now: the first check's time limit is not for imports
         import torch._dynamo  # noqa: F401 - nor for Dynamo's (2 s), which the check modules import where used
         prepare_reference_kernels(inventory)
+        # what is imported now lives as long as the worker: out of the cyclic collector's sight, so that its
+        # collections (every few hundred allocations of Dynamo and fake-tensor objects) stop traversing it
+        gc.freeze()
     except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
         _send(proto_out, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         return 1
