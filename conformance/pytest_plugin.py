@@ -143,8 +143,9 @@ class ConformanceRun:
             from conformance.run.worker import worker_environment
             from conformance.run.zygote import Zygote
 
+            env = worker_environment(os.environ, xdist_workers)
             try:
-                self.zygote = Zygote.start(self.run_dir.path, worker_environment(os.environ, xdist_workers))
+                self.zygote = Zygote.start(self.run_dir.path, env) if Zygote.can_fork_workers(env) else None
             except OSError:   # e.g. a TMPDIR too long for a socket path: the kernel workers start from scratch
                 self.zygote = None
         elif xdist_workers == 0:

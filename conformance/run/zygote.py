@@ -180,6 +180,17 @@ class Zygote:
     def __init__(self, proc: subprocess.Popen, path: str):
         self.proc, self.path = proc, path
 
+    @staticmethod
+    def can_fork_workers(env: dict[str, str]) -> bool:
+        """False when `import torch` would load an installed device-backend extension (entry-point group
+        `torch.backends`, unless TORCH_DEVICE_BACKEND_AUTOLOAD=0): such an extension may open its device as it is
+        imported, in the zygote, and a device runtime does not survive a fork. Its workers start from scratch."""
+        import importlib.metadata
+
+        if env.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "1":
+            return True
+        return not importlib.metadata.entry_points(group="torch.backends")
+
     @classmethod
     def start(cls, run_dir: str, env: dict[str, str]) -> Zygote:
         """Launch it without waiting: clients that connect before its imports are done wait in the listen queue.

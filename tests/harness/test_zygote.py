@@ -100,3 +100,17 @@ def test_a_crash_under_xdist_reads_as_in_one_process(tmp_path):
         spread.output[-3000:]
     key = lambda r: (r["nodeid"], r["outcome"], r["message"])  # noqa: E731
     assert sorted(map(key, spread.results)) == sorted(map(key, single.results))
+
+
+def test_no_zygote_where_import_torch_would_load_a_device_extension(monkeypatch):
+    """An extension in entry-point group torch.backends is imported with torch, in the zygote, and may open its
+    device there: a run with one starts every worker from scratch, unless the autoload is off."""
+    import importlib.metadata
+
+    real = importlib.metadata.entry_points
+    assert Zygote.can_fork_workers({}) == (not real(group="torch.backends"))
+    extension = importlib.metadata.EntryPoint("npu", "torch_npu:_autoload", "torch.backends")
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group=None: [extension] if group == "torch.backends" else real(group=group))
+    assert not Zygote.can_fork_workers({})
+    assert Zygote.can_fork_workers({"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
