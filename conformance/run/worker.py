@@ -185,17 +185,17 @@ class KernelWorker:
         env = worker_environment(os.environ, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
         env[FAULT_FILE_ENV] = self.fault_path
         env[running_note.NOTE_ENV] = self.note_path
-        args = ["--platform", self.platform, "--seed", str(self.seed), "--level", self.level]
+        module_args = ["conformance.run.worker", "--platform", self.platform, "--seed", str(self.seed),
+                       "--level", self.level]   # what `python -m` runs
         self.proc = None
         if self.zygote:
             try:
-                self.proc = fork_worker(self.zygote, ["conformance.run.worker", *args], env, fd)
+                self.proc = fork_worker(self.zygote, module_args, env, fd)
             except OSError:   # the zygote has ended (or never listened): start one from scratch
                 self.proc = None
         if self.proc is None:
-            self.proc = subprocess.Popen([sys.executable, "-m", "conformance.run.worker", *args],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, env=env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen([sys.executable, "-m", *module_args], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=fd, env=env, start_new_session=True)
         os.close(fd)
         self.starts += 1
         self.ready = False
@@ -288,11 +288,14 @@ class KernelWorker:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.poll() is None and proc.pid is not None:   # a forked worker whose zygote is gone has no pid to kill
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
+        if proc.poll() is None:
+            if proc.pid is None:   # a forked worker its zygote has not forked yet: abandoned (ForkedProcess.kill)
                 proc.kill()
+            else:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    proc.kill()
         proc.wait()
         for stream in (proc.stdin, proc.stdout):
             try:

@@ -221,8 +221,8 @@ class Zygote:
 # ----- the client: a kernel worker forked by the zygote --------------------------------------------
 class ForkedProcess:
     """A kernel worker forked by the zygote, with the part of subprocess.Popen's interface KernelWorker uses.
-    Its pid and exit status come over the zygote connection; the pid is read when first needed, so launching
-    does not wait for the zygote's imports."""
+    Its pid and exit status come over the zygote connection, and nothing here waits for the pid: the zygote forks
+    only once its imports are done (or never, if it hangs), and launching or killing must not wait on that."""
 
     def __init__(self, conn: socket.socket, stdin, stdout):
         self._conn = conn
@@ -234,8 +234,8 @@ class ForkedProcess:
 
     @property
     def pid(self) -> int | None:
-        while self._pid is None and not self._lost:
-            self._read(None)
+        """The worker's pid, None while the zygote has not forked it (or went away before it did)."""
+        self._read(0)
         return self._pid
 
     def _read(self, timeout: float | None) -> None:
@@ -277,12 +277,19 @@ class ForkedProcess:
         return self.returncode
 
     def kill(self) -> None:
+        """Kill the worker's process group; one not forked yet is abandoned instead: the connection closes, and the
+        zygote kills the child whose pid it then cannot hand over (which would also read EOF on its stdin)."""
+        if self.returncode is not None or self._lost:
+            return
         pid = self.pid
-        if pid is not None and self.returncode is None:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        if pid is None:
+            self._lost = True
+            self._conn.close()
+            return
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def fork_worker(path: str, argv: list[str], env: dict[str, str], stderr_fd: int) -> ForkedProcess:

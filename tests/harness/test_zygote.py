@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conformance.collect.units import DEFAULT_SEED, Unit
-from conformance.run.worker import KernelWorker, worker_environment
+from conformance.run.worker import KernelWorker, WorkerStartError, worker_environment
 from conformance.run.zygote import ForkedProcess, Zygote
 from harness_runner import run_harness
 
@@ -114,3 +114,21 @@ def test_no_zygote_where_import_torch_would_load_a_device_extension(monkeypatch)
                         lambda group=None: [extension] if group == "torch.backends" else real(group=group))
     assert not Zygote.can_fork_workers({})
     assert Zygote.can_fork_workers({"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+
+
+@pytest.mark.timeout(120)
+def test_a_zygote_that_never_forks_costs_the_start_limit_not_a_hang(tmp_path):
+    """A zygote stuck before forking (here: a socket that listens and never answers) gives the usual start error
+    once the start limit is over; stopping the worker does not wait for a pid that never comes."""
+    import socket
+
+    path = str(tmp_path / "stuck.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stuck:
+        stuck.bind(path)
+        stuck.listen(1)
+        worker = KernelWorker("cpu", DEFAULT_SEED, "quick", start_timeout=1.0, zygote=path)
+        start = time.monotonic()
+        with pytest.raises(WorkerStartError, match="did not start: no ready message within 1 s"):
+            worker.run(UNIT, timeout=120)
+        assert worker.proc is None and time.monotonic() - start < 30
+        worker.close()
