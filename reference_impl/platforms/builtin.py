@@ -37,6 +37,11 @@ class CpuPlatform(Platform):
 
         return default_priority()
 
+    def get_attn_backend_cls(self, selected_backend, selector_config, num_heads: int | None = None) -> str:
+        """The attention backend: the asked-for one, else the reference backend. The C++ paged-attention
+        backend (csrc/cpu) is returned here once it is registered: the one place the cpu platform chooses."""
+        return super().get_attn_backend_cls(selected_backend, selector_config, num_heads)
+
 
 class CudaPlatform(Platform):
     _enum = PlatformEnum.CUDA

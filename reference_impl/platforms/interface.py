@@ -60,6 +60,15 @@ class Platform:
         """Op name -> provider names, first preferred. An op left out uses `["native"]`."""
         return {}
 
+    def get_attn_backend_cls(self, selected_backend, selector_config, num_heads: int | None = None) -> str:
+        """The qualname of the attention backend for a layer (vLLM 0.32's hook): `selected_backend` is an
+        `AttentionBackendEnum` member the user asked for (or None), `selector_config` an
+        `AttentionSelectorConfig` (reference_impl.attention). Default: the asked-for backend, else the pure-torch
+        reference backend (reference_impl/attention/reference.py)."""
+        if selected_backend is not None:
+            return selected_backend.get_path()
+        return "reference_impl.attention.reference.ReferenceAttentionBackend"
+
     @classmethod
     def check_and_update_config(cls, config) -> None:
         """Adjust the runtime config (a `reference_impl.config.RuntimeConfig`, about to be installed
