@@ -155,20 +155,28 @@ def test_fast_gelu_math_is_close_to_float64(built):
 @needs_build
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_fp32_gated_gelu_keeps_the_native_formula_to_a_few_ulp(built, approximate):
-    """fp32 gelu_and_mul evaluates native's 0.5 x (1 + erf) / 0.5 x (1 + tanh) with inlined erf and tanh: within
-    2 ulp of native plus 2 steps of native's own cancellation in 1 + erf / 1 + tanh (2^-24 times 0.5 |x|; the kernel
-    uses 0.6 of that bound); infinities and NaN as native gives them."""
-    x = torch.cat([torch.linspace(-12, 12, 400_001), torch.logspace(-30, 1, 2001), -torch.logspace(-30, 1, 2001),
-                   torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e30, -1e30])])
-    native = torch.nn.functional.gelu(x, approximate=approximate)
+    """fp32 gelu_and_mul evaluates native's 0.5 x (1 + erf) / 0.5 x (1 + tanh) with inlined erf and tanh: within 3
+    units of eps (|gelu(x)| + 0.5 |x|) of the float64 formula, i.e. 3 ulp plus 3 steps of the formula's own
+    cancellation in 1 + erf / 1 + tanh. Judged against the mathematics, not fp32 native, whose erf differs by ISA:
+    torch's fp32 gelu(+inf) is NaN on AVX-512 machines (erf form) and its finite error there reaches 5.2 units
+    (ours: 2.4 erf, 0.9 tanh, measured on AVX-512)."""
+    finite_x = torch.cat([torch.linspace(-12, 12, 400_001), torch.logspace(-30, 1, 2001),
+                          -torch.logspace(-30, 1, 2001), torch.tensor([0.0, -0.0])])
+    inf, nan = float("inf"), float("nan")
+    # x (1 + erf(x / sqrt 2)) / 2 in IEEE arithmetic (tanh form alike): +inf * 1 = +inf; -inf * 0 = NaN (float64
+    # native's value too, on either ISA); NaN propagates; 1e30 * 1 and -1e30 * 0 (erf saturates to -1 exactly).
+    special = {inf: inf, -inf: nan, nan: nan, 1e30: 1e30, -1e30: -0.0}
+    x = torch.cat([finite_x, torch.tensor(list(special))])
     got = built.gelu_and_mul(torch.cat([x, torch.ones_like(x)]).reshape(1, -1), approximate).flatten()
-    assert torch.equal(got.isnan(), native.isnan())
-    finite = native.isfinite()
-    assert torch.equal(got[~finite & ~native.isnan()], native[~finite & ~native.isnan()])
+    expected = torch.tensor(list(special.values()))   # float32, as the inputs: 1e30 is the float32 nearest it
+    for value, want, out in zip(special, expected.tolist(), got[finite_x.numel():].tolist()):
+        assert math.isnan(out) if math.isnan(want) else out == want, f"gelu({value:g}) = {out:g}, not {want:g}"
+    x, got = finite_x, got[:finite_x.numel()].double()
+    exact = torch.nn.functional.gelu(x.double(), approximate=approximate)
     eps = torch.finfo(torch.float32).eps
-    bound = 2 * eps * native.abs() + 2 * eps * 0.5 * x.abs() + torch.finfo(torch.float32).tiny
-    excess = ((got - native).abs() - bound)[finite]
-    assert excess.max() <= 0, f"off by {excess.max():.3g} beyond the bound at x={x[finite][excess.argmax()]:.6g}"
+    bound = 3 * eps * (exact.abs() + 0.5 * x.double().abs()) + torch.finfo(torch.float32).tiny
+    excess = (got - exact).abs() - bound
+    assert excess.max() <= 0, f"off by {excess.max():.3g} beyond the bound at x={x[excess.argmax()]:.6g}"
 
 
 @needs_build
