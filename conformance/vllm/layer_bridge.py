@@ -154,13 +154,48 @@ def make_replacement(spec: LayerSpec, ours: type, theirs: type) -> type:
             args = tuple(a.clone() if i in mutates and isinstance(a, torch.Tensor) else a for i, a in enumerate(args))
         return self.vllm_layer(*args, **kwargs)
 
+    def conformance_dispatch(self):
+        return vllm_dispatch(self.vllm_layer, theirs)
+
     label = PREFIX + constructed_class(theirs).__name__
     doc = (f"vLLM's {theirs.__module__}.{theirs.__qualname__} (as vLLM constructs it) behind the reference "
            f"{ours.__name__}: forward_oot calls its forward.")
     cls = type(label, (ours,), {"__init__": __init__, "_apply": _apply, "forward_oot": forward_oot,
+                                "conformance_dispatch": conformance_dispatch,
                                 "__doc__": doc, "__module__": __name__, "__qualname__": label,
                                 "vllm_spec": spec, "vllm_class": theirs})
     return cls
+
+
+# code that is not a vLLM plugin's own: vLLM, torch, and the bridge's wrapper classes
+UPSTREAM = ("vllm.", "torch.", "builtins", "conformance.", "reference_impl.")
+
+
+def vllm_dispatch(layer, theirs: type):
+    """What vLLM built and picked for `layer` (conformance.checks.oot.DispatchTarget): its class (a vendor's
+    register_oot class or vLLM's own), the forward vLLM's dispatch_forward chose at construction, the one
+    vLLM's own CustomOp.dispatch_forward picks on this platform when enabled, and the class's enabled()."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.custom_op import CustomOp as VllmCustomOp
+
+    from conformance.checks.oot import DispatchTarget
+    from conformance.vllm.worker_setup import vllm_config
+
+    if not isinstance(layer, VllmCustomOp):   # a PluggableLayer: no per-platform dispatch
+        return DispatchTarget(layer, theirs, layer.forward, "forward", "vLLM", UPSTREAM, True)
+    config = vllm_config()
+    compilation = config.compilation_config
+    counts = (compilation.enabled_custom_ops.copy(), compilation.disabled_custom_ops.copy())
+    saved = layer._enforce_enable
+    try:
+        with set_current_vllm_config(config):
+            enabled = bool(saved or type(layer).enabled())
+            layer._enforce_enable = True
+            platform_method = VllmCustomOp.dispatch_forward(layer, compile_native=False).__name__
+    finally:
+        layer._enforce_enable = saved
+        compilation.enabled_custom_ops, compilation.disabled_custom_ops = counts   # as vLLM's construction left them
+    return DispatchTarget(layer, theirs, layer._forward_method, platform_method, "vLLM", UPSTREAM, enabled)
 
 
 @dataclasses.dataclass

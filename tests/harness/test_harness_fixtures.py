@@ -125,7 +125,13 @@ def test_broken_plugin_is_caught_by_the_right_family(tmp_path, fault):
         assert {r["case"] for r in failures} <= {"tokens=3,hidden=512,tiny", "property"}
     if fault == "oot_never_runs":   # a forward_oot that CustomOp dispatch never reaches, too
         [silu] = run.where(check="dispatch", op="silu_and_mul", outcome="FAIL")
-        assert "defines forward_oot but platform 'broken_oot_never_runs' (OOT) calls forward_native" in silu["message"]
+        assert ("CudaDispatchSiluAndMul defines dispatch_forward, forward_oot; on this platform the reference CustomOp "
+                "runs SiluAndMul.forward_native (reference code), because CudaDispatchSiluAndMul.dispatch_forward picks "
+                "forward_native where") in silu["message"]
+        [gelu] = run.where(check="dispatch", op="gelu_and_mul", outcome="FAIL")   # and an enabled() that says no
+        assert ("DisabledGeluAndMul defines enabled, forward_oot; on this platform the reference CustomOp runs "
+                "GeluAndMul.forward_native (reference code), because DisabledGeluAndMul.enabled() returns False with "
+                "custom ops on: drop the enabled() override") in gelu["message"]
     if fault in ("hangs", "segfault"):   # the run went on past the dead worker, to the end
         assert len(run.where(outcome=outcome)) >= 2   # aliasing and numerics: a fresh worker after each
         assert run.outcomes(check="dispatch") == {"NOT_IMPLEMENTED"}

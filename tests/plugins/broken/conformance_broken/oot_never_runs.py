@@ -7,7 +7,7 @@ Platform = make_platform("oot_never_runs", {})
 Platform.import_ir_kernels = lambda self: __import__("conformance_broken.oot_never_runs_layers")
 
 EXPECTED = Fault(family="dispatch", outcome="FAIL",
-                 fragments=("CudaOnlyRMSNorm defines forward_cuda but platform 'broken_oot_never_runs' (OOT) calls "
-                            "forward_oot, inherited from CustomOp, which falls back to forward_native: the "
-                            "replacement's own code never runs",),
+                 fragments=("CudaOnlyRMSNorm defines forward_cuda only; on this platform the reference CustomOp runs "
+                            "RMSNorm.forward_oot (reference code, inherited from CustomOp), which runs "
+                            "RMSNorm.forward_native: define forward_oot",),
                  end_to_end=("-k", "oot or layer_case and float32"), clean_too=True, eager_correct=True)

@@ -3,7 +3,8 @@
 `CudaOnlyRMSNorm` defines only `forward_cuda`; an OOT platform calls `forward_oot`, which it
 inherits from CustomOp and which falls back to `forward_native`. `CudaDispatchSiluAndMul` defines
 `forward_oot` but overrides `dispatch_forward` with a copy that knows only CUDA, so `forward_oot`
-is never reached. Both compute the right values (through the in-tree `forward_native`), so only the
+is never reached. `DisabledGeluAndMul` defines `forward_oot` but its `enabled()` returns False, so
+CustomOp dispatch picks `forward_native` with custom ops on. All three compute the right values (through the in-tree `forward_native`), so only the
 dispatch family can see that the vendor's code is dead.
 """
 
@@ -11,7 +12,7 @@ import torch
 
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
-from reference_impl.layers.activation import SiluAndMul
+from reference_impl.layers.activation import GeluAndMul, SiluAndMul
 from reference_impl.layers.layernorm import RMSNorm
 from reference_impl.platforms import get_current_platform
 
@@ -35,3 +36,14 @@ class CudaDispatchSiluAndMul(SiluAndMul):
     def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1] // 2
         return torch.nn.functional.silu(x[..., :d]) * x[..., d:]
+
+
+@CustomOp.register_oot("GeluAndMul")
+class DisabledGeluAndMul(GeluAndMul):
+    @classmethod
+    def enabled(cls) -> bool:                     # the bug: never enabled, whatever custom_ops says
+        return False
+
+    def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return torch.nn.functional.gelu(x[..., :d], approximate=self.approximate) * x[..., d:]
