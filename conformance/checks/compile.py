@@ -129,6 +129,26 @@ def _untraceable(ctx: CheckContext, unit: Unit, op, impl, dtype, args) -> Verdic
     return Verdict(Outcome.FAIL, failure.message(op.name, impl.provider))
 
 
+def untraceable_compile_failure(ctx: CheckContext, providers: dict[str, set[str]]) -> str | None:
+    """Where a compile FAIL of this run already told that one of `providers` (IR op -> providers selected, as the
+    model records them) cannot be traced: "compile.ir_compile [<unit id>] (provider 'p' of op is ...)" for the
+    first such provider, at the dtype that check reports it (the first in the platform's order); None if none is."""
+    for op_name in sorted(providers):
+        op = lookup.ir_op(op_name)
+        for provider in sorted(providers[op_name] - {"native"}):
+            impl = op.impls.get(provider)
+            if impl is None or not impl.supported:
+                continue
+            for dtype in platform_dtypes(ctx, op):
+                picked = _representative(ctx, op, impl, dtype)
+                failure = tracing.trace_failure(op, impl, picked[1]) if picked is not None else None
+                if failure is not None:
+                    unit = Unit("compile", "ir_compile", op.name, provider, dtype_name(dtype))
+                    return (f"compile.ir_compile [{unit.id}] (provider '{provider}' of {op.name} is "
+                            f"{failure.problem.split(':')[0]})")
+    return None
+
+
 def _compile_and_compare(op, impl, dtype, args, where: str) -> Verdict:
     """Functional and maybe_inplace forms compiled with a dynamic batch against eager, then donation."""
     from reference_impl.compilation import DonatedInputReuseError, ReferenceCompileBackend

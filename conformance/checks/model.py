@@ -29,9 +29,11 @@ import torch
 
 from conformance.checks.common import (
     CheckContext,
+    KernelRaised,
     Verdict,
     call_impl,
     compare_outputs,
+    exception_line,
     failed,
     native_only,
     passed,
@@ -207,10 +209,28 @@ def decoder(ctx: CheckContext, unit: Unit) -> Verdict:
         torch._dynamo.reset()
         compile_config = RuntimeConfig(CompilationConfig(mode=CompilationMode.REFERENCE_COMPILE, backend="aot_eager"))
         runner = compile_module(model, compile_config)
-    got = call_impl(f"the decoder on the platform ({unit.case})", _generate, runner, batch, ctx.device)
+    try:
+        got = call_impl(f"the decoder on the platform ({unit.case})", _generate, runner, batch, ctx.device)
+    except KernelRaised as exc:
+        told = _told_by_compile(ctx, exc, used) if unit.case == "compiled" else None
+        if told is None:
+            raise
+        return failed(f"the compiled decoder does not compile, for the cause {told} reports with its fix (the same "
+                      f"root cause, not told again here): {exception_line(exc.exc)}; {used.describe()}{where}")
     return _verdict(got, expected, golden, dtype, used, where,
                     lambda: call_impl("the compiled decoder on a second batch", _recompiled, runner, batch,
                                       ctx.device) if unit.case == "compiled" else None)
+
+
+def _told_by_compile(ctx: CheckContext, exc: KernelRaised, used: Exercised) -> str | None:
+    """The compile FAIL that already diagnoses why the compiled decoder raised (a provider it selects cannot be
+    traced by lowering), or None when the raise is something else."""
+    from conformance.checks import tracing
+    from conformance.checks.compile import untraceable_compile_failure
+
+    if tracing.classify_lowering_failure(exc.exc) is None:
+        return None
+    return untraceable_compile_failure(ctx, used.providers)
 
 
 def _verdict(got, expected, golden, dtype, used, where, recompiled) -> Verdict:

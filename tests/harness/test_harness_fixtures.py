@@ -62,9 +62,10 @@ def test_contiguity_predicate_passes_the_batch_rule(tmp_path):
 
 
 def test_untraceable_provider_gets_one_compile_fail_and_identical_messages_run_to_run(tmp_path):
-    """At the standard level (3 dtypes): one FAIL with diagnosis and fix, the other dtypes point to it;
-    two identical runs give identical messages, without addresses or object reprs (the model family's
-    compiled decoder ERROR carries the compile backend's repr). Its record names this test: it covers more."""
+    """At the standard level (3 dtypes): one FAIL with diagnosis and fix, the other dtypes point to it, and so does
+    the compiled decoder, which fails for the same root cause (told once, not as an ERROR with other advice);
+    two identical runs give identical messages, without addresses or object reprs (the compiled decoder's
+    exception line carries the compile backend's repr). Its record names this test: it covers more."""
     runs = []
     for i in (1, 2):
         (tmp_path / str(i)).mkdir()
@@ -85,7 +86,12 @@ def test_untraceable_provider_gets_one_compile_fail_and_identical_messages_run_t
         assert skipped["message"].startswith("not run: see compile rms_norm-broken-float32"), skipped["message"]
     messages = [{r["nodeid"]: r["message"] for r in run.results} for run in runs]
     assert messages[0] == messages[1]
-    assert any("ReferenceCompileBackend" in m for m in messages[0].values() if m)   # the model family's ERROR
+    [model] = runs[0].where(check="model")
+    assert model["outcome"] == "FAIL" and "ReferenceCompileBackend" in model["message"], model
+    assert model["message"].startswith("the compiled decoder does not compile, for the cause compile.ir_compile "
+                                       "[rms_norm-broken-float32] (provider 'broken' of rms_norm is not traceable by "
+                                       "make_fx) reports with its fix (the same root cause, not told again here)")
+    assert "supports_args" not in model["message"]
     assert not [m for m in messages[0].values() if m and re.search(r"0x[0-9a-f]{6,}| object at ", m)]
 
 
