@@ -1,0 +1,454 @@
+// Paged attention on the CPU: the KV-cache writer and the forward (prefill, chunked prefill and
+// decode in one kernel), GQA with any head ratio, sliding window, soft cap, ALiBi, sinks, fp32 /
+// fp16 / bf16 activations and an fp8 (e4m3fn / e5m2) cache with k/v scales.
+//
+// The forward parallelises over (request, kv head, chunk of query rows): a task loads its rows'
+// queries for every query head of its kv head (the GQA group) into fp32, walks the key blocks
+// the chunk needs once (converting a 16-bit or fp8 block to fp32 once for the whole group), and
+// keeps an online softmax (running max, sum and fp32 accumulator) per (row, head). The output is
+// rounded once. Dot products and the value accumulation are at::vec FMAs over the head dim
+// (unrolled for head sizes 64, 80, 96, 128, 256; any other size runs the same code with runtime
+// trip counts and a partial-vector tail).
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
+
+#include <array>
+#include <vector>
+
+#include "attention.h"
+#include "vec_common.h"
+
+namespace reference_cpu {
+namespace {
+
+constexpr float kE4m3Max = 448.0f;
+constexpr float kE5m2Max = 57344.0f;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ----- fp8 codes ---------------------------------------------------------------------------------
+// Saturating round-to-nearest-even encoders (c10's conversions round to nearest even; the clamp
+// makes them saturate instead of overflowing to NaN / inf). NaN stays NaN.
+inline uint8_t encode_e4m3(float v) {
+  const float c = std::isnan(v) ? v : std::min(std::max(v, -kE4m3Max), kE4m3Max);
+  return c10::Float8_e4m3fn(c).x;
+}
+
+inline uint8_t encode_e5m2(float v) {
+  const float c = std::isnan(v) ? v : std::min(std::max(v, -kE5m2Max), kE5m2Max);
+  return c10::Float8_e5m2(c).x;
+}
+
+// Decoding tables: code -> fp32 value.
+struct Fp8Tables {
+  std::array<float, 256> e4m3;
+  std::array<float, 256> e5m2;
+  Fp8Tables() {
+    for (int c = 0; c < 256; ++c) {
+      e4m3[c] = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(c), c10::Float8_e4m3fn::from_bits()));
+      e5m2[c] = static_cast<float>(c10::Float8_e5m2(static_cast<uint8_t>(c), c10::Float8_e5m2::from_bits()));
+    }
+  }
+};
+
+const Fp8Tables& fp8_tables() {
+  static const Fp8Tables tables;
+  return tables;
+}
+
+// ----- rows to and from fp32 ------------------------------------------------------------------------
+template <typename T>
+inline void row_to_float(const T* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  } else {
+    using TVec = at::vec::Vectorized<T>;
+    for (; i + kChunk <= n; i += kChunk) {
+      auto [a, b] = at::vec::convert_to_float<T>(TVec::loadu(src + i));  // in order
+      a.store(dst + i);
+      b.store(dst + i + kF);
+    }
+    for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+  }
+}
+
+template <typename T>
+inline void row_from_float(const float* src, T* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, n * sizeof(float));
+  } else {
+    int64_t i = 0;
+    for (; i + kChunk <= n; i += kChunk) {
+      at::vec::convert_from_float<T>(fVec::loadu(src + i), fVec::loadu(src + i + kF)).store(dst + i);
+    }
+    for (; i < n; ++i) dst[i] = static_cast<T>(src[i]);  // round to nearest even
+  }
+}
+
+inline void fp8_row_to_float(const uint8_t* src, float* dst, int64_t n, const float* table, float scale) {
+#if defined(CPU_CAPABILITY_AVX512)
+  int64_t i = 0;
+  const __m512 s = _mm512_set1_ps(scale);
+  for (; i + kF <= n; i += kF) {
+    const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_i32gather_ps(idx, table, 4), s));
+  }
+  for (; i < n; ++i) dst[i] = table[src[i]] * scale;
+#elif defined(CPU_CAPABILITY_AVX2)
+  int64_t i = 0;
+  const __m256 s = _mm256_set1_ps(scale);
+  for (; i + kF <= n; i += kF) {
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
+    _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_i32gather_ps(table, idx, 4), s));
+  }
+  for (; i < n; ++i) dst[i] = table[src[i]] * scale;
+#else
+  for (int64_t i = 0; i < n; ++i) dst[i] = table[src[i]] * scale;
+#endif
+}
+
+// ----- vector pieces over the head dim ------------------------------------------------------------
+inline float hsum(const fVec& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_reduce_add_ps(v);
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 h = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+#else
+  return reduce_add(v);
+#endif
+}
+
+// Head dim as a compile-time constant (kD > 0) or a runtime value (kD == 0).
+template <int kD>
+struct HeadDim {
+  int64_t d;
+  REFERENCE_CPU_INLINE int64_t size() const { return kD > 0 ? kD : d; }
+  REFERENCE_CPU_INLINE int64_t full() const { return size() / kF * kF; }
+  REFERENCE_CPU_INLINE int64_t tail() const { return size() - full(); }
+};
+
+// s[j] = q . k_j for n keys `k_stride` floats apart.
+template <int kD>
+REFERENCE_CPU_INLINE void dot_keys(const float* __restrict q, const float* __restrict k, int64_t k_stride,
+                                   int64_t n, HeadDim<kD> hd, float* __restrict s) {
+  const int64_t full = hd.full(), tail = hd.tail();
+  int64_t j = 0;
+  for (; j + 2 <= n; j += 2) {  // two keys per step: two independent FMA chains
+    const float* k0 = k + j * k_stride;
+    const float* k1 = k0 + k_stride;
+    fVec a0(0.f), a1(0.f);
+    for (int64_t d = 0; d < full; d += kF) {
+      const fVec qv = fVec::loadu(q + d);
+      a0 = at::vec::fmadd(qv, fVec::loadu(k0 + d), a0);
+      a1 = at::vec::fmadd(qv, fVec::loadu(k1 + d), a1);
+    }
+    if (tail) {
+      const fVec qv = fVec::loadu(q + full, tail);
+      a0 = at::vec::fmadd(qv, fVec::loadu(k0 + full, tail), a0);
+      a1 = at::vec::fmadd(qv, fVec::loadu(k1 + full, tail), a1);
+    }
+    s[j] = hsum(a0);
+    s[j + 1] = hsum(a1);
+  }
+  for (; j < n; ++j) {
+    const float* k0 = k + j * k_stride;
+    fVec a0(0.f);
+    for (int64_t d = 0; d < full; d += kF) a0 = at::vec::fmadd(fVec::loadu(q + d), fVec::loadu(k0 + d), a0);
+    if (tail) a0 = at::vec::fmadd(fVec::loadu(q + full, tail), fVec::loadu(k0 + full, tail), a0);
+    s[j] = hsum(a0);
+  }
+}
+
+// acc = acc * alpha + sum_j p[j] * v_j, in register tiles of up to kTile vectors of the head dim.
+template <int kD>
+REFERENCE_CPU_INLINE void accumulate_values(float* __restrict acc, float alpha, const float* __restrict p,
+                                            const float* __restrict v, int64_t v_stride, int64_t n,
+                                            HeadDim<kD> hd) {
+  constexpr int64_t kTile = 8;
+  const int64_t full = hd.full(), tail = hd.tail();
+  const fVec al(alpha);
+  for (int64_t d0 = 0; d0 < full; d0 += kTile * kF) {
+    const int64_t vecs = std::min<int64_t>(kTile, (full - d0) / kF);
+    fVec a[kTile];
+#pragma GCC unroll 8
+    for (int64_t t = 0; t < kTile; ++t) {
+      if (t < vecs) a[t] = fVec::loadu(acc + d0 + t * kF) * al;
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const fVec pj(p[j]);
+      const float* vj = v + j * v_stride + d0;
+#pragma GCC unroll 8
+      for (int64_t t = 0; t < kTile; ++t) {
+        if (t < vecs) a[t] = at::vec::fmadd(pj, fVec::loadu(vj + t * kF), a[t]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int64_t t = 0; t < kTile; ++t) {
+      if (t < vecs) a[t].store(acc + d0 + t * kF);
+    }
+  }
+  if (tail) {
+    fVec a = fVec::loadu(acc + full, tail) * al;
+    for (int64_t j = 0; j < n; ++j) a = at::vec::fmadd(fVec(p[j]), fVec::loadu(v + j * v_stride + full, tail), a);
+    a.store(acc + full, tail);
+  }
+}
+
+// p[j] = exp(s[j] - m) for n scores; returns their sum.
+inline float exp_shifted(float* s, int64_t n, float m) {
+  const fVec mv(m * kLog2e), l2e(kLog2e);
+  fVec sum(0.f);
+  int64_t j = 0;
+  for (; j + kF <= n; j += kF) {
+    const fVec e = fast_exp2<5>(at::vec::fmsub(fVec::loadu(s + j), l2e, mv));
+    e.store(s + j);
+    sum = sum + e;
+  }
+  float total = hsum(sum);
+  for (; j < n; ++j) {
+    s[j] = std::exp(s[j] - m);
+    total += s[j];
+  }
+  return total;
+}
+
+// ----- the forward -------------------------------------------------------------------------------
+// One request's key range for the query at position p: [lo, hi] (inclusive).
+struct KeyRange {
+  int64_t lo, hi;
+};
+
+inline KeyRange key_range(int64_t p, int64_t seq_len, const AttentionFeatures& f) {
+  int64_t lo = 0, hi = f.causal ? p : seq_len - 1;
+  if (f.sliding_window > 0) {
+    lo = std::max<int64_t>(0, p - f.sliding_window + 1);
+    if (!f.causal) hi = std::min<int64_t>(hi, p + f.sliding_window - 1);
+  }
+  return {lo, hi};
+}
+
+// Query rows per task: enough (with the GQA group) to amortise a block's conversion.
+inline int64_t rows_per_task(int64_t group) { return std::max<int64_t>(1, 32 / group); }
+
+struct Task {
+  int64_t seq, kv_head, row0, row1;  // rows relative to the request's first query row
+};
+
+template <typename T, int kD>
+struct ForwardTask {
+  const HeadRows<T>& out;
+  const HeadRows<const T>& query;
+  const PagedCache& cache;
+  const PagedBatch& batch;
+  const AttentionFeatures& f;
+  int64_t group;
+  // scratch, reused across the tasks of one thread
+  std::vector<float>& q;
+  std::vector<float>& acc;
+  std::vector<float>& kbuf;
+  std::vector<float>& vbuf;
+  std::vector<float>& s;
+  std::vector<float>& m;
+  std::vector<float>& l;
+
+  void run(const Task& t) {
+    const HeadDim<kD> hd{cache.head_size};
+    const int64_t D = hd.size(), N = cache.block_size, G = group;
+    const int64_t q_begin = batch.query_start_loc[t.seq];
+    const int64_t q_len = batch.query_start_loc[t.seq + 1] - q_begin;
+    const int64_t seq_len = batch.seq_lens[t.seq];
+    const int64_t context = seq_len - q_len;
+    const int64_t rows = t.row1 - t.row0;
+    const int32_t* table = batch.block_table + t.seq * batch.block_table_stride;
+
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* qrow = query.data + (q_begin + t.row0 + r) * query.stride_token;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t h = t.kv_head * G + g, idx = r * G + g;
+        row_to_float(qrow + h * query.stride_head, q.data() + idx * D, D);
+        std::fill_n(acc.data() + idx * D, D, 0.f);
+        m[idx] = f.sinks ? f.sinks[h] : kNegInf;  // a sink is a key with logit sinks[h] and value 0
+        l[idx] = m[idx] == kNegInf ? 0.f : 1.f;  // e^(sink - m) with m = sink
+      }
+    }
+    const KeyRange first = key_range(context + t.row0, seq_len, f);
+    const KeyRange last = key_range(context + t.row1 - 1, seq_len, f);
+    const int64_t lo = first.lo, hi = last.hi;
+    const bool direct = cache.format == KvFormat::kAuto && std::is_same_v<T, float>;
+    const auto& tables = fp8_tables();
+    const float* fp8_table = cache.format == KvFormat::kFp8E5m2 ? tables.e5m2.data() : tables.e4m3.data();
+
+    for (int64_t lb = lo / N; lb <= hi / N && hi >= lo; ++lb) {
+      const int64_t j0 = lb * N;
+      const int64_t ja = std::max(j0, lo), jb = std::min(j0 + N - 1, hi);
+      const int64_t block = table[lb];
+      const int64_t head_off = block * cache.stride_block + t.kv_head * cache.stride_head;
+      // k(j), v(j) = kb + (j - j0) * ks, vb + (j - j0) * ks
+      const float* kb;
+      const float* vb;
+      int64_t ks;
+      if (direct) {
+        const float* base = static_cast<const float*>(cache.data) + head_off;
+        kb = base;
+        vb = base + D;
+        ks = cache.stride_token;
+      } else {
+        for (int64_t j = ja; j <= jb; ++j) {
+          const int64_t off = head_off + (j - j0) * cache.stride_token;
+          float* kd = kbuf.data() + (j - j0) * D;
+          float* vd = vbuf.data() + (j - j0) * D;
+          if (cache.format == KvFormat::kAuto) {
+            const T* src = static_cast<const T*>(cache.data) + off;
+            row_to_float(src, kd, D);
+            row_to_float(src + D, vd, D);
+          } else {
+            const uint8_t* src = static_cast<const uint8_t*>(cache.data) + off;
+            fp8_row_to_float(src, kd, D, fp8_table, cache.k_scale);
+            fp8_row_to_float(src + D, vd, D, fp8_table, cache.v_scale);
+          }
+        }
+        kb = kbuf.data();
+        vb = vbuf.data();
+        ks = D;
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t pos = context + t.row0 + r;
+        const KeyRange range = key_range(pos, seq_len, f);
+        const int64_t a = std::max(ja, range.lo), e = std::min(jb, range.hi);
+        if (a > e) continue;
+        const int64_t n = e - a + 1;
+        const float* kr = kb + (a - j0) * ks;
+        const float* vr = vb + (a - j0) * ks;
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t h = t.kv_head * G + g, idx = r * G + g;
+          float* sc = s.data();
+          dot_keys<kD>(q.data() + idx * D, kr, ks, n, hd, sc);
+          float block_max = kNegInf;
+          const float cap = f.logits_soft_cap;
+          const float slope = f.alibi_slopes ? f.alibi_slopes[h] : 0.f;
+          for (int64_t j = 0; j < n; ++j) {
+            float x = sc[j] * f.scale;
+            if (cap > 0.f) x = cap * std::tanh(x / cap);
+            if (f.alibi_slopes) x += -slope * static_cast<float>(pos - (a + j));
+            sc[j] = x;
+            block_max = nan_max(block_max, x);
+          }
+          const float m_new = std::max(m[idx], block_max);
+          if (m_new == kNegInf) continue;  // every logit so far is -inf: nothing to add
+          const float alpha = m[idx] == kNegInf ? 0.f : std::exp(m[idx] - m_new);
+          const float psum = exp_shifted(sc, n, m_new);
+          l[idx] = l[idx] * alpha + psum;
+          m[idx] = m_new;
+          accumulate_values<kD>(acc.data() + idx * D, alpha, sc, vr, ks, n, hd);
+        }
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      T* orow = out.data + (q_begin + t.row0 + r) * out.stride_token;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t h = t.kv_head * G + g, idx = r * G + g;
+        float* a = acc.data() + idx * D;
+        const float inv = l[idx] > 0.f ? 1.f / l[idx] : 0.f;
+        const fVec iv(inv);
+        int64_t d = 0;
+        for (; d + kF <= D; d += kF) (fVec::loadu(a + d) * iv).store(a + d);
+        for (; d < D; ++d) a[d] *= inv;
+        row_from_float(a, orow + h * out.stride_head, D);
+      }
+    }
+  }
+};
+
+template <typename T, int kD>
+void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& cache, const PagedBatch& batch,
+                  const AttentionFeatures& f) {
+  const int64_t G = f.num_heads / cache.kv_heads;
+  const int64_t chunk = rows_per_task(G);
+  std::vector<Task> tasks;
+  for (int64_t i = 0; i < batch.num_seqs; ++i) {
+    const int64_t q_len = batch.query_start_loc[i + 1] - batch.query_start_loc[i];
+    for (int64_t r0 = 0; r0 < q_len; r0 += chunk) {
+      for (int64_t kvh = 0; kvh < cache.kv_heads; ++kvh) {
+        tasks.push_back({i, kvh, r0, std::min(q_len, r0 + chunk)});
+      }
+    }
+  }
+  const int64_t D = cache.head_size, N = cache.block_size;
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    const int64_t lanes = chunk * G;
+    std::vector<float> q(lanes * D), acc(lanes * D), kbuf(N * D), vbuf(N * D), s(N + kF), m(lanes), l(lanes);
+    ForwardTask<T, kD> runner{out, query, cache, batch, f, G, q, acc, kbuf, vbuf, s, m, l};
+    for (int64_t i = begin; i < end; ++i) runner.run(tasks[i]);
+  });
+}
+
+template <typename T>
+void write_rows(const T* src, const PagedCache& cache, int64_t off, float scale) {
+  const int64_t D = cache.head_size;
+  if (cache.format == KvFormat::kAuto) {
+    std::memcpy(static_cast<T*>(cache.data) + off, src, D * sizeof(T));
+    return;
+  }
+  uint8_t* dst = static_cast<uint8_t*>(cache.data) + off;
+  const bool e4m3 = cache.format == KvFormat::kFp8E4m3;
+  for (int64_t d = 0; d < D; ++d) {
+    const float x = static_cast<float>(src[d]) / scale;
+    dst[d] = e4m3 ? encode_e4m3(x) : encode_e5m2(x);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void reshape_and_cache(HeadRows<const T> key, HeadRows<const T> value, const int64_t* slots, int64_t tokens,
+                       const PagedCache& cache) {
+  const int64_t KVH = cache.kv_heads, N = cache.block_size, D = cache.head_size;
+  at::parallel_for(0, tokens * KVH, std::max<int64_t>(1, 4096 / std::max<int64_t>(D, 1)),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t i = begin; i < end; ++i) {
+                       const int64_t t = i / KVH, h = i % KVH;
+                       const int64_t slot = slots[t];
+                       if (slot < 0) continue;  // padding
+                       const int64_t off = (slot / N) * cache.stride_block + h * cache.stride_head +
+                                           (slot % N) * cache.stride_token;
+                       write_rows(key.data + t * key.stride_token + h * key.stride_head, cache, off, cache.k_scale);
+                       write_rows(value.data + t * value.stride_token + h * value.stride_head, cache, off + D,
+                                  cache.v_scale);
+                     }
+                   });
+}
+
+template <typename T>
+void paged_attention(HeadRows<T> output, HeadRows<const T> query, const PagedCache& cache, const PagedBatch& batch,
+                     const AttentionFeatures& features) {
+  switch (cache.head_size) {
+    case 64:
+      return forward_impl<T, 64>(output, query, cache, batch, features);
+    case 80:
+      return forward_impl<T, 80>(output, query, cache, batch, features);
+    case 96:
+      return forward_impl<T, 96>(output, query, cache, batch, features);
+    case 128:
+      return forward_impl<T, 128>(output, query, cache, batch, features);
+    case 256:
+      return forward_impl<T, 256>(output, query, cache, batch, features);
+    default:
+      return forward_impl<T, 0>(output, query, cache, batch, features);
+  }
+}
+
+#define REFERENCE_CPU_INSTANTIATE_ATTENTION(T)                                                          \
+  template void reshape_and_cache<T>(HeadRows<const T>, HeadRows<const T>, const int64_t*, int64_t,     \
+                                     const PagedCache&);                                                \
+  template void paged_attention<T>(HeadRows<T>, HeadRows<const T>, const PagedCache&, const PagedBatch&, \
+                                   const AttentionFeatures&);
+REFERENCE_CPU_INSTANTIATE_ATTENTION(float)
+REFERENCE_CPU_INSTANTIATE_ATTENTION(c10::Half)
+REFERENCE_CPU_INSTANTIATE_ATTENTION(c10::BFloat16)
+#undef REFERENCE_CPU_INSTANTIATE_ATTENTION
+
+}  // namespace reference_cpu

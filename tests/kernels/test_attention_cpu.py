@@ -1,0 +1,355 @@
+"""The C++ CPU paged-attention kernels (`reference_cpu::reshape_and_cache`, `reference_cpu::paged_attention`)
+against a float64 reference written here: causal offset of chunked prefill, decode, sliding window,
+soft cap, ALiBi, sinks, GQA with non-power-of-2 ratios, odd head and block sizes, permuted block
+tables, padded slots and rows, the null block, fp8 e4m3/e5m2 with scales, and the argument errors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from reference_impl.kernels import _cpp_build
+from reference_impl.kernels import cpu as cpu_kernels
+
+FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+# Max abs error of outputs (values ~N(0,1) averaged by softmax) against float64, as vLLM's CPU tests allow.
+ATOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+
+
+@pytest.fixture(scope="module")
+def ops():
+    if not cpu_kernels.SUPPORTED:
+        pytest.skip(f"C++ CPU kernels unavailable: {_cpp_build.toolchain_problem()}")
+    _cpp_build.load()
+    return torch.ops.reference_cpu
+
+
+def quantize_codes(x: torch.Tensor, scale: float, fp8: torch.dtype) -> torch.Tensor:
+    """fp8 bits (uint8) of x / scale: round to nearest even, saturating (torch's cast needs the clamp)."""
+    m = FP8_MAX[fp8]
+    return (x.float() / scale).clamp(-m, m).to(fp8).view(torch.uint8)
+
+
+def truncated_codes(x: torch.Tensor, scale: float, fp8: torch.dtype) -> torch.Tensor:
+    """The codes a truncating (round-toward-zero) writer would store: the RNE code, one step toward zero
+    where RNE rounded away from zero."""
+    m = FP8_MAX[fp8]
+    y = (x.float() / scale).clamp(-m, m)
+    codes = y.to(fp8).view(torch.uint8)
+    back = codes.view(fp8).float()
+    away = back.abs() > y.abs()
+    return torch.where(away, codes - 1, codes)
+
+
+def stored_values(x: torch.Tensor, kv_cache_dtype: str, scale: float) -> torch.Tensor:
+    """What the cache holds for x, as float64."""
+    if kv_cache_dtype == "auto":
+        return x.double()
+    fp8 = FP8[kv_cache_dtype]
+    return quantize_codes(x, scale, fp8).view(fp8).double() * scale
+
+
+def reference(q, k_seqs, v_seqs, query_lens, *, scale, causal=True, window=-1, softcap=0.0, alibi=None,
+              sinks=None, num_kv_heads):
+    """float64 attention per request: q [T, H, D] rows in request order, k/v_seqs[i] [seq_len, KVH, D]."""
+    heads = q.shape[1]
+    group = heads // num_kv_heads
+    outs = []
+    row = 0
+    for k, v, q_len in zip(k_seqs, v_seqs, query_lens):
+        seq_len = k.shape[0]
+        ctx = seq_len - q_len
+        qi = q[row:row + q_len].double()
+        row += q_len
+        kh = k.double().repeat_interleave(group, dim=1)  # head h reads kv head h // group
+        vh = v.double().repeat_interleave(group, dim=1)
+        s = torch.einsum("thd,jhd->htj", qi, kh) * scale
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        p = torch.arange(q_len, dtype=torch.float64)[:, None] + ctx
+        j = torch.arange(seq_len, dtype=torch.float64)[None, :]
+        if alibi is not None:
+            s = s - alibi.double()[:, None, None] * (p - j)[None]
+        mask = torch.ones(q_len, seq_len, dtype=torch.bool)
+        if causal:
+            mask &= j <= p
+        if window > 0:
+            mask &= j > p - window
+            if not causal:
+                mask &= j < p + window
+        s = s.masked_fill(~mask[None], -math.inf)
+        if sinks is not None:
+            s = torch.cat([s, sinks.double()[:, None, None].expand(heads, q_len, 1)], dim=-1)
+            vh = torch.cat([vh, torch.zeros_like(vh[:1])], dim=0)
+        w = torch.softmax(s, dim=-1)
+        outs.append(torch.einsum("htj,jhd->thd", w, vh))
+    return torch.cat(outs)
+
+
+class Batch:
+    """A batch over a paged cache: per request (context, new tokens), keys/values of every position,
+    a permuted block table over blocks 1.. (block 0 is the null block), slots for the new tokens and
+    `pad` trailing padded rows (slot -1)."""
+
+    def __init__(self, requests, *, heads, kv_heads, head, block, dtype, pad=2, seed=0, big_key=None):
+        g = torch.Generator().manual_seed(seed)
+        self.requests, self.heads, self.kv_heads, self.head, self.block, self.dtype = (
+            requests, heads, kv_heads, head, block, dtype)
+        self.query_lens = [n for _, n in requests]
+        self.seq_lens = [c + n for c, n in requests]
+        blocks_per = [max(1, -(-s // block)) for s in self.seq_lens]
+        width = max(blocks_per) + 1  # a spare column (0 = the null block), as a padded table has
+        self.num_blocks = sum(blocks_per) + 3
+        perm = (torch.randperm(self.num_blocks - 1, generator=g) + 1).tolist()
+        self.block_table = torch.zeros(len(requests), width, dtype=torch.int32)
+        used = 0
+        for i, n in enumerate(blocks_per):
+            self.block_table[i, :n] = torch.tensor(perm[used:used + n], dtype=torch.int32)
+            used += n
+        self.k = [torch.randn(s, kv_heads, head, generator=g).to(dtype) for s in self.seq_lens]
+        self.v = [torch.randn(s, kv_heads, head, generator=g).to(dtype) for s in self.seq_lens]
+        if big_key is not None:  # one value far past the fp8 range, to be saturated
+            self.k[0][-1, 0, 0] = big_key
+            self.v[0][-1, 0, 1] = -big_key
+        t = sum(self.query_lens)
+        # q split from a fused qkv row, so its token stride is not heads * head
+        qkv = torch.randn(t + pad, heads + 2 * kv_heads, head, generator=g).to(dtype)
+        self.q = qkv[:, :heads]
+        self.qsl = torch.tensor([0, *torch.tensor(self.query_lens).cumsum(0).tolist()], dtype=torch.int32)
+        self.seq_lens_t = torch.tensor(self.seq_lens, dtype=torch.int32)
+        self.pad = pad
+
+    def slot(self, i, pos):
+        return int(self.block_table[i, pos // self.block]) * self.block + pos % self.block
+
+    def context_rows(self):
+        """(key, value, slots) of every request's context tokens."""
+        ks, vs, slots = [], [], []
+        for i, (c, _) in enumerate(self.requests):
+            ks.append(self.k[i][:c])
+            vs.append(self.v[i][:c])
+            slots += [self.slot(i, p) for p in range(c)]
+        return torch.cat(ks), torch.cat(vs), torch.tensor(slots, dtype=torch.int64)
+
+    def new_rows(self):
+        """(key, value, slots) of the new tokens plus the padded rows (slot -1, random values)."""
+        ks, vs, slots = [], [], []
+        for i, (c, n) in enumerate(self.requests):
+            ks.append(self.k[i][c:])
+            vs.append(self.v[i][c:])
+            slots += [self.slot(i, p) for p in range(c, c + n)]
+        junk = torch.randn(self.pad, self.kv_heads, self.head).to(self.dtype)
+        return (torch.cat([*ks, junk]), torch.cat([*vs, junk]),
+                torch.tensor(slots + [-1] * self.pad, dtype=torch.int64))
+
+    def empty_cache(self, kv_cache_dtype):
+        shape = (self.num_blocks, self.kv_heads, self.block, 2 * self.head)
+        if kv_cache_dtype == "auto":
+            return torch.full(shape, 7.0, dtype=self.dtype)  # a sentinel: untouched slots keep it
+        return torch.full(shape, 0x3a, dtype=torch.uint8)
+
+
+def run_case(ops, batch: Batch, *, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0, scale=None, causal=True,
+             window=-1, softcap=0.0, alibi=None, sinks=None):
+    scale = batch.head ** -0.5 if scale is None else scale
+    cache = batch.empty_cache(kv_cache_dtype)
+    for k, v, slots in (batch.context_rows(), batch.new_rows()):
+        ops.reshape_and_cache(k, v, cache, slots, kv_cache_dtype, k_scale, v_scale)
+    out = torch.full((batch.q.shape[0], batch.heads, batch.head), float("nan"), dtype=batch.dtype)
+    ops.paged_attention(out, batch.q, cache, batch.qsl, batch.seq_lens_t, batch.block_table, scale, causal,
+                        window, softcap, alibi, sinks, kv_cache_dtype, k_scale, v_scale)
+    ks = [stored_values(k, kv_cache_dtype, k_scale) for k in batch.k]
+    vs = [stored_values(v, kv_cache_dtype, v_scale) for v in batch.v]
+    ref = reference(batch.q, ks, vs, batch.query_lens, scale=scale, causal=causal, window=window,
+                    softcap=softcap, alibi=alibi, sinks=sinks, num_kv_heads=batch.kv_heads)
+    return out, ref, cache
+
+
+def assert_close(out, ref, dtype, pad):
+    t = ref.shape[0]
+    err = (out[:t].double() - ref).abs().max().item()
+    assert err <= ATOL[dtype], f"max abs error {err:.3g} > {ATOL[dtype]:.3g}"
+    assert torch.isnan(out[t:]).all(), "padded output rows (past query_start_loc[-1]) were written"
+    assert out.shape[0] == t + pad
+
+
+# decode at 1 token, at a block boundary +1, chunked prefill with an unaligned context, a fresh
+# prefill, a zero-length request, and a long-ish decode
+def mixed(block):
+    return [(0, 1), (block, 1), (block + 5, 9), (0, 17), (3, 0), (2 * block + 3, 1)]
+
+
+FEATURES = {
+    "plain": {},
+    "window": {"window": 7},
+    "window1": {"window": 1},
+    "softcap": {"softcap": 2.0, "scale": 1.7},
+    "alibi": {"alibi": True},
+    "sinks": {"sinks": True},
+    "window_sinks": {"window": 5, "sinks": True},
+    "softcap_alibi": {"softcap": 3.0, "alibi": True},
+    "noncausal": {"causal": False},
+    "noncausal_window": {"causal": False, "window": 6},
+}
+
+
+def _features(name, heads, seed=1):
+    f = dict(FEATURES[name])
+    g = torch.Generator().manual_seed(seed)
+    if f.pop("alibi", False):
+        f["alibi"] = torch.tensor([2 ** (-8 * (h + 1) / heads) for h in range(heads)], dtype=torch.float32)
+    if f.pop("sinks", False):
+        f["sinks"] = torch.randn(heads, generator=g) * 2
+    return f
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_features(ops, feature, dtype):
+    block = 16
+    batch = Batch(mixed(block), heads=14, kv_heads=2, head=64, block=block, dtype=dtype)
+    out, ref, _ = run_case(ops, batch, **_features(feature, 14))
+    assert_close(out, ref, dtype, batch.pad)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head,block", [
+    (14, 2, 128, 16), (9, 3, 80, 32), (8, 8, 48, 128), (7, 1, 96, 16), (4, 2, 256, 32), (6, 3, 40, 16),
+    (3, 1, 5, 4),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_shapes(ops, heads, kv_heads, head, block, dtype):
+    batch = Batch(mixed(block), heads=heads, kv_heads=kv_heads, head=head, block=block, dtype=dtype, seed=head)
+    out, ref, _ = run_case(ops, batch, window=2 * block + 1, sinks=torch.randn(heads))
+    assert_close(out, ref, dtype, batch.pad)
+
+
+def test_long_context_and_large_prefill(ops):
+    batch = Batch([(700, 1), (300, 70), (0, 45)], heads=8, kv_heads=2, head=128, block=32, dtype=torch.float32)
+    out, ref, _ = run_case(ops, batch, sinks=torch.randn(8), window=400)
+    assert_close(out, ref, torch.float32, batch.pad)
+
+
+def test_gqa_reads_kv_head_by_division(ops):
+    """Query head h reads kv head h // (H / KVH); a modulo mapping would give other values."""
+    batch = Batch([(5, 3)], heads=6, kv_heads=2, head=32, block=16, dtype=torch.float32)
+    out, ref, _ = run_case(ops, batch)
+    assert_close(out, ref, torch.float32, batch.pad)
+    modulo = [k[:, [h % 2 for h in range(6)]] for k in batch.k], [v[:, [h % 2 for h in range(6)]] for v in batch.v]
+    wrong = reference(batch.q, *modulo, batch.query_lens, scale=32 ** -0.5, num_kv_heads=6)
+    assert (out[:3].double() - wrong).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fp8_cache(ops, kv_cache_dtype, dtype):
+    fp8 = FP8[kv_cache_dtype]
+    k_scale, v_scale = 0.5, 0.25
+    big = FP8_MAX[fp8] * k_scale * 4  # saturates (to +-max), where an unclamped cast gives NaN/inf
+    batch = Batch(mixed(32), heads=8, kv_heads=2, head=64, block=32, dtype=dtype, big_key=big)
+    out, ref, cache = run_case(ops, batch, kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, v_scale=v_scale,
+                               sinks=torch.randn(8))
+    assert torch.isfinite(out[:ref.shape[0]]).all()
+    assert_close(out, ref, dtype, batch.pad)
+    # the saturating value's code is the largest finite one
+    slot = batch.slot(0, batch.seq_lens[0] - 1)
+    code = cache[slot // 32, 0, slot % 32, 0].view(fp8).float().item()
+    assert code == FP8_MAX[fp8]
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_writer_rounds_to_nearest_even(ops, kv_cache_dtype):
+    """The stored codes are exactly torch's RNE codes; the test data has values where truncation differs."""
+    fp8 = FP8[kv_cache_dtype]
+    g = torch.Generator().manual_seed(3)
+    k = torch.randn(40, 2, 32, generator=g) * 3
+    v = torch.randn(40, 2, 32, generator=g)
+    cache = torch.zeros(4, 2, 16, 64, dtype=torch.uint8)
+    slots = torch.randperm(48, generator=g)[:40] + 16  # blocks 1..3
+    ops.reshape_and_cache(k, v, cache, slots, kv_cache_dtype, 0.75, 0.3)
+    blk, off = slots // 16, slots % 16
+    got_k = cache[blk, :, off, :32]
+    got_v = cache[blk, :, off, 32:]
+    assert torch.equal(got_k, quantize_codes(k, 0.75, fp8))
+    assert torch.equal(got_v, quantize_codes(v, 0.3, fp8))
+    assert not torch.equal(got_k, truncated_codes(k, 0.75, fp8)), "test data cannot tell RNE from truncation"
+    assert (cache[0] == 0).all(), "the null block was written"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_writer_touches_only_addressed_slots(ops, dtype):
+    batch = Batch(mixed(16), heads=4, kv_heads=2, head=48, block=16, dtype=dtype)
+    cache = batch.empty_cache("auto")
+    before = cache.clone()
+    k, v, slots = batch.new_rows()
+    assert (slots < 0).sum() == batch.pad
+    ops.reshape_and_cache(k, v, cache, slots, "auto", 1.0, 1.0)
+    expected = before.clone()
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            expected[s // 16, :, s % 16, :48] = k[t]
+            expected[s // 16, :, s % 16, 48:] = v[t]
+    assert torch.equal(cache, expected)
+    assert torch.equal(cache[0], before[0]), "the null block was written"
+    ops.reshape_and_cache(k, v, cache, torch.full_like(slots, -1), "auto", 1.0, 1.0)
+    assert torch.equal(cache, expected), "all -1 slots changed the cache"
+
+
+def test_strided_key_value_and_cache_view(ops):
+    """k/v split from a fused qkv, and a cache that is a strided view of a larger buffer."""
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(6, 4 + 2 * 2, 32, generator=g)
+    k, v = qkv[:, 4:6], qkv[:, 6:8]
+    buf = torch.zeros(3, 2, 8, 2, 64)
+    cache = buf[:, :, :, 1]  # [3, 2, 8, 64], token stride 128
+    slots = torch.tensor([8, 9, 10, 17, 23, -1])
+    ops.reshape_and_cache(k, v, cache, slots, "auto", 1.0, 1.0)
+    assert torch.equal(cache[1, :, 0, :32], k[0]) and torch.equal(cache[2, :, 7, 32:], v[4])
+    assert (buf[:, :, :, 0] == 0).all()
+
+
+def test_errors_name_the_problem(ops):
+    batch = Batch([(3, 2)], heads=4, kv_heads=2, head=16, block=8, dtype=torch.float32)
+    cache = batch.empty_cache("auto")
+    k, v, slots = batch.new_rows()
+    out = torch.empty(batch.q.shape)
+    args = dict(scale=0.25, causal=True, window=-1, cap=0.0, alibi=None, sinks=None, kvd="auto")
+
+    def attend(**over):
+        a = {**args, **over}
+        ops.paged_attention(a.get("out", out), a.get("q", batch.q), a.get("cache", cache),
+                            a.get("qsl", batch.qsl), a.get("lens", batch.seq_lens_t), a.get("bt", batch.block_table),
+                            a["scale"], a["causal"], a["window"], a["cap"], a["alibi"], a["sinks"], a["kvd"], 1.0,
+                            1.0)
+
+    with pytest.raises(RuntimeError, match="kv_cache_dtype 'fp4' is not supported"):
+        attend(kvd="fp4")
+    with pytest.raises(RuntimeError, match="kv_cache dtype Float must be uint8"):
+        attend(kvd="fp8")
+    with pytest.raises(RuntimeError, match="num_heads 3 is not a multiple"):
+        attend(q=batch.q[:, :3], out=out[:, :3])
+    with pytest.raises(RuntimeError, match="seq_len 1 below its query length 2"):
+        attend(lens=torch.tensor([1], dtype=torch.int32))
+    with pytest.raises(IndexError, match=r"block_table\[0, 0\] = 99 is outside"):
+        attend(bt=torch.full_like(batch.block_table, 99))
+    with pytest.raises(RuntimeError, match="needs 1 blocks for seq_len 5 but block_table has 0 columns"):
+        attend(bt=batch.block_table[:, :0])
+    with pytest.raises(RuntimeError, match="sliding_window must be -1"):
+        attend(window=0)
+    with pytest.raises(RuntimeError, match="logits_soft_cap must be 0"):
+        attend(cap=-1.0)
+    with pytest.raises(RuntimeError, match=r"sinks must be a float CPU tensor of shape \[4\]"):
+        attend(sinks=torch.zeros(3))
+    with pytest.raises(RuntimeError, match="query_start_loc must be a CPU Int tensor"):
+        attend(qsl=batch.qsl.long())
+    with pytest.raises(RuntimeError, match="output dtype BFloat16 differs"):
+        attend(out=out.bfloat16())
+    with pytest.raises(IndexError, match=r"slot_mapping\[0\] = 1000 is past"):
+        ops.reshape_and_cache(k, v, cache, torch.full_like(slots, 1000), "auto", 1.0, 1.0)
+    with pytest.raises(RuntimeError, match="k_scale and v_scale must be finite and positive"):
+        ops.reshape_and_cache(k, v, cache, slots, "auto", 0.0, 1.0)
+    with pytest.raises(RuntimeError, match="must equal the activation dtype"):
+        ops.reshape_and_cache(k.half(), v.half(), cache, slots, "auto", 1.0, 1.0)
