@@ -2,9 +2,10 @@
 
 The native semantics are exactly `F.conv2d` / `F.conv3d` with the layer's weight, bias, stride,
 padding, dilation and groups (non-zero padding modes pad first with `F.pad`, like nn.ConvNd). Where
-vLLM 0.32 differs (it ignores padding_mode, pads 'same' as k // 2 per side, and takes the patch path
-for kernel == stride even with a dilation) the reference keeps PyTorch's meaning; the cases that
-depend on it are marked beyond vLLM.
+vLLM 0.32 differs (it ignores padding_mode and pads 'same' as k // 2 per side) the reference keeps
+PyTorch's meaning; the cases that depend on it are marked beyond vLLM. vLLM 0.32 also takes its
+patch path for kernel == stride with a dilation > 1, which ignores the dilation (wrong output size
+and values, where its own F.conv path honours it): a defect, so those cases are not marked.
 Patch embeddings (kernel_size == stride, no padding, dilation 1, one group) take an equivalent
 unfold + matmul path, which is how vLLM runs them: the patches do not overlap, so each output
 pixel is one row of `patches @ W^T`.
@@ -197,6 +198,9 @@ declare_cases(Conv2dLayer, tolerances=CONV_TOLERANCES, cases=[
                 "padding_mode": "reflect"}, beyond_vllm=f"{EVEN_SAME_BEYOND_VLLM}; {PADDING_MODE_BEYOND_VLLM}"),
     _conv_case("k=3,same,c=3->4,6x7", 1, (6, 7), {"in_channels": 3, "out_channels": 4, "kernel_size": 3,
                                                    "padding": "same"}),
+    # kernel == stride with a dilation: F.conv2d's dilated taps (3x3 out of 8x8); vLLM 0.32's patch path ignores it
+    _conv_case("k=2,stride=2,dilation=2,c=3->8,8x8", 1, (8, 8), {"in_channels": 3, "out_channels": 8,
+                                                                  "kernel_size": 2, "stride": 2, "dilation": 2}),
     _conv_case("patch=14,c=3->64,28x28", 2, (28, 28), {"in_channels": 3, "out_channels": 64, "kernel_size": 14,
                                            "stride": 14}, level="standard"),
 ])
@@ -211,6 +215,8 @@ declare_cases(Conv3dLayer, tolerances=CONV_TOLERANCES, cases=[
     _conv_case("k=(1,3,3),stride=(1,2,2),replicate,pad=(0,1,1),groups=2,c=4->4,2x6x6", 1, (2, 6, 6),
    {"in_channels": 4, "out_channels": 4, "kernel_size": (1, 3, 3), "stride": (1, 2, 2),
     "padding": (0, 1, 1), "padding_mode": "replicate", "groups": 2}, beyond_vllm=PADDING_MODE_BEYOND_VLLM),
+    _conv_case("k=2,stride=2,dilation=2,c=2->4,6x8x8", 1, (6, 8, 8), {"in_channels": 2, "out_channels": 4,
+                                                                       "kernel_size": 2, "stride": 2, "dilation": 2}),
     _conv_case("patch=(2,14,14),c=3->32,4x28x28", 1, (4, 28, 28),
    {"in_channels": 3, "out_channels": 32, "kernel_size": (2, 14, 14), "stride": (2, 14, 14)},
    level="standard"),

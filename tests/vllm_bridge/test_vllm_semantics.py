@@ -299,6 +299,41 @@ def test_cases_beyond_vllm_are_marked_with_a_reason():
     assert len(layers) == 3 and all("vLLM 0.32" in why for why in layers.values())
 
 
+
+@pytest.mark.parametrize("name, conv", [("conv2d", F.conv2d), ("conv3d", F.conv3d)])
+def test_kernel_equal_to_stride_with_a_dilation_is_a_dilated_conv_and_not_marked(name, conv):
+    """vLLM 0.32 takes its patch (unfold + matmul) path for kernel == stride even with a dilation, and that path
+    ignores the dilation: a defect (vLLM's own F.conv path honours it), so the case is declared and not marked."""
+    cls = CustomOp.op_registry[name]
+    [case] = [c for c in conformance_of(cls).cases if "dilation=2" in c.name and "stride=2" in c.name
+              and c.name.startswith("k=2,")]
+    assert case.beyond_vllm is None
+    layer = case.build(cls, F32)
+    conformance_of(cls).case(case.name).init_params(layer, _gen())
+    (x,) = case.make_inputs(F32, "cpu", _gen(1))
+    out = layer.forward_native(x)
+    torch.testing.assert_close(out, conv(x, layer.weight, layer.bias, stride=2, dilation=2), rtol=0, atol=0)
+    # the patch path vLLM 0.32 takes there: non-overlapping k-wide patches, one output per patch
+    patches = x
+    for dim in range(2, x.dim()):
+        patches = patches.unfold(dim, 2, 2)
+    assert tuple(patches.shape[2:x.dim()]) != tuple(out.shape[2:])   # the case's output size tells them apart
+
+
+def test_vllms_own_conv_layers_ignore_the_dilation_on_their_patch_path():
+    """Confirmed on the installed vLLM (skipped without it): the declared dilation cases expose it."""
+    conv_module = pytest.importorskip("vllm.model_executor.layers.conv")
+    from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
+
+    with set_current_vllm_config(VllmConfig(compilation_config=CompilationConfig(custom_ops=["all"]))):
+        layers = {"conv2d": conv_module.Conv2dLayer(3, 8, kernel_size=2, stride=2, dilation=2, params_dtype=F32),
+                  "conv3d": conv_module.Conv3dLayer(2, 4, kernel_size=2, stride=2, dilation=2, params_dtype=F32)}
+    for name, theirs in layers.items():
+        [case] = [c for c in conformance_of(CustomOp.op_registry[name]).cases if c.name.startswith("k=2,stride=2,")]
+        (x,) = case.make_inputs(F32, "cpu", _gen(1))
+        ours = case.build(CustomOp.op_registry[name], F32)
+        assert theirs.enable_linear and theirs.forward_native(x).shape != ours.forward_native(x).shape
+
 def test_within_vllm_turns_a_decline_raise_or_mismatch_on_a_marked_case_into_not_supported():
     from conformance.checks.common import KernelRaised
 
