@@ -24,7 +24,7 @@ from conformance.collect.units import DEFAULT_SEED, LEVELS, Unit, repro_command
 from conformance.exit_codes import ExitCode
 from conformance.exit_codes import one_line as exit_codes_line
 from conformance.results.messages import sanitize
-from conformance.results.result import CheckResult, Outcome, ResultsFile, RunInfo, verdict
+from conformance.results.result import CheckResult, Outcome, ResultsFile, RunInfo, gated, verdict
 from conformance.run import collection_plan, options
 from conformance.run.options import MAX_TIMEOUT_S
 from conformance.run.run_dir import WORKERINPUT_KEY, ZYGOTE_KEY, RunDir
@@ -63,6 +63,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="earlier results file: a PASS that became anything else fails the run as a regression")
     group.addoption("--conformance-allow-xpass", action="store_true", default=False,
                     help="do not fail the run on XPASS (stale waivers); by default the gate is strict")
+    group.addoption("--conformance-gate-upstream", action="store_true", default=False,
+                    help="let failures of upstream code (vLLM's own kernels and layers under a vLLM plugin, the "
+                         "reference's under a plugin written against it) fail the run too; by default they are "
+                         "reported apart and only the code of the distribution under test is gated")
     group.addoption("--conformance-shard", default=None, metavar="I/N",
                     help="run only shard I of N (deterministic, balanced by expected cost; combines with -n); "
                          "join the shards' results files with `python -m conformance merge`")
@@ -88,6 +92,9 @@ class ConformanceRun:
         except options.OptionError as exc:
             raise pytest.UsageError(str(exc)) from None
         self.strict_xpass = not config.getoption("conformance_allow_xpass")
+        self.gate_upstream = bool(config.getoption("conformance_gate_upstream"))
+        self.attribution = None        # whose code each result graded (conformance.collect.origin), controller only
+        self.other_failures = 0        # failed pytest reports other than upstream results the gate leaves out
         workerinput = getattr(config, "workerinput", None)
         self.is_xdist_worker = workerinput is not None
         shared = (workerinput or {}).get(WORKERINPUT_KEY)
@@ -112,7 +119,8 @@ class ConformanceRun:
         self.defaults = ([tuple(pair) for pair in self.plan["defaults"]] if self.plan is not None
                          else collection_plan.default_pairs(self.inventory))
         self.poison = PoisonBook(self.run_dir)
-        self.run_info = RunInfo(self.level, self.seed, selection_of(config, SUITES_DIR))
+        self.run_info = RunInfo(self.level, self.seed, selection_of(config, SUITES_DIR),
+                                gate_upstream=self.gate_upstream)
         self.complete = False
         self.deselected_units = 0
         from conformance.run.shard import install
@@ -162,6 +170,9 @@ class ConformanceRun:
             self.inventory = activate(self.name)
         except PlatformSetupError as exc:
             self._usage_error(str(exc))
+        from conformance.collect.origin import attribution
+
+        self.attribution = attribution(self.inventory)
         self.tolerance_changes = tolerance_changes.changes(declared)
 
     def _usage_error(self, message: str) -> NoReturn:
@@ -207,6 +218,9 @@ class ConformanceRun:
     def add(self, result: CheckResult) -> None:
         from conformance.gate.waivers import regression
 
+        if result.origin is None and self.attribution is not None:
+            origin = self.attribution.of_result(result.op, result.provider, result.family)
+            result.origin = origin.to_json() if origin is not None else None
         self.results.append(result)
         if self.baseline is not None:
             msg = regression(result, self.baseline)
@@ -217,11 +231,14 @@ class ConformanceRun:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Results arrive here from this process's tests and, under xdist, from every worker."""
-        if report.when != "call":
-            return
-        for name, value in getattr(report, "user_properties", ()):
-            if name == RESULT_PROPERTY:
-                self.add(CheckResult.from_json(value))
+        results = []
+        if report.when == "call":
+            for name, value in getattr(report, "user_properties", ()):
+                if name == RESULT_PROPERTY:
+                    results.append(CheckResult.from_json(value))
+                    self.add(results[-1])
+        if report.failed and not (results and all(not gated(r, self.gate_upstream) for r in results)):
+            self.other_failures += 1
 
     # ----- what the run covers ----------------------------------------------------------------------
     def pytest_deselected(self, items) -> None:
@@ -297,7 +314,8 @@ class ConformanceRun:
         prebuild_reference_kernels(self.inventory, say)
 
     def verdict(self) -> str:
-        return verdict(self.results, strict_xpass=self.strict_xpass) if self.complete else "NOT_CONFORMANT"
+        return (verdict(self.results, strict_xpass=self.strict_xpass, gate_upstream=self.gate_upstream)
+                if self.complete else "NOT_CONFORMANT")
 
     def close(self) -> None:
         if self.worker is not None:
@@ -352,15 +370,14 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     state = _state(config)
     if state is None or state.inventory is None:   # an xdist worker: its header is never shown, the controller's is
         return None
+    from conformance.run.attributed import header_lines
+
     inv = state.inventory
-    providers = "; ".join(f"{op}: {', '.join(p)}" for op, p in inv.ir_providers.items()) or "none"
-    oot = ", ".join(f"{k} -> {v.__module__}.{v.__qualname__}" for k, v in inv.oot.items()) or "none"
     fallback = inv.native_fallback_ops()
     return [
         f"conformance: platform {inv.name} = {inv.platform_class} (device type {inv.platform.device_type}, "
         f"dtypes {', '.join(str(d).removeprefix('torch.') for d in inv.platform.supported_dtypes)})",
-        f"conformance: IR providers brought: {providers}",
-        f"conformance: CustomOp replacements (register_oot): {oot}",
+        *header_lines(inv, state.attribution),
         f"conformance: native fallback ({len(fallback)} ops): {', '.join(fallback) or 'none'}",
         f"conformance: default priorities: {inv.defaults or '{}'}",
         f"conformance: seed {state.seed}, level {state.level}, per-check timeout {state.timeout:g} s",
@@ -435,12 +452,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     finished = session.exitstatus in (ExitCode.OK, ExitCode.FAILED) and not session.shouldstop
     state.complete = finished and len(state.results) == state.run_info.expected_results
+    from conformance.judge.hints import annotate
+
+    annotate(state.results)   # each failure's cause hint, in the results file and the FAIL message
     if state.results_file is not None:
         state.results_file.run.unmatched_waivers = unused_waiver_notes(state)
+        state.results_file.reencode()
         state.results_file.write(final=True, strict_xpass=state.strict_xpass, finished=finished)
     failing = state.verdict() != "CONFORMANT" or state.regressions
     if failing and session.exitstatus == ExitCode.OK:
         session.exitstatus = ExitCode.FAILED
+    elif not failing and session.exitstatus == ExitCode.FAILED and state.complete and state.other_failures == 0:
+        session.exitstatus = ExitCode.OK   # every failed test graded upstream code the gate leaves out
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -448,17 +471,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if state is None or state.is_xdist_worker:
         return
     from conformance.report.scorecard import render_scorecard
+    from conformance.run.attributed import layer_note
 
     inv = state.inventory
-    replaced = inv.replaced_layers()
-    layers = inv.in_tree_layers()
-    layer_note = (f"CustomOp layers replaced: {len(replaced)} / {len(layers)}"
-                  + (f" ({', '.join(sorted(replaced))})" if replaced else ""))
     terminalreporter.write_sep("=", "conformance scorecard")
     run = state.run_info.to_json(len(state.results), state.complete)
     terminalreporter.write_line(render_scorecard(
         state.results, platform=f"{inv.name} ({inv.platform_class})", ir_ops=[op.name for op in inv.ir_ops()],
-        layer_note=layer_note, strict_xpass=state.strict_xpass, regressions=state.regressions, run=run,
-        notes=configuration_notes(state) + unused_waiver_notes(state) + unused_baseline_notes(state)))
+        layer_note=layer_note(inv, state.attribution), strict_xpass=state.strict_xpass,
+        regressions=state.regressions, run=run,
+        notes=configuration_notes(state) + unused_waiver_notes(state) + unused_baseline_notes(state),
+        gate_upstream=state.gate_upstream))
     if state.results_file is not None:
         terminalreporter.write_line(f"results file: {os.path.relpath(state.results_file.path)}")

@@ -13,7 +13,9 @@ from conformance.results.result import Outcome
 
 def records() -> dict[str, CheckRecord]:
     """'family.name' -> record, for every check the harness has (importing the family modules registers them)."""
-    from conformance.checks import aliasing, compile, dispatch, layer_compile, model, numerics, oot, repeat  # noqa: F401
+    from conformance.checks import (  # noqa: F401
+        aliasing, attention, compile, dispatch, layer_compile, model, numerics, oot, repeat,
+    )
 
     return declared()
 
@@ -31,6 +33,11 @@ def units(inventory, family: str, check: str, level: str) -> list[Unit]:
     return record.units(inventory, family, check, level)
 
 
+def is_layer_unit(unit: Unit) -> bool:
+    """Whether the unit checks a CustomOp layer (numerics.layer_case, compile.layer_compile, dispatch.oot_*)."""
+    return unit.check.startswith(("layer_", "oot_"))
+
+
 def run_unit(ctx: CheckContext, unit: Unit) -> tuple[Verdict, float]:
     """Run one unit in this process; a raise of the implementation is ERROR, so is one of the harness."""
     body = registry().get(f"{unit.family}.{unit.check}")
@@ -41,7 +48,8 @@ def run_unit(ctx: CheckContext, unit: Unit) -> tuple[Verdict, float]:
         try:
             verdict = body(ctx, unit)
         except KernelRaised as exc:
-            verdict = error_from(exc.exc, exc.where, accepted=raised_on_accepted_arguments(exc.where))
+            verdict = error_from(exc.exc, exc.where, accepted=raised_on_accepted_arguments(exc.where),
+                                 layer=is_layer_unit(unit))
         except Exception as exc:  # noqa: BLE001 - reported, the run goes on
             verdict = error_from(exc, f"check {unit.family}.{unit.check} (outside the implementation's own call)")
     return verdict, time.perf_counter() - start

@@ -86,22 +86,30 @@ def not_supported(message: str) -> Verdict:
 REFUSALS = (NotImplementedError, ValueError)
 
 
-def error_from(exc: BaseException, where: str, accepted: bool = False) -> Verdict:
+def error_from(exc: BaseException, where: str, accepted: bool = False, layer: bool = False) -> Verdict:
     """ERROR naming where the exception came from, with the innermost frames of its traceback. `accepted`: the
-    platform's code raised on arguments its supports_args took, so the advice is to decline them there."""
+    platform's code raised on arguments it took (its supports_args accepted them; a `layer` has none), so the
+    advice is how to decline them."""
     frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
     tail = "".join(frames[-4:]).strip()
     first, sep, rest = f"{where} raised {type(exc).__name__}: {exc}".partition("\n")
     if accepted:
-        first = f"{first.rstrip('. ')}. {decline_advice(exc)}"
+        first = f"{first.rstrip('. ')}. {decline_advice(exc, layer)}"
     return Verdict(Outcome.ERROR, sanitize(f"{first}{sep}{rest}\n{tail}"))
 
 
-def decline_advice(exc: BaseException) -> str:
-    """What to do about an implementation that raised on arguments its supports_args accepted."""
+def decline_advice(exc: BaseException, layer: bool = False) -> str:
+    """What to do about code that raised on arguments it took: an IR implementation declines them in its
+    supports_args, a layer hands them to forward_native (conformance.judge.hints.decline)."""
+    from conformance.judge.hints import decline
+
+    if layer:
+        if isinstance(exc, REFUSALS):
+            return f"The layer refuses these inputs: {decline('them', True)}"
+        return f"If the layer cannot take these inputs, {decline('them', True)}; otherwise this is a bug in it"
     if isinstance(exc, REFUSALS):
         return ("The implementation refuses arguments that its supports_args accepted (or it registered none): "
-                "decline these arguments in `supports_args`, so that they run on the next provider or native")
+                f"{decline('these arguments', False)}")
     return ("If the implementation cannot take these arguments, decline them in `supports_args` (they then run on "
             "the next provider or native); otherwise this is a bug in it")
 

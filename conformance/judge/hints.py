@@ -8,7 +8,10 @@ trait shared by every failing case and by few passing ones is a fact a vendor ca
 trait means depends on what the op does (a norm, a rotation, a quantization, a gated activation):
 large magnitudes overflow a norm's sum of squares but cost a rotation precision. Failures that are
 refusals (the implementation raised NotImplementedError or ValueError on arguments its supports_args
-accepted) get the advice to decline those arguments there, not a guess at a numerical cause.
+accepted) get the advice to decline those arguments there, not a guess at a numerical cause. A layer has
+no supports_args: its advice is vLLM's convention, to hand the inputs its kernel does not take to
+`forward_native`; a constructor that raised gets a constructor hint. `annotate` puts each failure's hint in
+its result (the results file's `hint`) and, where the hint names an argument value, in its message.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Sequence
 
-from conformance.results.result import CheckResult, Outcome
+from conformance.results.result import CheckResult, Outcome, is_layer_result
 
 FAILED = frozenset({Outcome.FAIL, Outcome.ERROR})
 PASSED = frozenset({Outcome.PASS, Outcome.QUALITY_WARNING})
@@ -30,6 +33,13 @@ ARGUMENT_FLAGS = {"neox": "is_neox_style=True", "gptj": "is_neox_style=False", "
                   "per_tensor": "per_token=False", "per_group": "per-group scales", "scale_ub": "scale_ub given"}
 STATIC_SCALE_FLAGS = {"per_token": "per-token scales", "per_tensor": "a per-tensor scale"}   # static quant ops
 REFUSAL = re.compile(r" raised (NotImplementedError|ValueError)\b")
+CONSTRUCTOR = "constructing "   # the start of the message of an ERROR raised while the layer was built
+# What to do with arguments the code cannot take: an IR implementation declines them in supports_args; a layer
+# (which has none) hands them to forward_native, as vLLM's own layers do (SiluAndMul.forward_cpu,
+# GemmaRMSNorm.forward_xpu), or refuses a constructor argument it never supports in its constructor.
+DECLINE_IR = "decline {what} in `supports_args`, so that they run on the next provider or native"
+DECLINE_LAYER = ("hand {what} to `self.forward_native(...)` from your forward_oot, as vLLM's own layers do "
+                 "(or raise NotImplementedError in the constructor for a constructor argument you never support)")
 
 
 def op_kinds(op: str | None) -> frozenset[str]:
@@ -94,6 +104,7 @@ class Trait:
     label: str                                  # "only <label> fail"
     cause: str | dict[str, str]                 # what that usually means; by op kind (with a "" default)
     test: Callable[[frozenset[str]], bool]
+    argument: str | None = None                 # the argument value it names ('is_neox_style=True'), if any
 
     def cause_for(self, kinds: frozenset[str]) -> str:
         if isinstance(self.cause, str):
@@ -104,7 +115,12 @@ class Trait:
         return self.cause[""]
 
 
-def argument_trait(token: str, op: str | None) -> Trait:
+def decline(what: str, layer: bool) -> str:
+    """The advice for arguments the code cannot take, in the form that fits the kind of code."""
+    return (DECLINE_LAYER if layer else DECLINE_IR).format(what=what)
+
+
+def argument_trait(token: str, op: str | None, layer: bool = False) -> Trait:
     """The trait of one argument value (a case flag or `key=value`), labelled as the op's signature reads it."""
     if token in ARGUMENT_FLAGS:
         static = "quantization" in op_kinds(op) and "dynamic" not in (op or "")
@@ -119,8 +135,8 @@ def argument_trait(token: str, op: str | None) -> Trait:
                  "its bytes), or decline it in `supports_args`")
     else:
         cause = ("the implementation ignores or mishandles this argument value (the other values pass): fix that path, "
-                 "or decline the value in `supports_args`; no tolerance override fits an argument that is ignored")
-    return Trait(f"cases with {label}", cause, lambda t, token=token: token in t)
+                 f"or {decline('the value', layer)}; no tolerance override fits an argument that is ignored")
+    return Trait(f"cases with {label}", cause, lambda t, token=token: token in t, argument=label)
 
 # Most specific first: on equal evidence the earlier trait is named.
 TRAITS = (
@@ -183,17 +199,17 @@ def is_refusal(result: CheckResult) -> bool:
     return result.outcome is Outcome.ERROR and bool(REFUSAL.search((result.message or "").split("\n")[0]))
 
 
-def _traits_of(failing, passing, op: str | None) -> list[Trait]:
+def _traits_of(failing, passing, op: str | None, layer: bool = False) -> list[Trait]:
     """The fixed traits, then one per argument value any failing case has."""
     tokens = sorted({t for _, _, traits in failing for t in traits if "=" in t and t.split("=")[0] in ARGUMENT_KEYS}
                     | {t for _, _, traits in failing for t in traits if t in ARGUMENT_FLAGS})
-    return list(TRAITS) + [argument_trait(t, op) for t in tokens]
+    return list(TRAITS) + [argument_trait(t, op, layer) for t in tokens]
 
 
-def _best_trait(failing, passing, op: str | None) -> Trait | None:
+def _best_trait(failing, passing, op: str | None, layer: bool = False) -> Trait | None:
     """The trait every failing case has and the fewest passing ones (on equal evidence, the earlier one)."""
     best = None
-    for rank, trait in enumerate(_traits_of(failing, passing, op)):
+    for rank, trait in enumerate(_traits_of(failing, passing, op, layer)):
         if not all(trait.test(t) for _, _, t in failing):
             continue
         with_trait = sum(1 for _, _, t in failing + passing if trait.test(t))
@@ -205,55 +221,92 @@ def _best_trait(failing, passing, op: str | None) -> Trait | None:
     return best[2] if best else None
 
 
-def _pattern_hint(failing, passing, op: str | None, refusals: bool) -> str | None:
+def _pattern_hint(failing, passing, op: str | None, refusals: bool, layer: bool = False) -> str | None:
     """The hint for one group of failures: wrong results (refusals=False) or refusals of accepted arguments."""
     if not failing:
         return None
     kinds = op_kinds(op)
-    decline = ("the implementation raises NotImplementedError or ValueError on arguments its supports_args "
-               "accepted (or it registered none): decline these arguments in `supports_args`, so that they run on the "
-               "next provider or native")
+    advice = (f"the layer raises NotImplementedError or ValueError on these inputs: {decline('them', True)}"
+               if layer else
+               "the implementation raises NotImplementedError or ValueError on arguments its supports_args "
+               f"accepted (or it registered none): {decline('these arguments', False)}")
     if not passing:
         if len({case for case, _, _ in failing}) < 2:
             return None
         if refusals:
-            return f"every case raises ({_n(len(failing), 'result')}): {decline}"
+            return f"every case raises ({_n(len(failing), 'result')}): {advice}"
         return (f"every case fails ({_n(len(failing), 'result')}, {len({c for c, _, _ in failing})} cases): a wrong "
                 "formula, wrong argument order or swapped outputs, not an edge case")
-    trait = _best_trait(failing, passing, op)
+    trait = _best_trait(failing, passing, op, layer)
     dtype = _dtype_note(failing, passing)
     ok = len(passing)
     verb = "raise" if refusals else "fail"
     if trait is not None:
         where = f"only {trait.label} {verb}" + (f", {dtype}" if dtype else "")
-        cause = decline if refusals else trait.cause_for(kinds)
+        cause = advice if refusals else trait.cause_for(kinds)
         return f"{where} ({_cases(failing)}: {_n(len(failing), 'result')}; {_n(ok, 'other result')} pass): {cause}"
     if dtype:
         only = dtype.removeprefix("only in ")
-        cause = decline if refusals else "look at that dtype's own path (conversion, accumulation type)"
+        cause = advice if refusals else "look at that dtype's own path (conversion, accumulation type)"
         return (f"only {only} {verb}s ({_cases(failing)}: {_n(len(failing), 'result')}; {_n(ok, 'result')} of other "
                 f"dtypes pass): {cause}")
     if refusals:
-        return f"{_n(len(failing), 'result')} raise ({_cases(failing)}): {decline}"
+        return f"{_n(len(failing), 'result')} raise ({_cases(failing)}): {advice}"
     return None
 
 
-def numerics_hint(results: Sequence[CheckResult]) -> str | None:
+def is_constructor_error(result: CheckResult) -> bool:
+    """An ERROR raised while the layer was being built: no case reached its forward."""
+    return result.outcome is Outcome.ERROR and (result.message or "").startswith(CONSTRUCTOR)
+
+
+def constructor_hint(results: Sequence[CheckResult]) -> str | None:
+    """The hint for a layer whose constructor raised: what it raised, not a guess at the formula."""
+    raised = [r for r in results if is_constructor_error(r)]
+    if not raised:
+        return None
+    first = (raised[0].message or "").split("\n")[0]
+    what = first.partition(" raised ")[2] or first
+    every = len(raised) == sum(1 for r in results if r.outcome is not Outcome.NOT_SUPPORTED)
+    scope = "in every check" if every else f"in {_n(len(raised), 'result')}"
+    return (f"the constructor raises {scope} ({what}): the layer could not be built here, so nothing of its forward "
+            "was graded; make the constructor work on this platform (for a constructor argument you never support, "
+            "raise NotImplementedError naming it)")
+
+
+def numerics_hint(results: Sequence[CheckResult], layer: bool = False) -> str | None:
     """A hint from one provider-and-op's numerics results, or None when no trait explains the failures."""
     op = next((r.op for r in results if r.op), None)
+    results = [r for r in results if not is_constructor_error(r)]
     refused = [r for r in results if is_refusal(r)]
     wrong = [r for r in results if r.outcome in FAILED and not is_refusal(r)]
     passing = _items(results, PASSED)
-    hints = [_pattern_hint(_items(wrong, FAILED), passing, op, refusals=False),
-             _pattern_hint(_items(refused, FAILED), passing, op, refusals=True)]
+    hints = [_pattern_hint(_items(wrong, FAILED), passing, op, refusals=False, layer=layer),
+             _pattern_hint(_items(refused, FAILED), passing, op, refusals=True, layer=layer)]
     hints = [h for h in hints if h]
     return "; ".join(hints) if hints else None
 
 
+def argument_behind(results: Sequence[CheckResult]) -> str | None:
+    """The argument value every wrong result of one provider and op shares and few passing ones do
+    ('is_neox_style=True'), when that is what the cause hint names; else None."""
+    numerics = [r for r in results if r.family == "numerics" and not is_constructor_error(r)]
+    wrong = _items([r for r in numerics if r.outcome in FAILED and not is_refusal(r)], FAILED)
+    passing = _items(numerics, PASSED)
+    if not wrong or not passing:
+        return None
+    trait = _best_trait(wrong, passing, next((r.op for r in numerics if r.op), None))
+    return trait.argument if trait is not None else None
+
+
 def cause_hint(results: Sequence[CheckResult]) -> str | None:
-    """The hint for one provider and op from all its results (numerics first, then compile-only failures)."""
+    """The hint for one provider and op from all its results (a constructor that raised first, then numerics,
+    then compile-only failures)."""
+    hint = constructor_hint(results)
+    if hint:
+        return hint
     numerics = [r for r in results if r.family == "numerics"]
-    hint = numerics_hint(numerics)
+    hint = numerics_hint(numerics, layer=any(is_layer_result(r) for r in results))
     if hint:
         return hint
     compiled = [r for r in results if r.family == "compile" and r.outcome in FAILED]
@@ -262,3 +315,24 @@ def cause_hint(results: Sequence[CheckResult]) -> str | None:
                 "passes: the implementation behaves differently when traced (data-dependent Python branches, "
                 "a fake/meta implementation that disagrees, or reads of tensor data)")
     return None
+
+
+def annotate(results: Sequence[CheckResult]) -> None:
+    """At the end of a run: every FAIL and ERROR gets its provider and op's cause hint (`hint`), and a FAIL whose
+    case has the argument value the hint names says so at the end of its message's first line."""
+    groups: dict[tuple, list[CheckResult]] = {}
+    for r in results:
+        groups.setdefault((r.op, r.provider, is_layer_result(r), r.family == "model"), []).append(r)
+    for members in groups.values():
+        bad = [r for r in members if r.outcome in FAILED]
+        if not bad:
+            continue
+        hint = cause_hint(members)
+        argument = argument_behind(members)
+        for r in bad:
+            r.hint = hint
+            if argument and r.outcome is Outcome.FAIL and r.family == "numerics" and r.message \
+                    and "cause hint:" not in r.message:
+                first, sep, rest = r.message.partition("\n")
+                r.message = (f"{first} [cause hint: every failing case of this provider and op has {argument}, "
+                             f"the other values pass]{sep}{rest}")

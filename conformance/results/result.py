@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 SCHEMA_VERSION = 1
-FAMILIES = ("numerics", "aliasing", "compile", "dispatch", "model")
+FAMILIES = ("numerics", "aliasing", "compile", "dispatch", "model", "attention")
 
 
 class Outcome(str, enum.Enum):
@@ -77,6 +77,8 @@ class CheckResult:
     repro: str | None = None
     duration_s: float | None = None
     err_to_tol: float | None = None   # conformance.judge.tolerances; optional when reading
+    origin: dict[str, Any] | None = None   # whose code ran (conformance.collect.origin); optional when reading
+    hint: str | None = None           # the cause hint of its provider and op (conformance.judge.hints); optional
 
     def __post_init__(self):
         self.outcome = Outcome(self.outcome)
@@ -100,9 +102,31 @@ class CheckResult:
         return cls(**{names[k]: v for k, v in data.items() if k in names})
 
 
-def verdict(results: Iterable[CheckResult], *, strict_xpass: bool = True) -> str:
-    """CONFORMANT unless some result is FAIL, ERROR, CRASH, TIMEOUT (or XPASS with the strict gate)."""
+LAYER_TESTS = ("test_layer_case", "test_layer_coverage", "test_oot_registration", "test_oot_dispatch",
+               "test_layer_compile")
+
+
+def is_layer_result(r: CheckResult) -> bool:
+    """Whether a result is about a CustomOp layer (its `op` is then the registered layer name)."""
+    return suite_function(r.nodeid) in LAYER_TESTS
+
+
+def is_upstream(result: CheckResult) -> bool:
+    """Whether the result graded upstream code, not the distribution under test (its `origin` says so)."""
+    return isinstance(result.origin, dict) and result.origin.get("upstream") is True
+
+
+def gated(result: CheckResult, gate_upstream: bool = False) -> bool:
+    """Whether the result counts towards the verdict: the code under test always, upstream code when asked."""
+    return gate_upstream or not is_upstream(result)
+
+
+def verdict(results: Iterable[CheckResult], *, strict_xpass: bool = True, gate_upstream: bool = False) -> str:
+    """CONFORMANT unless some gated result is FAIL, ERROR, CRASH, TIMEOUT (or XPASS with the strict gate).
+    Results of upstream code (`origin.upstream`) are gated only with `gate_upstream`."""
     for r in results:
+        if not gated(r, gate_upstream):
+            continue
         if r.outcome in BLOCKING or (strict_xpass and r.outcome is Outcome.XPASS):
             return NOT_CONFORMANT
     return CONFORMANT
@@ -140,11 +164,12 @@ class RunInfo:
     selection: Selection = dataclasses.field(default_factory=Selection)
     expected_results: int = 0
     unmatched_waivers: list[str] = dataclasses.field(default_factory=list)   # set when the run ends
+    gate_upstream: bool = False   # --conformance-gate-upstream: upstream code's failures count too
 
     def to_json(self, written: int, complete: bool) -> dict[str, Any]:
         return {"level": self.level, "seed": self.seed, "selection": dataclasses.asdict(self.selection),
                 "expected_results": self.expected_results, "written_results": written, "complete": complete,
-                "unmatched_waivers": list(self.unmatched_waivers)}
+                "unmatched_waivers": list(self.unmatched_waivers), "gate_upstream": self.gate_upstream}
 
 
 class ResultsFile:
@@ -174,6 +199,10 @@ class ResultsFile:
         if time.monotonic() - self._last_write >= self.min_interval_s:
             self.write(final=False)
 
+    def reencode(self) -> None:
+        """Encode every result again (after the run's end added each failure's cause hint)."""
+        self._lines = [json.dumps(r.to_json(), allow_nan=False) for r in self.results]
+
     def complete(self, final: bool, finished: bool = True) -> bool:
         return final and finished and len(self.results) == self.run.expected_results
 
@@ -183,7 +212,8 @@ class ResultsFile:
         head = {"schema_version": SCHEMA_VERSION, "platform": self.platform_info, "environment": self.env,
                 "run": self.run.to_json(len(self.results), complete)}
         tail = {"summary": summarize(self.results),
-                "verdict": verdict(self.results, strict_xpass=strict_xpass) if complete else NOT_CONFORMANT}
+                "verdict": (verdict(self.results, strict_xpass=strict_xpass, gate_upstream=self.run.gate_upstream)
+                            if complete else NOT_CONFORMANT)}
         results = "[\n  " + ",\n  ".join(self._lines) + "\n ]" if self._lines else "[]"
         return (json.dumps(head, indent=1, allow_nan=False)[:-2] + f',\n "results": {results},\n'
                 + json.dumps(tail, indent=1, allow_nan=False)[2:])

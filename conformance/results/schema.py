@@ -20,7 +20,9 @@ _RESULT_FIELDS = {
     "max_rel_err": (int, float, _NONE), "repro": (str, _NONE),
     "duration_s": (int, float, _NONE),
 }
-_RESULT_OPTIONAL = {"err_to_tol": (int, float, _NONE)}   # files written before it existed lack it
+# files written before they existed lack them
+_RESULT_OPTIONAL = {"err_to_tol": (int, float, _NONE), "origin": (dict, _NONE), "hint": (str, _NONE)}
+_ORIGIN_FIELDS = {"distribution": (str, _NONE), "version": (str, _NONE), "code": (str, _NONE), "upstream": (bool,)}
 _ENV_REQUIRED = {"python": (str,), "torch": (str,), "reference_impl": (str,), "seed": (int,)}
 _ENV_OPTIONAL = {"triton": (str, _NONE), "device_name": (str, _NONE), "driver": (str, _NONE),
                  "plugin": (dict, _NONE), "vllm": (str,)}
@@ -68,7 +70,7 @@ def _run(run: Any, results: list) -> list[str]:
 
     if not isinstance(run, dict):
         return [f"run must be an object with {sorted(_RUN_FIELDS)}, got {type(run).__name__}"]
-    errors = _fields(run, _RUN_FIELDS, "run", optional={"unmatched_waivers": (list,)})
+    errors = _fields(run, _RUN_FIELDS, "run", optional={"unmatched_waivers": (list,), "gate_upstream": (bool,)})
     if "level" in run and run["level"] not in LEVELS:
         errors.append(f"run.level {run['level']!r} is not one of {LEVELS}")
     selection = run.get("selection")
@@ -103,6 +105,8 @@ def _results(results: list) -> list[str]:
         for key, types in {**_RESULT_FIELDS, **_RESULT_OPTIONAL}.items():
             if key in r and (not isinstance(r[key], types) or isinstance(r[key], bool)):
                 errors.append(f"{where}.{key} has type {type(r[key]).__name__}")
+        if isinstance(r.get("origin"), dict):
+            errors += _fields(r["origin"], _ORIGIN_FIELDS, f"{where}.origin")
         if r.get("check") not in FAMILIES:
             errors.append(f"{where}.check {r.get('check')!r} is not one of {FAMILIES}")
         if r.get("outcome") not in outcomes:

@@ -163,7 +163,34 @@ def check_plugins() -> dict[str, EntryPoint]:
         listed = ", ".join(f"'{name}' ({_dist(ep)})" for name, ep in sorted(active.items()))
         raise VllmBridgeError(f"{len(active)} vLLM platform plugins are active: {listed}; vLLM runs only one: choose "
                               "it with VLLM_PLUGINS=<entry-point name> (comma-separate general plugins to keep)")
+    for ep in active.values():
+        check_general_plugins_kept(ep)
     return active
+
+
+def check_general_plugins_kept(platform_ep: EntryPoint) -> None:
+    """With VLLM_PLUGINS set, every general plugin of the selected platform plugin's own distribution must be in it.
+
+    vLLM loads only the listed names, so a general plugin left out (often the one that registers the plugin's
+    kernels and layers, under another name) would silently not run: its code would not be graded, and the only
+    sign would be a warning about priorities naming providers nobody registered. The bridge does not load it
+    behind the allowlist's back (vLLM would not either); it stops and names it."""
+    import vllm.envs as envs
+
+    allowed = envs.VLLM_PLUGINS
+    own = _entry_point_distribution(platform_ep)
+    if allowed is None or own is None:
+        return
+    left_out = sorted(ep.name for ep in entry_points(group=GENERAL_GROUP)
+                      if ep.name not in allowed and _entry_point_distribution(ep) == own)
+    if left_out:
+        names = ", ".join(f"'{name}'" for name in left_out)
+        keep = ",".join([*allowed, *left_out])
+        plural = "s" if len(left_out) > 1 else ""
+        raise VllmBridgeError(f"VLLM_PLUGINS={','.join(allowed)} leaves out the general plugin{plural} "
+                              f"{names} (group '{GENERAL_GROUP}') of the platform plugin's own distribution "
+                              f"{own['distribution']} {own['version']}: vLLM would not load it, so what it registers "
+                              f"would not be graded; list it too: VLLM_PLUGINS={keep}")
 
 
 def vllm_distribution() -> dict[str, str]:

@@ -38,6 +38,7 @@ def _kernel(vllm_impl, signature) -> Callable:
     kernel.__signature__ = signature
     kernel.__name__ = kernel.__qualname__ = f"vllm_{vllm_impl.op.name}_{vllm_impl.provider}"
     kernel.__module__ = getattr(impl_fn, "__module__", __name__)
+    kernel.conformance_code = impl_fn   # whose code runs (conformance.collect.origin): vLLM's or the vendor's
     return kernel
 
 

@@ -163,7 +163,10 @@ def make_replacement(spec: LayerSpec, ours: type, theirs: type) -> type:
     cls = type(label, (ours,), {"__init__": __init__, "_apply": _apply, "forward_oot": forward_oot,
                                 "conformance_dispatch": conformance_dispatch,
                                 "__doc__": doc, "__module__": __name__, "__qualname__": label,
-                                "vllm_spec": spec, "vllm_class": theirs})
+                                "vllm_spec": spec, "vllm_class": theirs,
+                                # whose code runs (conformance.collect.origin): the class vLLM builds
+                                "conformance_code": constructed_class(theirs),
+                                "conformance_in_tree": constructed_class(theirs) is theirs})
     return cls
 
 

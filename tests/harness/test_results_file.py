@@ -40,7 +40,7 @@ def test_run_block_records_level_seed_selection_and_counts(tmp_path):
                           "selection": {"partial": True, "keyword": "rms_norm", "markexpr": None,
                                         "paths": ["suites/test_numerics.py"], "shard": None},
                           "expected_results": 2, "written_results": 1, "complete": False,
-                          "unmatched_waivers": []}
+                          "unmatched_waivers": [], "gate_upstream": False}
     assert schema.validate(doc) == []
     rf.add(_result())
     rf.write(final=True)
@@ -127,7 +127,7 @@ def test_result_attribute_is_family_and_the_file_field_stays_check():
                        outcome="PASS").family == "dispatch"
     data = result.to_json()
     assert list(data) == ["nodeid", "check", "op", "provider", "dtype", "case", "outcome", "message", "max_abs_err",
-                          "max_rel_err", "repro", "duration_s", "err_to_tol"]
+                          "max_rel_err", "repro", "duration_s", "err_to_tol", "origin", "hint"]
     assert data["check"] == "numerics" and "family" not in data
     with pytest.raises(ValueError, match="family 'speed' .* is not one of"):
         CheckResult.from_json({**data, "check": "speed"})
@@ -139,7 +139,9 @@ def test_results_file_entry_round_trips_byte_for_byte(tmp_path):
     line = ('{"nodeid": "suites/test_numerics.py::test_ir_case[rms_norm-p-bfloat16-tokens=7]", "check": "numerics", '
             '"op": "rms_norm", "provider": "p", "dtype": "bfloat16", "case": "tokens=7", "outcome": "FAIL", '
             '"message": "max abs err 3.1e-02 > atol 1e-03", "max_abs_err": 0.031, "max_rel_err": 0.02, '
-            '"repro": "python -m conformance repro --check numerics.ir_case", "duration_s": 0.01, "err_to_tol": 31.0}')
+            '"repro": "python -m conformance repro --check numerics.ir_case", "duration_s": 0.01, "err_to_tol": 31.0, '
+            '"origin": {"distribution": "my-plugin", "version": "1.2.0", "code": "my_plugin.kernels.rms_norm", '
+            '"upstream": false}, "hint": "only odd sizes fail"}')
     entry = json.loads(line)
     result = CheckResult.from_json(entry)
     assert result.family == "numerics" and result.outcome is Outcome.FAIL
@@ -148,7 +150,7 @@ def test_results_file_entry_round_trips_byte_for_byte(tmp_path):
     dispatch = {"nodeid": "suites/test_dispatch.py::test_coverage[silu]", "check": "dispatch", "op": "silu",
                 "provider": None, "dtype": None, "case": None, "outcome": "NOT_IMPLEMENTED", "message": "native runs",
                 "max_abs_err": None, "max_rel_err": None, "repro": None, "duration_s": 0.0}   # older: no err_to_tol
-    assert CheckResult.from_json(dispatch).to_json() == {**dispatch, "err_to_tol": None}
+    assert CheckResult.from_json(dispatch).to_json() == {**dispatch, "err_to_tol": None, "origin": None, "hint": None}
     rf = _file(tmp_path, expected=1)
     rf.add(result)
     rf.write(final=True)

@@ -1,0 +1,19 @@
+"""vLLM's CPU platform as an out-of-tree device that prefers the plugin's rms_norm.
+
+vLLM imports this module while it resolves `current_platform`: nothing here may need `current_platform`
+at import (vllm.config does), so the config import is inside the method.
+"""
+
+from vllm.platforms import PlatformEnum
+from vllm.platforms.cpu import CpuPlatform
+
+
+class GoodCpuPlatform(CpuPlatform):
+    _enum = PlatformEnum.OOT     # vLLM's CustomOps dispatch to forward_oot, where the replacements live
+    device_name = "good_cpu"
+
+    @classmethod
+    def get_default_ir_op_priority(cls, vllm_config):
+        from vllm.config.kernel import IrOpPriorityConfig
+
+        return IrOpPriorityConfig.with_default(["native"], rms_norm=["good_cpu", "native"])
