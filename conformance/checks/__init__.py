@@ -13,7 +13,9 @@ from conformance.results.result import Outcome
 
 def records() -> dict[str, CheckRecord]:
     """'family.name' -> record, for every check the harness has (importing the family modules registers them)."""
-    from conformance.checks import aliasing, compile, dispatch, layer_compile, model, numerics, oot, repeat  # noqa: F401
+    from conformance.checks import (  # noqa: F401
+        aliasing, attention, compile, dispatch, layer_compile, model, numerics, oot, repeat,
+    )
 
     return declared()
 
