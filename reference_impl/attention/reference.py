@@ -139,12 +139,14 @@ class ReferenceAttentionImpl(AttentionImpl):
         kv = kv_cache[blocks].transpose(1, 2).reshape(-1, self.num_kv_heads, 2 * d)[:seq_len]
         return self._read(kv[..., :d], layer._k_scale_float), self._read(kv[..., d:], layer._v_scale_float)
 
+    def _per_query_head(self, x: torch.Tensor) -> torch.Tensor:
+        """`[n, KVH, D]` -> `[n, H, D]`: query head h reads kv head h // (H / KVH) (GQA, as repeat_interleave)."""
+        return x.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
+
     def _attend(self, q, k, v, seq_len, causal, encoder):
         """Softmax attention of one request's queries `[ql, H, D]` over its keys `[seq_len, KVH, D]`, float32."""
         ql = q.shape[0]
-        group = self.num_heads // self.num_kv_heads
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
+        k, v = self._per_query_head(k), self._per_query_head(v)
         s = torch.einsum("qhd,khd->hqk", q, k) * self.scale
         if self.logits_soft_cap is not None:
             s = self.logits_soft_cap * torch.tanh(s / self.logits_soft_cap)

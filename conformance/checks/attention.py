@@ -1,0 +1,438 @@
+"""Attention family: a platform's attention backends (what `Platform.get_attn_backend_cls` selects) on paged
+batches, against the float64 oracle (reference_impl/attention/oracle.py) and the reference backend as native.
+
+forward: the output against the oracle, graded like numerics; a FAIL names what the backend computes instead
+(conformance.checks.attention_diagnosis). cache_write: blocks the slot mapping does not address (the null block,
+the spare ones) byte-identical through every write; forward leaves the cache alone when the layer writes it.
+aliasing: the result is in `output`, inputs and metadata unchanged. steps: one impl and builder over a sequence
+of batches. dispatch: the selection resolves, and each declared capability matches behaviour.
+Units and which backends a platform brings: conformance.checks.attention_units.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.checks.attention_units import (
+    NONE,
+    OP,
+    aliasing_units,
+    backend_dtypes,
+    cache_write_units,
+    dispatch_units,
+    forward_units,
+    selector_configs,
+    split_case,
+    steps_units,
+)
+from conformance.checks.comparison import DECLINE
+from conformance.checks.common import (
+    OVERRIDE_FACTOR,
+    CheckContext,
+    KernelRaised,
+    Verdict,
+    call_impl,
+    compare_outputs,
+    exception_line,
+    failed,
+    not_supported,
+    passed,
+    unit_dtype,
+)
+from conformance.checks.record import check
+from conformance.collect.units import Unit, dtype_name, unit_seed
+from conformance.results.result import Outcome
+
+HINT = "(ATTN_TOLERANCES in reference_impl/ir/tolerances.py, the same for every backend)"
+ATTN_DECLINE = ("fix the backend, or declare what the case needs unsupported (its capability predicates, "
+                "validate_configuration) so that platforms select another backend for it")
+OVERRIDE_NOTE = f" (an override is offered up to {OVERRIDE_FACTOR:g}x)"
+
+
+def _not_brought(unit: Unit) -> Verdict | None:
+    if unit.provider == NONE:
+        return Verdict(Outcome.NOT_IMPLEMENTED, "the platform brings no attention backend: get_attn_backend_cls "
+                       "returns the reference backend (reference_impl.attention.reference) for every case")
+    return None
+
+
+def _backend(unit: Unit):
+    from reference_impl.attention.registry import resolve
+
+    return call_impl(f"resolving attention backend {unit.provider!r}", resolve, unit.provider)
+
+
+def _seed(ctx: CheckContext, unit: Unit) -> int:
+    return unit_seed(ctx.seed, OP, unit.case, unit.dtype)
+
+
+def _where(unit: Unit, case, kv: str, seed: int, ctx: CheckContext) -> str:
+    return (f" [backend {unit.provider}, {unit.dtype}, case {case.name}: {case.describe(kv)}; catches: {case.catches}; "
+            f"seed {ctx.seed} (input seed {seed})]")
+
+
+def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    from reference_impl.ir.tolerances import ATTN_TOLERANCES
+
+    return ATTN_TOLERANCES[dtype]
+
+
+def _native(case, dtype, kv, seed, device) -> torch.Tensor:
+    """The reference backend's output rows `[:num_actual_tokens]` for the batch (on the CPU)."""
+    from reference_impl.attention.batch import BackendRun, make_batch
+    from reference_impl.attention.reference import ReferenceAttentionBackend
+
+    batch = make_batch(case, dtype, kv, seed, device)
+    out, _, _ = BackendRun(ReferenceAttentionBackend, batch).run()
+    return out[: batch.num_actual_tokens].cpu()
+
+
+def grade(got: torch.Tensor, native: torch.Tensor, problem, case, dtype: torch.dtype):
+    """Comparison of the backend's rows against native, graded against the float64 oracle; a FAIL's advice names
+    what the backend computes instead where one perturbation of the oracle matches."""
+    from conformance.checks.attention_diagnosis import followed_perturbation
+    from reference_impl.attention.oracle import oracle
+
+    atol, rtol = _tolerance(dtype)
+    cmp = compare_outputs(got, native, oracle(problem), atol=atol, rtol=rtol, compare_nan=True, dtype=dtype,
+                          tolerance_hint=HINT)
+    if cmp.outcome is Outcome.FAIL and cmp.advice is not None:
+        followed = followed_perturbation(got, problem, case, dtype, atol, rtol)
+        cmp = cmp.with_advice(followed if followed is not None else
+                              cmp.advice.replace(DECLINE, ATTN_DECLINE).replace(OVERRIDE_NOTE, ""))
+    return cmp
+
+
+def _reads_unwritten(ctx, backend, case, dtype, kv, seed, got) -> str:
+    """Whether the backend's output depends on cache slots nobody wrote: the same batch on a cache whose initial
+    (never written) contents differ gives another result. Layout-agnostic: the slots themselves are not read."""
+    from reference_impl.attention.batch import BackendRun, make_batch
+
+    batch = make_batch(case, dtype, kv, seed, ctx.device)
+    batch.cache_seed += 1
+    try:
+        out, _, _ = BackendRun(backend, batch, call=call_impl).run()
+    except KernelRaised:
+        return ""
+    atol, rtol = _tolerance(dtype)
+    other = out[: batch.num_actual_tokens].cpu()
+    if compare_outputs(other, got, None, atol=atol, rtol=rtol, compare_nan=True, dtype=dtype,
+                       tolerance_hint="").outcome is not Outcome.FAIL:
+        return ""
+    bound = (f" (max_seq_len here is an upper bound: {batch.metadata.max_seq_len} > {max(case.seq_lens)})"
+             if case.max_seq_len_extra else "")
+    return (". The output changes with the initial contents of cache slots no request wrote (the same batch on a "
+            "cache filled with other values gives another result): the backend reads keys past seq_lens[i], up to "
+            f"max_seq_len or through the block table's padding{bound}; read each request's own seq_lens")
+
+
+def _returned_elsewhere(out, returned, tokens) -> str | None:
+    if isinstance(returned, torch.Tensor) and returned is not out and torch.isnan(out[:tokens]).any():
+        return ("forward returned its result in another tensor and left `output` unwritten (its NaN pre-fill "
+                "kept): the layer uses `output` only and discards what forward returns (vLLM's "
+                "unified_attention_with_output); write the result into `output`")
+    return None
+
+
+# ----- forward ------------------------------------------------------------------------------------------------
+@check("attention", "forward", units=forward_units)
+def forward(ctx: CheckContext, unit: Unit) -> Verdict:
+    from conformance.checks.attention_diagnosis import fp8_truncation
+    from reference_impl.attention.batch import BackendRun, make_batch
+    from reference_impl.attention.cases import CASES_BY_NAME
+
+    if (verdict := _not_brought(unit)) is not None:
+        return verdict
+    backend = _backend(unit)
+    name, kv = split_case(unit.case)
+    case, dtype, seed = CASES_BY_NAME[name], unit_dtype(unit), _seed(ctx, unit)
+    where = _where(unit, case, kv, seed, ctx)
+    native = _native(case, dtype, kv, seed, ctx.device)
+    batch = make_batch(case, dtype, kv, seed, ctx.device)
+    out, returned, _ = BackendRun(backend, batch, call=call_impl).run()
+    got = out[: batch.num_actual_tokens].cpu()
+    if (message := _returned_elsewhere(out, returned, batch.num_actual_tokens)) is not None:
+        return failed(message + where)
+    cmp = grade(got, native, batch.problem, case, dtype)
+    errs = {"max_abs_err": cmp.max_abs_err, "max_rel_err": cmp.max_rel_err, "err_to_tol": cmp.err_to_tol}
+    if cmp.outcome is Outcome.FAIL:
+        atol, rtol = _tolerance(dtype)
+        truncation = fp8_truncation(got, batch.problem, dtype, atol, rtol)
+        if truncation is not None:
+            return Verdict(Outcome.QUALITY_WARNING, f"{truncation}{where}", **errs)
+        named = cmp.advice is not None and cmp.advice.startswith("The output is the oracle's")
+        note = "" if named else _reads_unwritten(ctx, backend, case, dtype, kv, seed, got)
+        return failed(cmp.message + note + where, **errs)
+    return Verdict(cmp.outcome, cmp.message + (where if cmp.outcome is not Outcome.PASS else ""), **errs)
+
+
+# ----- cache_write ----------------------------------------------------------------------------------------------
+def _changed_blocks(cache: torch.Tensor, before: torch.Tensor) -> list[int]:
+    now = cache.reshape(cache.shape[0], -1).view(torch.uint8) if cache.dtype != torch.uint8 else cache.reshape(
+        cache.shape[0], -1)
+    return [int(b) for b in (now != before).any(dim=1).nonzero().flatten()]
+
+
+def _block_bytes(cache: torch.Tensor) -> torch.Tensor:
+    flat = cache.reshape(cache.shape[0], -1)
+    return (flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat).clone()
+
+
+def _describe_blocks(blocks: list[int], num_blocks: int) -> str:
+    parts = []
+    for b in blocks:
+        if b == 0:
+            parts.append("block 0 (the null block)")
+        elif b == num_blocks - 1:
+            parts.append(f"block {b} (the last, where a slot of -1 used as an index lands)")
+        else:
+            parts.append(f"block {b}")
+    return ", ".join(parts)
+
+
+@check("attention", "cache_write", units=cache_write_units)
+def cache_write(ctx: CheckContext, unit: Unit) -> Verdict:
+    from reference_impl.attention.batch import BackendRun, make_batch
+    from reference_impl.attention.cases import CASES_BY_NAME
+
+    if (verdict := _not_brought(unit)) is not None:
+        return verdict
+    backend = _backend(unit)
+    name, kv = split_case(unit.case)
+    case, dtype, seed = CASES_BY_NAME[name], unit_dtype(unit), _seed(ctx, unit)
+    where = _where(unit, case, kv, seed, ctx)
+    batch = make_batch(case, dtype, kv, seed, ctx.device)
+    run = BackendRun(backend, batch, call=call_impl)
+    n = batch.num_blocks
+    unaddressed = sorted(set(range(n)) - set(batch.addressed_blocks))
+    start = _block_bytes(run.cache)
+
+    padding = torch.full_like(batch.metadata.slot_mapping, -1)
+    call_impl("do_kv_cache_update (every slot -1)", run.impl.do_kv_cache_update, run.layer, batch.key, batch.value,
+              run.cache, padding)
+    if changed := _changed_blocks(run.cache, start):
+        return failed(f"do_kv_cache_update with every slot -1 (all tokens padding) changed "
+                      f"{_describe_blocks(changed, n)}: a slot < 0 must not be written{where}")
+    run.write_context()
+    run.write_new()
+    if bad := [b for b in _changed_blocks(run.cache, start) if b in unaddressed]:
+        return failed(f"writing the context and the new tokens ({case.padding} of them padding with slot -1) changed "
+                      f"{_describe_blocks(bad, n)}, which slot_mapping does not address: a padded slot written, or "
+                      f"a slot mapped to the wrong block{where}")
+    md = run.build()
+    written = _block_bytes(run.cache)
+    run.forward(md)
+    changed = _changed_blocks(run.cache, written)
+    if backend.forward_includes_kv_cache_update:
+        if bad := [b for b in changed if b in unaddressed]:
+            return failed(f"forward (which writes the new tokens itself: forward_includes_kv_cache_update=True) "
+                          f"changed {_describe_blocks(bad, n)}, which slot_mapping does not address{where}")
+    elif changed:
+        return failed(f"forward wrote the cache ({_describe_blocks(changed, n)}) although the backend declares "
+                      "forward_includes_kv_cache_update=False: the layer writes it through do_kv_cache_update, and "
+                      f"forward must only read it{where}")
+    return passed(f"{len(unaddressed)} unaddressed blocks (null block 0 and {len(unaddressed) - 1} spare) "
+                  f"byte-identical through an all-padding write, the context and new tokens ({case.padding} padded), "
+                  "and forward")
+
+
+# ----- aliasing -------------------------------------------------------------------------------------------------
+METADATA_FIELDS = ("num_reqs", "num_actual_tokens", "max_query_len", "max_seq_len", "causal")
+
+
+@check("attention", "aliasing", units=aliasing_units)
+def aliasing(ctx: CheckContext, unit: Unit) -> Verdict:
+    from conformance.checks.common import storage_bytes
+    from reference_impl.attention.batch import BackendRun, make_batch
+    from reference_impl.attention.cases import CASES_BY_NAME
+
+    if (verdict := _not_brought(unit)) is not None:
+        return verdict
+    backend = _backend(unit)
+    name, kv = split_case(unit.case)
+    case, dtype, seed = CASES_BY_NAME[name], unit_dtype(unit), _seed(ctx, unit)
+    where = _where(unit, case, kv, seed, ctx)
+    batch = make_batch(case, dtype, kv, seed, ctx.device)
+    inputs = batch.tensors()
+    values = {n: t.clone() for n, t in inputs}
+    storages = {n: storage_bytes(t) for n, t in inputs}
+    fields = {f: getattr(batch.metadata, f) for f in METADATA_FIELDS}
+    out, returned, _ = BackendRun(backend, batch, call=call_impl).run()
+    tokens = batch.num_actual_tokens
+    if (message := _returned_elsewhere(out, returned, tokens)) is not None:
+        return failed(message + where)
+    unwritten = int(torch.isnan(out[:tokens]).sum())
+    if unwritten:
+        return failed(f"forward left {unwritten} of {out[:tokens].numel()} elements of output[:num_actual_tokens] "
+                      f"unwritten (the NaN pre-fill kept){where}")
+    changed = [n for n, t in inputs if not torch.equal(t, values[n]) and not (t.isnan().any() and
+                                                                               torch.equal(t.isnan(), values[n].isnan()))]
+    outside = [n for n, t in inputs if n not in changed and not torch.equal(storage_bytes(t), storages[n])]
+    if changed or outside:
+        what = ", ".join(changed) or "nothing inside the views"
+        extra = f"; storage outside the views of {', '.join(outside)} changed too" if outside else ""
+        return failed(f"building the metadata and forward changed their inputs: {what}{extra} (the runner reuses "
+                      f"them across layers and steps){where}")
+    moved = [f"{f} {fields[f]!r} -> {getattr(batch.metadata, f)!r}" for f in METADATA_FIELDS
+             if getattr(batch.metadata, f) != fields[f]]
+    if moved:
+        return failed(f"the builder changed CommonAttentionMetadata ({'; '.join(moved)}): it is shared by every "
+                      f"layer's builder{where}")
+    note = "" if returned is None or returned is out else "; forward returned another tensor, also written in output"
+    return passed(f"the result is in output; query, key, value, sinks and every metadata tensor and field "
+                  f"unchanged{note}")
+
+
+# ----- steps ----------------------------------------------------------------------------------------------------
+def step_cases():
+    """The step sequence: one layer configuration, four batches; the last on a re-allocated cache."""
+    from reference_impl.attention.cases import AttentionCase
+
+    common = {"num_heads": 8, "num_kv_heads": 2, "head_size": 64, "block_size": 16, "sliding_window": 24,
+              "logits_soft_cap": 30.0, "kv_dtypes": ("auto", "fp8_e4m3", "fp8_e5m2")}
+    return [
+        ("a prefill of 4 requests", AttentionCase("step1_prefill", (7, 12, 5, 9), (7, 12, 5, 9), "steps", **common)),
+        ("a decode of the 4", AttentionCase("step2_decode", (1, 1, 1, 1), (8, 13, 6, 10), "steps", **common)),
+        ("a chunked prefill of 2 requests (a smaller batch after a larger one)",
+         AttentionCase("step3_chunk", (5, 3), (30, 21), "steps", **common)),
+        ("a mixed batch of 3 on a re-allocated cache tensor",
+         AttentionCase("step4_new_cache", (1, 4, 1), (40, 20, 3), "steps", **common)),
+    ]
+
+
+@check("attention", "steps", units=steps_units)
+def steps(ctx: CheckContext, unit: Unit) -> Verdict:
+    from reference_impl.attention.batch import BackendRun, make_batch
+
+    if (verdict := _not_brought(unit)) is not None:
+        return verdict
+    backend = _backend(unit)
+    _, kv = split_case(unit.case)
+    dtype, seed = unit_dtype(unit), _seed(ctx, unit)
+    sequence = step_cases()
+    batches = [make_batch(case, dtype, kv, seed + i, ctx.device) for i, (_, case) in enumerate(sequence)]
+    first = BackendRun(backend, batches[0], call=call_impl,
+                       cache=batches[0].new_cache(max(b.num_blocks for b in batches[:3])))
+    worst = 0.0
+    for i, ((what, case), batch) in enumerate(zip(sequence, batches)):
+        cache = first.cache if i < 3 else batch.new_cache(batch.num_blocks + 3)
+        run = first if i == 0 else BackendRun(backend, batch, call=call_impl, layer=first.layer,
+                                              builder=first.builder, cache=cache)
+        out, returned, _ = run.run()
+        tokens = batch.num_actual_tokens
+        native = _native(case, dtype, kv, seed + i, ctx.device)
+        cmp = grade(out[:tokens].cpu(), native, batch.problem, case, dtype)
+        where = f" [backend {unit.provider}, {unit.dtype}, kv_cache_dtype {kv}, step {i + 1} of {len(sequence)}: " \
+                f"{what}: {case.describe(kv)}; seed {ctx.seed}]"
+        if cmp.outcome is Outcome.FAIL:
+            return failed(f"step {i + 1} ({what}): {cmp.message}{_fresh_note(i, backend, case, dtype, kv, seed, ctx, native)}"
+                          f"{where}", max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err,
+                          err_to_tol=cmp.err_to_tol)
+        worst = max(worst, cmp.err_to_tol or 0.0)
+    return passed(f"{len(sequence)} steps on one impl and builder (prefill, decode, a smaller chunked batch, a "
+                  "re-allocated cache) each within tolerance", err_to_tol=worst)
+
+
+def _fresh_note(i, backend, case, dtype, kv, seed, ctx, native) -> str:
+    """After step 1: whether the same batch passes on a fresh impl, builder and cache (state kept between steps)."""
+    from reference_impl.attention.batch import BackendRun, make_batch
+
+    if i == 0:
+        return ""
+    batch = make_batch(case, dtype, kv, seed + i, ctx.device)
+    try:
+        out, _, _ = BackendRun(backend, batch, call=call_impl).run()
+    except KernelRaised:
+        return ""
+    if grade(out[: batch.num_actual_tokens].cpu(), native, batch.problem, case, dtype).outcome is Outcome.FAIL:
+        return ""
+    return (". The same batch passes on a fresh impl, builder and cache: the backend keeps state from an earlier "
+            "step (seq_lens or another per-batch tensor kept from a larger batch, or the cache tensor of an earlier "
+            "call)")
+
+
+# ----- dispatch -------------------------------------------------------------------------------------------------
+@check("attention", "dispatch", units=dispatch_units)
+def dispatch(ctx: CheckContext, unit: Unit) -> Verdict:
+    if unit.case == "resolve":
+        return _resolve(ctx)
+    if (verdict := _not_brought(unit)) is not None:
+        return verdict
+    return _probe(ctx, unit, _backend(unit))
+
+
+def _resolve(ctx: CheckContext) -> Verdict:
+    """Every selector config the family asks resolves to an importable backend with the contract's class methods."""
+    from reference_impl.attention.registry import REFERENCE_BACKEND, AttentionBackendEnum, resolve
+
+    platform = ctx.platform
+    chosen: dict[str, int] = {}
+    unregistered = set()
+    count = 0
+    for case, dtype, kv, config in selector_configs(platform):
+        count += 1
+        label = f"head_size={config.head_size}, {dtype_name(dtype)}, kv_cache_dtype={kv}, features {case.features()}"
+        qualname = call_impl(f"get_attn_backend_cls ({label})", platform.get_attn_backend_cls, None, config,
+                             case.num_heads)
+        if not isinstance(qualname, str):
+            return failed(f"get_attn_backend_cls returned a {type(qualname).__name__} for {label}: it returns the "
+                          "backend's qualname (a string), as vLLM 0.32's hook does")
+        try:
+            backend = resolve(qualname)
+        except Exception as exc:  # noqa: BLE001 - the platform named something that is not there
+            return failed(f"get_attn_backend_cls returned {qualname!r} for {label}, which does not resolve: "
+                          f"{exception_line(exc)}")
+        missing = [m for m in ("get_name", "get_impl_cls", "get_builder_cls", "validate_configuration")
+                   if not callable(getattr(backend, m, None))]
+        if missing:
+            return failed(f"{qualname} (selected for {label}) has no {', '.join(missing)}: an attention backend "
+                          "subclasses reference_impl.attention.AttentionBackend")
+        backend_name = call_impl(f"{qualname}.get_name", backend.get_name)
+        if backend_name not in AttentionBackendEnum:
+            unregistered.add(f"{backend_name} ({qualname})")
+        chosen[qualname] = chosen.get(qualname, 0) + 1
+    if set(chosen) == {REFERENCE_BACKEND}:
+        return passed(f"get_attn_backend_cls resolves for all {count} selector configs, to the reference backend: the "
+                      "platform brings no attention backend of its own")
+    summary = "; ".join(f"{q} for {n}" for q, n in sorted(chosen.items()))
+    note = (f"; get_name() of {', '.join(sorted(unregistered))} is not a registered name: vLLM's Attention looks "
+            "it up with AttentionBackendEnum[get_name()], so register it (register_backend(name, class_path))"
+            if unregistered else "")
+    return passed(f"get_attn_backend_cls resolves for all {count} selector configs: {summary}{note}")
+
+
+def _probe(ctx: CheckContext, unit: Unit, backend) -> Verdict:
+    """One capability: declared or not, against what the backend does with a case that needs it."""
+    from reference_impl.attention.batch import BackendRun, make_batch
+    from reference_impl.attention.cases import PROBES
+
+    probe = PROBES[unit.case]
+    declared = bool(probe.declared(backend))
+    dtypes = backend_dtypes(ctx.platform, backend) or [d for d in ctx.platform.supported_dtypes]
+    dtype = getattr(torch, probe.dtype) if probe.dtype else dtypes[0]
+    case, kv = probe.case, probe.kv_cache_dtype
+    seed = unit_seed(ctx.seed, OP, unit.case, dtype_name(dtype))
+    said = (f"{probe.feature} is declared ({probe.declare})" if declared else
+            f"{probe.feature} is declared unsupported ({probe.declare})")
+    where = f" [backend {unit.provider}, {dtype_name(dtype)}, probe case: {case.describe(kv)}; seed {ctx.seed}]"
+    try:
+        native = _native(case, dtype, kv, seed, ctx.device)
+        batch = make_batch(case, dtype, kv, seed, ctx.device)
+        out, returned, _ = BackendRun(backend, batch, call=call_impl).run()
+    except KernelRaised as exc:
+        if declared:
+            return failed(f"{said}, but {exc.where} raised {exception_line(exc.exc)}{where}")
+        return not_supported(f"{said}, and {exc.where} raises {exception_line(exc.exc)} on it{where}")
+    tokens = batch.num_actual_tokens
+    cmp = grade(out[:tokens].cpu(), native, batch.problem, case, dtype)
+    if (message := _returned_elsewhere(out, returned, tokens)) is not None:
+        return failed(f"{said}: {message}{where}")
+    if cmp.outcome is Outcome.FAIL:
+        advice = ("" if declared else ": a backend that cannot compute it must raise (NotImplementedError or "
+                  "ValueError) rather than return a wrong result")
+        return failed(f"{said}, and the result is wrong{advice}: {cmp.message}{where}", max_abs_err=cmp.max_abs_err,
+                      max_rel_err=cmp.max_rel_err, err_to_tol=cmp.err_to_tol)
+    if declared:
+        return passed(f"{said} and computed within tolerance")
+    return passed(f"{said}, yet computed within tolerance: declare it ({probe.declare}), so that platforms "
+                  f"select this backend for it{where}")

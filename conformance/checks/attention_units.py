@@ -1,0 +1,143 @@
+"""Which attention backends a platform brings, and the `attention` family's units over them.
+
+A platform brings the backends its `get_attn_backend_cls` returns for the cases' selector configs, and the
+ones its own package registered in the backend registry (a kernel provider may register several). The
+reference backend is native: a platform that only returns it brings nothing (one NOT_IMPLEMENTED unit per
+check). Unit = op "attention", provider = backend (registry name, or qualname when unregistered), dtype,
+case (`<case>` or `<case>+<kv_cache_dtype>`).
+"""
+
+from __future__ import annotations
+
+from conformance.collect.units import Unit, dtype_name
+
+OP = "attention"
+NONE = "none"             # the provider of the one unit per check when the platform brings no backend
+
+
+def split_case(case: str) -> tuple[str, str]:
+    """(case name, kv_cache_dtype) of a unit's case field."""
+    name, _, kv = case.partition("+")
+    return name, kv or "auto"
+
+
+def join_case(name: str, kv_cache_dtype: str) -> str:
+    return name if kv_cache_dtype == "auto" else f"{name}+{kv_cache_dtype}"
+
+
+def selector_configs(platform):
+    """(case, dtype, kv dtype, selector config) for every case and kv dtype the family may ask the platform about."""
+    from reference_impl.attention.cases import CASES
+    from reference_impl.ir.tolerances import ATTN_TOLERANCES
+
+    for case in CASES:
+        for dtype in platform.supported_dtypes:
+            if dtype in ATTN_TOLERANCES:
+                for kv in case.kv_dtypes:
+                    yield case, dtype, kv, case.selector_config(dtype, kv)
+
+
+def brought_backends(platform) -> list[str]:
+    """The backends `platform` brings, by registry name (qualname when unregistered), in a stable order."""
+    from reference_impl.attention.registry import REFERENCE_BACKEND, AttentionBackendEnum, _OVERRIDES, name_of, resolve
+
+    seen: dict[str, None] = {}
+    for case, dtype, kv, config in selector_configs(platform):
+        try:
+            qualname = platform.get_attn_backend_cls(None, config, case.num_heads)
+            cls = resolve(qualname)
+        except Exception:  # noqa: BLE001 - attention.dispatch's resolve unit reports it
+            continue
+        if qualname == REFERENCE_BACKEND:
+            continue
+        seen.setdefault(name_of(cls) or qualname, None)
+    package = type(platform).__module__.split(".")[0]
+    for member in AttentionBackendEnum:
+        path = _OVERRIDES.get(member.name, member.value)
+        if path and path != REFERENCE_BACKEND and path.split(".")[0] == package:
+            seen.setdefault(member.name, None)
+    return list(seen)
+
+
+def backend_dtypes(platform, backend) -> list:
+    from reference_impl.ir.tolerances import ATTN_TOLERANCES
+
+    return [d for d in platform.supported_dtypes if d in ATTN_TOLERANCES and backend.supports_dtype(d)]
+
+
+def _per_backend(inventory, family, check, make):
+    from reference_impl.attention.registry import resolve
+
+    names = brought_backends(inventory.platform)
+    if not names:
+        return [Unit(family, check, OP, NONE)]
+    units = []
+    for name in names:
+        try:
+            backend = resolve(name)
+        except Exception:  # noqa: BLE001 - one unit that reports why
+            units.append(Unit(family, check, OP, name))
+            continue
+        units += make(name, backend)
+    return units
+
+
+def _admitted(backend, case, dtype, kv) -> bool:
+    from reference_impl.attention.cases import admits
+
+    return backend.supports_kv_cache_dtype(kv) and not admits(backend, case, dtype, kv)
+
+
+def _case_units(inventory, family, check, level, names=None):
+    from reference_impl.attention.cases import CASES_BY_NAME, cases_at
+
+    def make(name, backend):
+        cases = cases_at(level) if names is None else [CASES_BY_NAME[n] for n in names(level)]
+        return [Unit(family, check, OP, name, dtype_name(d), join_case(c.name, kv))
+                for d in backend_dtypes(inventory.platform, backend) for c in cases for kv in c.kv_dtypes
+                if _admitted(backend, c, d, kv)]
+
+    return _per_backend(inventory, family, check, make)
+
+
+def forward_units(inventory, family, check, level):
+    """Every case at `level` x dtype x kv dtype the backend declares."""
+    return _case_units(inventory, family, check, level)
+
+
+CACHE_WRITE_CASES = {"quick": ("decode", "chunked_prefill"), "standard": ("decode", "chunked_prefill", "shared_prefix")}
+ALIASING_CASES = {"quick": ("chunked_prefill",), "standard": ("chunked_prefill", "fused_qkv_views", "decode")}
+
+
+def cache_write_units(inventory, family, check, level):
+    return _case_units(inventory, family, check, level, lambda lv: CACHE_WRITE_CASES.get(lv, CACHE_WRITE_CASES["standard"]))
+
+
+def aliasing_units(inventory, family, check, level):
+    return _case_units(inventory, family, check, level, lambda lv: ALIASING_CASES.get(lv, ALIASING_CASES["standard"]))
+
+
+def steps_units(inventory, family, check, level):
+    """Per dtype: the step sequence with an "auto" cache, and (standard and full) with each declared fp8 cache."""
+    from reference_impl.attention.backend import FP8_KV_DTYPES
+
+    def make(name, backend):
+        kvs = ["auto"] + ([k for k in ("fp8_e4m3", "fp8_e5m2") if backend.supports_kv_cache_dtype(k)]
+                          if level != "quick" else [])
+        assert set(kvs) - {"auto"} <= set(FP8_KV_DTYPES)
+        return [Unit(family, check, OP, name, dtype_name(d), join_case("steps", kv))
+                for d in backend_dtypes(inventory.platform, backend) for kv in kvs]
+
+    return _per_backend(inventory, family, check, make)
+
+
+def dispatch_units(inventory, family, check, level):
+    """Per backend: the selection itself ("resolve") and one probe per capability (reference_impl.attention.probes)."""
+    from reference_impl.attention.cases import PROBES
+
+    resolve = [Unit(family, check, OP, None, None, "resolve")]
+    if not brought_backends(inventory.platform):
+        return resolve
+    return resolve + _per_backend(inventory, family, check,
+                                  lambda name, backend: [Unit(family, check, OP, name, None, probe) for probe in PROBES
+                                                         if PROBES[probe].applies(inventory.platform)])

@@ -1,0 +1,224 @@
+"""The attention cases: a batch (query and sequence lengths) and a layer configuration, drawn from the case
+dimensions of the spec (docs/attention.md, "Cases"); each says what bug it catches.
+
+A case runs at its level and above (quick ⊂ standard ⊂ full) with the KV-cache dtypes it lists, for every
+backend whose declarations admit it (`admits`). Batches are small: a case is milliseconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from reference_impl.attention.backend import AttentionSelectorConfig, AttentionType
+
+LEVEL_ORDER = ("quick", "standard", "full")
+FP8 = ("fp8_e4m3", "fp8_e5m2")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionCase:
+    name: str
+    query_lens: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    catches: str
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_size: int = 64
+    block_size: int = 16
+    sliding_window: int | None = None
+    logits_soft_cap: float | None = None
+    alibi: bool = False
+    sinks: bool = False
+    scale: float | None = None            # None: head_size ** -0.5
+    causal: bool = True
+    attn_type: str = AttentionType.DECODER
+    padding: int = 3                      # trailing padded tokens (slot -1) past num_actual_tokens
+    max_seq_len_extra: int = 0            # max_seq_len given as an upper bound this much above the true one
+    shared_prefix_blocks: int = 0         # requests 0 and 1 share this many leading blocks (prefix caching)
+    fused_qkv: bool = False               # q, k, v as views split from one [T, (H + 2 KVH) D] tensor
+    kv_dtypes: tuple[str, ...] = ("auto",)
+    k_scale: float = 0.5                  # fp8 only (1.0 for "auto")
+    v_scale: float = 0.25
+    value_range: float = 1.0              # keys and values drawn from N(0, value_range^2): large -> fp8 saturates
+    level: str = "quick"
+
+    def __post_init__(self):
+        if len(self.query_lens) != len(self.seq_lens):
+            raise ValueError(f"case {self.name}: {len(self.query_lens)} query lengths, {len(self.seq_lens)} seq lengths")
+        if any(q > s for q, s in zip(self.query_lens, self.seq_lens)):
+            raise ValueError(f"case {self.name}: a query length exceeds its sequence length")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"case {self.name}: num_heads {self.num_heads} not a multiple of {self.num_kv_heads}")
+        if self.level not in LEVEL_ORDER:
+            raise ValueError(f"case {self.name}: level {self.level!r} is not one of {LEVEL_ORDER}")
+
+    def runs_at(self, level: str) -> bool:
+        return LEVEL_ORDER.index(self.level) <= LEVEL_ORDER.index(level)
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.head_size ** -0.5 if self.scale is None else self.scale
+
+    @property
+    def encoder(self) -> bool:
+        return self.attn_type in (AttentionType.ENCODER, AttentionType.ENCODER_ONLY)
+
+    def selector_config(self, dtype, kv_cache_dtype: str) -> AttentionSelectorConfig:
+        """What a layer of this case asks its platform for (the user did not pick a block size)."""
+        return AttentionSelectorConfig(head_size=self.head_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                                       block_size=None, has_sink=self.sinks, attn_type=self.attn_type,
+                                       has_sliding_window=self.sliding_window is not None,
+                                       use_non_causal=not self.causal)
+
+    def features(self) -> list[str]:
+        """The optional features the case exercises, by the names docs/attention.md uses."""
+        named = [("sliding_window", self.sliding_window is not None), ("logits_soft_cap", bool(self.logits_soft_cap)),
+                 ("alibi", self.alibi), ("sinks", self.sinks), ("non_causal", not self.causal),
+                 (f"attn_type={AttentionType(self.attn_type).value}", self.attn_type != AttentionType.DECODER)]
+        return [n for n, on in named if on]
+
+    def describe(self, kv_cache_dtype: str = "auto") -> str:
+        parts = [f"query_lens={list(self.query_lens)} seq_lens={list(self.seq_lens)}",
+                 f"H={self.num_heads} KVH={self.num_kv_heads} D={self.head_size} block={self.block_size}"]
+        if self.sliding_window is not None:
+            parts.append(f"sliding_window={self.sliding_window}")
+        if self.logits_soft_cap:
+            parts.append(f"logits_soft_cap={self.logits_soft_cap:g}")
+        if self.alibi:
+            parts.append("alibi")
+        if self.sinks:
+            parts.append("sinks")
+        if self.scale is not None:
+            parts.append(f"scale={self.scale:.4g}")
+        if not self.causal:
+            parts.append("causal=False")
+        if self.attn_type != AttentionType.DECODER:
+            parts.append(f"attn_type={AttentionType(self.attn_type).value}")
+        if kv_cache_dtype != "auto":
+            parts.append(f"kv_cache_dtype={kv_cache_dtype} k_scale={self.k_scale:g} v_scale={self.v_scale:g}")
+        if self.max_seq_len_extra:
+            parts.append(f"max_seq_len={max(self.seq_lens) + self.max_seq_len_extra} (an upper bound: "
+                         f"the longest sequence is {max(self.seq_lens)})")
+        if self.shared_prefix_blocks:
+            parts.append(f"requests 0 and 1 share {self.shared_prefix_blocks} prefix block(s)")
+        if self.fused_qkv:
+            parts.append("q/k/v strided views of one fused qkv tensor")
+        if self.padding:
+            parts.append(f"{self.padding} padded tokens (slot -1)")
+        return ", ".join(parts)
+
+
+CASES: list[AttentionCase] = [
+    # ----- quick ----------------------------------------------------------------------------------
+    AttentionCase("decode", (1, 1, 1, 1), (1, 16, 17, 45), "decode: first token, block boundary (=block, block+1)",
+                  num_heads=8, num_kv_heads=2, kv_dtypes=("auto", "fp8_e4m3")),
+    AttentionCase("chunked_prefill", (9, 17, 0), (49, 17, 23),
+                  "chunked prefill: causal offset by the context (40, not block-aligned), a fresh prefill, a "
+                  "trailing zero-length request", num_heads=4, num_kv_heads=4, kv_dtypes=("auto", "fp8_e5m2")),
+    AttentionCase("mixed_window", (1, 1, 9, 17), (64, 33, 49, 17), "sliding window (13 < context, not block-aligned) "
+                  "in decode and prefill", num_heads=6, num_kv_heads=3, head_size=80, sliding_window=13),
+    AttentionCase("softcap_alibi", (1, 7), (40, 30), "soft cap small against the logits, ALiBi", num_heads=4,
+                  num_kv_heads=1, logits_soft_cap=5.0, alibi=True, scale=0.5),
+    AttentionCase("sinks_window", (1, 11), (70, 26), "sinks with a sliding window (gpt-oss)", num_heads=8,
+                  num_kv_heads=1, sinks=True, sliding_window=16, kv_dtypes=("auto", "fp8_e4m3")),
+    AttentionCase("inflated_max_seq_len", (1, 5), (21, 30), "max_seq_len as an upper bound: a backend reading "
+                  "keys past seq_lens up to max_seq_len", max_seq_len_extra=37),
+    # ----- standard -------------------------------------------------------------------------------
+    AttentionCase("gqa_ratio7", (1, 6, 1), (35, 20, 50), "GQA with a non-power-of-2 ratio (Qwen2 14/2)",
+                  num_heads=14, num_kv_heads=2, level="standard"),
+    AttentionCase("gqa_9_3_block32", (3, 1), (70, 41), "GQA 9/3, head size 96, block 32", num_heads=9,
+                  num_kv_heads=3, head_size=96, block_size=32, level="standard"),
+    AttentionCase("head128_block64", (1, 13), (130, 77), "head size 128, block 64, GQA 6/3", num_heads=6,
+                  num_kv_heads=3, head_size=128, block_size=64, kv_dtypes=("auto", "fp8_e4m3"), level="standard"),
+    AttentionCase("head256_mqa", (1, 4), (37, 9), "head size 256, MQA 8/1 (Gemma-2 shape)", num_heads=8,
+                  num_kv_heads=1, head_size=256, level="standard"),
+    AttentionCase("head112", (2, 1), (19, 33), "head size 112 (a tail past 64)", num_heads=2, num_kv_heads=2,
+                  head_size=112, level="standard"),
+    AttentionCase("multi_token_decode", (2, 3, 4, 5, 6), (300, 201, 150, 97, 64),
+                  "uniform multi-token decode (q 2-6) with long context (spec-decode kernels)", level="standard"),
+    AttentionCase("window_edges", (1, 4, 6), (30, 9, 6), "window of 1 (self only) on every kind of request",
+                  sliding_window=1, level="standard"),
+    AttentionCase("window_covers_all", (1, 6), (25, 12), "window wider than every sequence (no key masked)",
+                  sliding_window=64, level="standard"),
+    AttentionCase("gemma_scale_softcap", (1, 9), (60, 24), "scale != head_size^-1/2 with soft cap 50 (Gemma-2 27B)",
+                  head_size=128, scale=144 ** -0.5, logits_soft_cap=50.0, num_heads=4, num_kv_heads=2,
+                  level="standard"),
+    AttentionCase("non_causal", (5, 3), (21, 3), "causal=False over the paged cache", causal=False, level="standard"),
+    AttentionCase("encoder_only", (5, 12), (5, 12), "encoder-only (bidirectional within the batch, no cache), with "
+                  "a window", attn_type=AttentionType.ENCODER_ONLY, sliding_window=4, level="standard"),
+    AttentionCase("shared_prefix", (3, 2), (40, 37), "two requests sharing their first two blocks (prefix caching)",
+                  shared_prefix_blocks=2, level="standard"),
+    AttentionCase("fused_qkv_views", (1, 8), (24, 8), "q/k/v as strided views of one fused qkv tensor",
+                  fused_qkv=True, level="standard"),
+    AttentionCase("fp8_saturating", (1, 6), (33, 18), "fp8 values beyond the format's range (saturation)",
+                  kv_dtypes=FP8, value_range=300.0, k_scale=0.5, v_scale=0.5, level="standard"),
+    AttentionCase("alibi_odd_heads", (1, 5), (26, 14), "ALiBi slopes for 6 heads (non-power-of-2 extension)",
+                  num_heads=6, num_kv_heads=6, alibi=True, level="standard"),
+    # ----- full -----------------------------------------------------------------------------------
+    AttentionCase("long_decode_sinks", (1, 1), (4100, 2050), "decode over a long context with sinks (split-KV "
+                  "reductions)", num_heads=8, num_kv_heads=1, sinks=True, block_size=128, level="full"),
+    AttentionCase("falcon_mqa", (1, 3), (20, 11), "71 heads over one kv head", num_heads=71, num_kv_heads=1,
+                  level="full"),
+    AttentionCase("head512", (1, 2), (17, 5), "head size 512", num_heads=2, num_kv_heads=1, head_size=512,
+                  block_size=128, level="full"),
+]
+
+CASES_BY_NAME = {c.name: c for c in CASES}
+
+
+def cases_at(level: str) -> list[AttentionCase]:
+    return [c for c in CASES if c.runs_at(level)]
+
+
+def admits(backend, case: AttentionCase, dtype, kv_cache_dtype: str) -> list[str]:
+    """Why `backend` does not declare `case` with these dtypes (validate_configuration's reasons); [] = declared."""
+    return backend.validate_configuration(**case.selector_config(dtype, kv_cache_dtype)._replace(
+        block_size=case.block_size)._asdict())
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """A capability a backend declares (or not), and a small case that exercises exactly it."""
+
+    feature: str                          # how messages name it
+    case: AttentionCase
+    declared: object                      # backend -> bool: whether the backend declares the capability
+    declare: str = ""                     # where a backend declares it
+    kv_cache_dtype: str = "auto"
+    dtype: str | None = None              # the dtype the probe runs in (None: the backend's first)
+
+    def applies(self, platform) -> bool:
+        return self.dtype is None or getattr(torch, self.dtype) in platform.supported_dtypes
+
+
+def _probe_case(name: str, **kw) -> AttentionCase:
+    kw.setdefault("query_lens", (1, 6))
+    kw.setdefault("seq_lens", (30, 14))
+    return AttentionCase(f"probe_{name}", catches=f"the {name} capability", **kw)
+
+
+PROBES: dict[str, Probe] = {
+    "sinks": Probe("attention sinks", _probe_case("sinks", sinks=True), lambda b: b.supports_sink(), "supports_sink()"),
+    "sliding_window": Probe("sliding window", _probe_case("sliding_window", sliding_window=7),
+                            lambda b: b.supports_sliding_window(), "supports_sliding_window()"),
+    "non_causal": Probe("non-causal attention (causal=False)", _probe_case("non_causal", causal=False),
+                        lambda b: b.supports_non_causal(), "supports_non_causal()"),
+    "encoder_only": Probe("attention type encoder_only", _probe_case(
+        "encoder_only", query_lens=(6, 9), seq_lens=(6, 9), attn_type=AttentionType.ENCODER_ONLY),
+        lambda b: b.supports_attn_type(AttentionType.ENCODER_ONLY), "supports_attn_type()"),
+    "head_size_48": Probe("head size 48", _probe_case("head_size_48", head_size=48), lambda b: b.supports_head_size(48), "get_supported_head_sizes()"),
+    "head_size_80": Probe("head size 80", _probe_case("head_size_80", head_size=80), lambda b: b.supports_head_size(80), "get_supported_head_sizes()"),
+    "block_size_16": Probe("block size 16", _probe_case("block_size_16", block_size=16),
+                           lambda b: b.supports_block_size(16), "get_supported_kernel_block_sizes()"),
+    "block_size_32": Probe("block size 32", _probe_case("block_size_32", block_size=32),
+                           lambda b: b.supports_block_size(32), "get_supported_kernel_block_sizes()"),
+    "kv_fp8_e4m3": Probe("kv_cache_dtype fp8_e4m3", _probe_case("kv_fp8_e4m3"),
+                         lambda b: b.supports_kv_cache_dtype("fp8_e4m3"), "supported_kv_cache_dtypes", kv_cache_dtype="fp8_e4m3"),
+    "kv_fp8_e5m2": Probe("kv_cache_dtype fp8_e5m2", _probe_case("kv_fp8_e5m2"),
+                         lambda b: b.supports_kv_cache_dtype("fp8_e5m2"), "supported_kv_cache_dtypes", kv_cache_dtype="fp8_e5m2"),
+    **{f"dtype_{d}": Probe(f"dtype {d}", _probe_case(f"dtype_{d}"),
+                           lambda b, d=d: b.supports_dtype(getattr(torch, d)), "supported_dtypes", dtype=d)
+       for d in ("float32", "float16", "bfloat16")},
+}
