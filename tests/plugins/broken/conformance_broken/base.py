@@ -5,8 +5,9 @@ import torch
 from reference_impl.platforms import Platform, PlatformEnum
 
 
-def make_platform(fault: str, defaults: dict[str, list[str]] | None = None):
-    """An OOT CPU platform named after `fault` that imports `conformance_broken.<fault>` for kernels."""
+def make_platform(fault: str, defaults: dict[str, list[str]] | None = None, attention: bool = False):
+    """An OOT CPU platform named after `fault` that imports `conformance_broken.<fault>` for kernels; with
+    `attention`, its attention backend is `conformance_broken.<fault>_kernels.Backend`."""
 
     class BrokenPlatform(Platform):
         _enum = PlatformEnum.OOT
@@ -22,6 +23,11 @@ def make_platform(fault: str, defaults: dict[str, list[str]] | None = None):
 
         def get_default_ir_op_priority(self) -> dict[str, list[str]]:
             return dict(defaults if defaults is not None else {"rms_norm": ["broken", "native"]})
+
+        def get_attn_backend_cls(self, selected_backend, selector_config, num_heads=None) -> str:
+            if attention:
+                return f"conformance_broken.{fault}_kernels.Backend"
+            return super().get_attn_backend_cls(selected_backend, selector_config, num_heads)
 
     BrokenPlatform.__qualname__ = BrokenPlatform.__name__ = "Platform"
     BrokenPlatform.__module__ = f"conformance_broken.{fault}"
