@@ -117,3 +117,105 @@ def test_judge_runs_native_on_copies_and_uses_the_ops_tolerance():
     assert c.outcome is Outcome.FAIL and "ir.ops.rms_norm.override_tolerance" not in c.message[:20]
     with pytest.raises(AssertionError, match="^rms case: output: 24 of 24 elements outside"):
         assert_matches_native(op, args, good + 10 * atol, torch.float32, "rms case")
+
+
+# ----- which rows are wrong ---------------------------------------------------------------------------
+def _rms_case(rows: int, hidden: int = 8):
+    op = ir.ops.rms_norm
+    x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(3))
+    args = (x, torch.ones(hidden), 1e-6, None)
+    return op, args, op.native_fn(*args)
+
+
+def test_a_dropped_tail_of_rows_fails_naming_the_first_bad_row_and_the_run():
+    """A kernel that stops at a row limit: every row from it on is zero, and the message says where that starts."""
+    op, args, out = _rms_case(65537)
+    out[4096:] = 0
+    c = judge(op, args, out, torch.float32)
+    assert c.outcome is Outcome.FAIL
+    assert "(float32) in 61441 of 65537 rows, first bad row 4096 (rows 4096..65536 are all zero); worst at" in c.message
+
+
+def test_scattered_bad_rows_are_counted_and_their_runs_named_in_order():
+    ref = torch.ones(12, 4)
+    out = ref.clone()
+    out[1, 2] = 5.0        # one element of row 1
+    out[3:6] = 0.0         # rows 3..5, all zero
+    out[7] = 0.0           # row 7, all zero
+    out[9, 0] = 2.0        # row 9
+    out[11, 3] = 2.0       # row 11
+    c = cmp(out, ref)
+    assert c.outcome is Outcome.FAIL
+    assert ("in 7 of 12 rows, first bad row 1 (row 1, rows 3..5 are all zero, row 7 is all zero and 2 more runs of "
+            "bad rows)") in c.message
+
+
+def test_bad_rows_count_the_leading_dims_flattened_and_name_all_nan_rows():
+    ref = torch.ones(2, 3, 4)
+    out = ref.clone()
+    out[1, 1] = math.nan     # row 4 of the 6 (batch 1, position 1)
+    c = cmp(out, ref)
+    assert c.outcome is Outcome.FAIL
+    assert "nan positions differ from native (4 elements in 1 of 6 rows, first bad row 4 (row 4 is all nan)); first at" \
+        in c.message
+
+
+def test_a_one_dim_output_has_no_rows_to_name():
+    c = cmp(torch.tensor([1.0, 5.0]), torch.tensor([1.0, 1.0]))
+    assert c.outcome is Outcome.FAIL and " rows" not in c.message
+
+
+def test_rows_native_also_has_as_zero_are_not_called_all_zero():
+    ref = torch.zeros(3, 4)
+    ref[1] = 1.0
+    out = torch.zeros(3, 4)
+    out[2] = 3.0            # row 2: native zero, output not; row 1: output zero, native not
+    c = cmp(out, ref)
+    assert "in 2 of 3 rows, first bad row 1 (rows 1..2)" in c.message
+
+
+# ----- the float64 grade is computed only where it can matter ---------------------------------------
+def test_an_output_identical_to_native_passes_without_the_float64_run():
+    op, args, out = _rms_case(64)
+    calls = []
+    real = op.native_fn
+
+    class Spy:
+        name, param_names = op.name, op.param_names
+        get_tolerance = staticmethod(op.get_tolerance)
+
+        @staticmethod
+        def native_fn(*a):
+            calls.append(a[0].dtype)
+            return real(*a)
+
+    c = judge(Spy, args, out.clone(), torch.float32)
+    assert c.outcome is Outcome.PASS and c.max_abs_err == 0.0 and c.err_to_tol == 0.0
+    assert calls == [torch.float32], "only native ran, no float64 run"
+    calls.clear()
+    out[0, 0] += 1e-6
+    assert judge(Spy, args, out, torch.float32).outcome is Outcome.PASS
+    assert calls == [torch.float32, torch.float64], "an output that differs is graded against float64"
+
+
+def test_the_float64_grade_takes_the_same_maxima_as_indexing_the_finite_elements_out():
+    """golden_errors masks instead of indexing; the maxima are those of the elements the mask selects."""
+    from conformance.checks.comparison import golden_errors
+
+    gen = torch.Generator().manual_seed(5)
+    gold = torch.randn(200, generator=gen, dtype=torch.float64) * 10
+    b = gold + torch.randn(200, generator=gen, dtype=torch.float64) * 1e-3
+    a = gold + torch.randn(200, generator=gen, dtype=torch.float64) * 1e-2
+    gold[3], b[5], a[7], a[8] = math.nan, math.inf, math.nan, 1e9
+    mask = torch.ones(200, dtype=torch.bool)
+    mask[8] = False                                 # the huge error sits outside the mask
+    errs = golden_errors(a, b, gold, mask, 1e-3, torch.float32)
+    m = mask & torch.isfinite(gold) & torch.isfinite(b)
+    ea, eb, g = (a[m] - gold[m]).abs(), (b[m] - gold[m]).abs(), gold[m]
+    assert errs.impl_abs == math.inf                # a nan output where float64 is finite
+    assert errs.native_abs == float(eb.max())
+    big = g.abs() > 1e-3
+    assert errs.native_rel == float((eb[big] / g[big].abs()).max())
+    assert errs.impl_rel == math.inf
+    ea = torch.where(torch.isnan(ea), math.inf, ea)
+    assert errs.ulp_abs > 0 and float(ea.max()) == errs.impl_abs
