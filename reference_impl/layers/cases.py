@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from reference_impl.ir.cases import LEVELS
+from reference_impl.ir.cases import LEVELS, OpCase
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +60,37 @@ class LayerCase:
         """`cls` constructed for this case in `dtype`."""
         with self.constructing(dtype) as kwargs:
             return cls(**kwargs)
+
+
+def from_op_cases(op, form: Callable[[tuple], tuple[dict[str, Any], tuple[Any, ...]]], *,
+                  name: Callable[[str], str] = lambda n: n, init_params=None,
+                  keep: Callable[[OpCase], bool] | None = None) -> list[LayerCase]:
+    """The cases `op` declares, as cases of a layer that computes the same thing, in the layer's own call form.
+
+    A layer inherits its op's case kinds (saturation, tiny and large magnitudes, special values, mixed dtypes,
+    strided and padded rows, real-model shapes) instead of re-listing them. `form(args)` maps the op's arguments
+    to (constructor kwargs, forward arguments); the kwargs may depend on the arguments' shapes, dtypes and flags
+    only, since they are read from arguments built once on the CPU with a fixed seed. Level, dtypes and
+    beyond_vllm carry over; size-only cases (memory_bytes, numerics_only) stay the op's; `keep` selects; `name`
+    turns the op case's name into the layer case's."""
+    out = []
+    for case in op.cases:
+        if getattr(case, "memory_bytes", None) or getattr(case, "numerics_only", False):
+            continue
+        if keep is not None and not keep(case):
+            continue
+        out.append(LayerCase(name(case.name), functools.partial(_op_form_kwargs, case, form),
+                             functools.partial(_op_form_inputs, case, form), init_params=init_params,
+                             level=case.level, dtypes=case.dtypes, beyond_vllm=case.beyond_vllm))
+    return out
+
+
+def _op_form_kwargs(case: OpCase, form, dtype: torch.dtype) -> dict[str, Any]:
+    return form(case.make_args(dtype, "cpu", torch.Generator().manual_seed(0)))[0]
+
+
+def _op_form_inputs(case: OpCase, form, dtype: torch.dtype, device: str, gen: torch.Generator) -> tuple[Any, ...]:
+    return form(case.make_args(dtype, device, gen))[1]
 
 
 def randomize_parameters(layer: torch.nn.Module, gen: torch.Generator, scale: float = 0.1,

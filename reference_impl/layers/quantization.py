@@ -14,10 +14,10 @@ import torch.nn.functional as F
 
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
-from reference_impl.ir.cases import randn, row_strided
+from reference_impl.ir.cases import randn
 from reference_impl.ir.ops.quant import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE, group_quantize, over_fp8_max
 from reference_impl.ir.tolerances import QUANT_TOLERANCES
-from reference_impl.layers.cases import LayerCase, declare_cases
+from reference_impl.layers.cases import LayerCase, declare_cases, from_op_cases
 
 
 class GroupShape(NamedTuple):
@@ -197,52 +197,63 @@ def _scales_for(x: torch.Tensor, group_shape: GroupShape) -> torch.Tensor:
     return (absmax / FP8_MAX).clamp(min=FP8_MIN_SCALE)
 
 
-# vLLM 0.32's QuantFP8 broadcasts scales over x's last two dims only (group_broadcast): per-token
-# and per-group scales of a 3-D x fail there (an assertion), where the reference quantizes each row.
-THREE_D_BEYOND_VLLM = ("a 3-D input with per-token or per-group scales: vLLM 0.32 broadcasts scales over the last "
-                       "two dims only and rejects it")
-
-
-def _quant_case(name, shape, group_shape, *, static, scale_ub=False, layout=None, magnitude=3.0, scale_1d=False,
-                level="quick", beyond_vllm=None, **kwargs):
-    """`scale_1d`: the static per-token scale as `[T]` (vLLM reads it per token, returns `[T, 1]`)."""
+def _quant_case(name, shape, group_shape, *, static, scale_1d=False, level="quick", **kwargs):
+    """A layer-only case (a form the IR ops do not take). `scale_1d`: the static per-token scale as `[T]`
+    (vLLM reads it per token, returns `[T, 1]`)."""
     def make_inputs(dtype, device, gen):
-        x = randn(shape, dtype, device, gen, scale=magnitude)
-        if layout == "row_strided":
-            x = row_strided(x)
+        x = randn(shape, dtype, device, gen, scale=3.0)
         if static:
             scales = _scales_for(x, group_shape)
             return (x, scales.flatten() if scale_1d else scales)
-        if scale_ub:
-            return (x, None, torch.tensor([2.0], device=device))
         return (x,)
 
     return LayerCase(name, lambda dtype: {"static": static, "group_shape": group_shape, **kwargs}, make_inputs,
-                     level=level, beyond_vllm=beyond_vllm)
+                     level=level)
+
+
+def _static_form(args):
+    """static_quant_fp8(x, scale) as QuantFP8(static=True, group shape of the scale)(x, scale)."""
+    x, scale = args
+    if scale.numel() == 1:
+        shape = GroupShape.PER_TENSOR
+    elif scale.shape[-1] == 1:
+        shape = GroupShape.PER_TOKEN
+    else:
+        shape = GroupShape(1, x.shape[-1] // scale.shape[-1])
+    return {"static": True, "group_shape": shape}, (x, scale)
+
+
+def _dynamic_form(args):
+    """dynamic_quant_fp8(x, per_token, scale_ub) as QuantFP8(static=False, PER_TOKEN or PER_TENSOR)(x[, None, ub])."""
+    x, per_token, scale_ub = args
+    kwargs = {"static": False, "group_shape": GroupShape.PER_TOKEN if per_token else GroupShape.PER_TENSOR}
+    return kwargs, ((x,) if scale_ub is None else (x, None, scale_ub))
+
+
+def _group_form(args):
+    """dynamic_group_quant_fp8(x, group_size) as QuantFP8(static=False, (1, group_size))(x)."""
+    x, group_size = args
+    return {"static": False, "group_shape": GroupShape(1, group_size)}, (x,)
 
 
 _T, _K, _G, _C = GroupShape.PER_TENSOR, GroupShape.PER_TOKEN, GroupShape(1, 128), GroupShape.PER_CHANNEL
+# Every case of the three quantization IR ops (saturated static scales, tiny and large magnitudes, zeros, padded
+# rows, real models' hidden sizes, ragged groups, 3-D inputs) in QuantFP8's call form, then the forms only the
+# layer has: 1-D per-token scales, per-channel scales, UE8M0 and column-major group scales, token padding.
 declare_cases(QuantFP8, tolerances=QUANT_TOLERANCES, cases=[
-    _quant_case("static,per_tensor,tokens=7,hidden=768", (7, 768), _T, static=True),
-    _quant_case("static,per_token,tokens=5,hidden=512,row_strided", (5, 512), _K, static=True,
-                layout="row_strided"),
+    *from_op_cases(ir.ops.static_quant_fp8, _static_form, name=lambda n: f"static,{n}"),
+    *from_op_cases(ir.ops.dynamic_quant_fp8, _dynamic_form, name=lambda n: f"dynamic,{n}"),
+    *from_op_cases(ir.ops.dynamic_group_quant_fp8, _group_form, name=lambda n: f"dynamic,{n}"),
     _quant_case("static,per_token,1d_scale,tokens=6,hidden=256", (6, 256), _K, static=True, scale_1d=True),
     _quant_case("static,per_token,1d_scale,tokens=1,hidden=128", (1, 128), _K, static=True, scale_1d=True),
     _quant_case("static,per_channel,tokens=5,hidden=256", (5, 256), _C, static=True),
-    _quant_case("static,per_group,tokens=4,hidden=384", (4, 384), _G, static=True),
-    _quant_case("dynamic,per_tensor,tokens=7,hidden=768", (7, 768), _T, static=False),
-    _quant_case("dynamic,per_token,batch=2,seq=3,hidden=256", (2, 3, 256), _K, static=False,
-                beyond_vllm=THREE_D_BEYOND_VLLM),
     _quant_case("dynamic,per_group=96,ragged,tokens=4,hidden=256", (4, 256), GroupShape(1, 96), static=False),
     _quant_case("dynamic,per_group=128,ue8m0,tokens=5,hidden=512", (5, 512), _G, static=False, use_ue8m0=True),
     _quant_case("dynamic,per_group=64,column_major,tma_aligned,tokens=5,hidden=256", (5, 256), GroupShape(1, 64),
                 static=False, column_major_scales=True, tma_aligned_scales=True),
-    _quant_case("dynamic,per_token,scale_ub,tokens=4,hidden=256", (4, 256), _K, static=False, scale_ub=True),
-    _quant_case("dynamic,per_group=128,tokens=5,hidden=512,tiny", (5, 512), _G, static=False, magnitude=1e-6),
     _quant_case("dynamic,per_group=64,column_major,tokens=3,hidden=256", (3, 256), GroupShape(1, 64),
                 static=False, column_major_scales=True),
     _quant_case("dynamic,per_token,padding=8,tokens=3,hidden=128", (3, 128), _K, static=False, num_token_padding=8),
-    _quant_case("dynamic,per_group=128,tokens=64,hidden=7168", (64, 7168), _G, static=False, level="standard"),
 ])
 
 

@@ -88,3 +88,17 @@ def test_the_control_and_vllms_own_classes_pass_saying_what_ran(faults_run):
     assert quant["outcome"] == "PASS" and quant["message"] == (
         "vLLM builds AcmeQuantFP8 and runs AcmeQuantFP8.forward_oot (the plugin's code) on this platform; its own code "
         "ran: AcmeQuantFP8.forward_oot")
+
+
+@needs_vllm
+def test_a_quantfp8_that_does_not_saturate_fails_the_saturated_cases_it_inherits_from_the_op(faults_run):
+    """QuantFP8's cases include static_quant_fp8's saturated ones (scales calibrated on a quarter of the range):
+    only those fail, in every dtype, and the cause hint names the clamp."""
+    layer = dict(check="numerics", op="quant_fp8", provider="vllm:AcmeQuantFP8")
+    failing = {r["case"] for r in faults_run.where(**layer, outcome="FAIL")}
+    assert failing == {f"static,tokens=4,hidden=256,saturated,{kind}" for kind in ("per_tensor", "per_token",
+                                                                                     "per_group")}
+    assert len(faults_run.where(**layer, outcome="FAIL")) == 9
+    assert faults_run.outcomes(**layer) == {"PASS", "FAIL"}
+    assert all("got nan, native" in r["message"] for r in faults_run.where(**layer, outcome="FAIL"))
+    assert "clamp x/scale to +-448 before the fp8 conversion" in faults_run.output

@@ -4,8 +4,8 @@
   forward_oot, which runs vLLM's forward_native; the vendor's kernel never runs.
 - AcmeGeluAndMul defines forward_oot but its enabled() returns False: vLLM dispatches to forward_native.
 - AcmeRMSNorm defines forward_oot but overrides dispatch_forward with a copy that knows only CUDA.
-- AcmeQuantFP8 runs its own static quantization without the clamp to +-448: a code past 448 becomes
-  NaN where vLLM's saturates.
+- AcmeQuantFP8 runs its own static quantization without the clamp to +-448, as a device conversion without
+  saturation does: a code that rounds past 448 becomes NaN where vLLM's saturates.
 - AcmeMulAndSilu is the control: forward_oot, dispatched and run as vLLM intends.
 All but AcmeQuantFP8 compute the right values (through vLLM's forward_native or their own code).
 """
@@ -18,6 +18,8 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
 from vllm.model_executor.layers.quantization.utils.quant_utils import group_broadcast, prep_scale_for_group_broadcast
 from vllm.platforms import current_platform
+
+ROUNDS_PAST_MAX = 464.0   # |x / scale| from here on rounds to 480, which float8_e4m3fn does not have
 
 
 class AcmeSiluAndMul(SiluAndMul):
@@ -51,8 +53,11 @@ class AcmeQuantFP8(QuantFP8):
         if not self.static or self.num_token_padding is not None:
             return self.forward_native(x, scale, scale_ub, use_triton)
         scale = prep_scale_for_group_broadcast(scale, x, self.group_shape)
-        inverse = group_broadcast(scale.to(torch.float32), x.shape[-2:]).reciprocal()
-        return (x.to(torch.float32) * inverse).to(torch.float8_e4m3fn), scale   # the fault: no clamp to +-448
+        scaled = x.to(torch.float32) * group_broadcast(scale.to(torch.float32), x.shape[-2:]).reciprocal()
+        # the fault: no clamp to +-448. torch's own cast saturates, so the device's unsaturated conversion is spelled
+        # out: from 464 on (halfway to 480, which e4m3fn lacks) a code rounds past 448 and becomes NaN
+        unsaturated = torch.where(scaled.abs() >= ROUNDS_PAST_MAX, torch.full_like(scaled, float("nan")), scaled)
+        return unsaturated.to(torch.float8_e4m3fn), scale
 
 
 class AcmeMulAndSilu(MulAndSilu):
