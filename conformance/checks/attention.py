@@ -422,7 +422,7 @@ def _probe(ctx: CheckContext, unit: Unit, backend) -> Verdict:
     except KernelRaised as exc:
         if declared:
             return failed(f"{said}, but {exc.where} raised {exception_line(exc.exc)}{where}")
-        return not_supported(f"{said}, and {exc.where} raises {exception_line(exc.exc)} on it{where}")
+        return not_supported(f"{said}, and the backend refuses it: {exc.where} raised {exception_line(exc.exc)}{where}")
     tokens = batch.num_actual_tokens
     cmp = grade(out[:tokens].cpu(), native, batch.problem, case, dtype)
     if (message := _returned_elsewhere(out, returned, tokens)) is not None:

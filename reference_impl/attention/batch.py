@@ -96,12 +96,12 @@ def make_batch(case: AttentionCase, dtype: torch.dtype, kv_cache_dtype: str, see
     tokens = sum(c.query_lens)
     padded = tokens + c.padding
 
-    def randn(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
 
     # every request's keys and values, context then new; shared prefix blocks copy request 0's
-    keys = [randn(s, kvh, d, scale=c.value_range) for s in c.seq_lens]
-    values = [randn(s, kvh, d, scale=c.value_range) for s in c.seq_lens]
+    keys = [randn(s, kvh, d) for s in c.seq_lens]
+    values = [randn(s, kvh, d) for s in c.seq_lens]
     shared = c.shared_prefix_blocks * bs
     if shared:
         if min(c.seq_lens[0] - c.query_lens[0], c.seq_lens[1] - c.query_lens[1]) < shared:

@@ -135,7 +135,11 @@ class ReferenceAttentionImpl(AttentionImpl):
     def _gather(self, kv_cache, block_row, seq_len, d, layer):
         """Keys and values `[seq_len, num_kv_heads, head_size]` (float32) of one request, through its blocks."""
         block_size = kv_cache.shape[2]
-        blocks = block_row[: math.ceil(seq_len / block_size)].to(torch.long)
+        needed = math.ceil(seq_len / block_size)
+        if needed > block_row.shape[0]:
+            raise ValueError(f"a request of seq_len {seq_len} needs {needed} blocks of {block_size}; its block-table "
+                             f"row has {block_row.shape[0]}")
+        blocks = block_row[:needed].to(torch.long)
         kv = kv_cache[blocks].transpose(1, 2).reshape(-1, self.num_kv_heads, 2 * d)[:seq_len]
         return self._read(kv[..., :d], layer._k_scale_float), self._read(kv[..., d:], layer._v_scale_float)
 

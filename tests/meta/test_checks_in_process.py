@@ -163,3 +163,18 @@ def test_cause_hints_follow_what_the_op_does_and_which_argument_values_fail(faul
     assert hint is not None and all(fragment in hint for fragment in expect.hint), hint
     if fault == "refuses_tail":
         assert "tail is dropped" not in hint
+
+
+@pytest.mark.parametrize("dtype", CONTROLS["attn_control"].dtypes)
+def test_the_attention_control_passes_every_check_and_is_told_to_declare_sinks(dtype):
+    """attn_control is the reference backend declaring sinks unsupported (vLLM 0.32's CPU backend computes sinks
+    while declaring them unsupported): every attention check passes, its sink cases are not run by forward, and
+    the sinks probe is a PASS saying to declare them."""
+    with plugin("broken", "conformance_broken.attn_control") as load:
+        control = CONTROLS["attn_control"]
+        results = run_family("broken_attn_control", lambda: load().Platform(), control.family, dtype, control.level)
+    bad = [f"{u.id}: {v.outcome.value} {v.message}" for u, v in results if v.outcome is not Outcome.PASS]
+    assert results and not bad, bad
+    assert not [u for u, _ in results if u.check == "forward" and "sinks" in (u.case or "")]
+    (sinks,) = [v.message for u, v in results if u.check == "dispatch" and u.case == "sinks"]
+    assert "yet computed within tolerance: declare it (supports_sink())" in sinks

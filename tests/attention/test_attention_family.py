@@ -1,0 +1,121 @@
+"""The attention check family's verdicts on backends defined here: fp8 truncation as a quality finding, the dispatch
+probes' three answers, a platform that brings no backend, and a selection hook that answers wrongly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.checks import CheckContext, records, run_unit
+from conformance.collect.inventory import Inventory
+from conformance.collect.units import Unit
+from conformance.results.result import Outcome
+from reference_impl.attention import kv_quant
+from reference_impl.attention.reference import ReferenceAttentionBackend, ReferenceAttentionImpl
+from reference_impl.platforms import Platform
+
+
+class TruncatingImpl(ReferenceAttentionImpl):
+    """Writes fp8 by rounding toward zero (as vLLM 0.32's CPU writer does)."""
+
+    def _stored(self, x, scale, cache_dtype):
+        if self.fp8 is None:
+            return x.to(cache_dtype)
+        return kv_quant.quantize(x.to(torch.float32) / scale, self.fp8, "truncate")
+
+
+class RaisingSinksImpl(ReferenceAttentionImpl):
+    def __init__(self, *args, sinks=None, **kwargs):
+        if sinks is not None:
+            raise NotImplementedError("no sinks here")
+        super().__init__(*args, **kwargs)
+
+
+class DroppingSinksImpl(ReferenceAttentionImpl):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sinks = None
+
+
+def _backend(impl, sinks_declared=True):
+    class Backend(ReferenceAttentionBackend):
+        @staticmethod
+        def get_name():
+            return "TEST_BACKEND"
+
+        @staticmethod
+        def get_impl_cls():
+            return impl
+
+        @classmethod
+        def supports_sink(cls):
+            return sinks_declared
+
+    return Backend
+
+
+Truncating = _backend(TruncatingImpl)
+RaisingUndeclared = _backend(RaisingSinksImpl, sinks_declared=False)
+RaisingDeclared = _backend(RaisingSinksImpl, sinks_declared=True)
+WrongUndeclared = _backend(DroppingSinksImpl, sinks_declared=False)
+CorrectUndeclared = _backend(ReferenceAttentionImpl, sinks_declared=False)
+
+
+class OnePlatform(Platform):
+    def __init__(self, answer):
+        self.answer = answer
+
+    def get_attn_backend_cls(self, selected_backend, selector_config, num_heads=None):
+        return self.answer
+
+
+def _run(answer, check, level="quick", dtype="float32", case=None):
+    platform = OnePlatform(answer)
+    inventory = Inventory("test", platform, {}, {}, {})
+    ctx = CheckContext("test", platform, seed=1234, level=level)
+    record = records()[f"attention.{check}"]
+    units = [u for u in record.units(inventory, "attention", check, level)
+             if u.dtype in (None, dtype) and (case is None or u.case == case)]
+    assert units, (check, case)
+    return [(u, run_unit(ctx, u)[0]) for u in units]
+
+
+def test_a_truncating_fp8_writer_is_a_quality_warning_naming_the_quantiser():
+    results = _run(f"{__name__}.Truncating", "forward", case="decode+fp8_e4m3")
+    ((unit, verdict),) = results
+    assert verdict.outcome is Outcome.QUALITY_WARNING, verdict.message
+    assert "rounds toward zero (truncates) where the contract rounds to nearest even" in verdict.message
+    assert "the output matches the truncating quantiser's oracle within tolerance" in verdict.message
+    assert unit.provider == f"{__name__}.Truncating"
+    auto = _run(f"{__name__}.Truncating", "forward", case="decode")
+    assert auto[0][1].outcome is Outcome.PASS
+
+
+@pytest.mark.parametrize("answer, outcome, fragment", [
+    ("CorrectUndeclared", Outcome.PASS, "attention sinks is declared unsupported (supports_sink()), yet computed "
+                                        "within tolerance: declare it"),
+    ("RaisingUndeclared", Outcome.NOT_SUPPORTED, "the backend refuses it: constructing"),
+    ("RaisingDeclared", Outcome.FAIL, "attention sinks is declared (supports_sink()), but constructing"),
+    ("WrongUndeclared", Outcome.FAIL, "a backend that cannot compute it must raise"),
+])
+def test_the_sinks_probe_tells_declared_from_working(answer, outcome, fragment):
+    ((_, verdict),) = _run(f"{__name__}.{answer}", "dispatch", case="sinks")
+    assert verdict.outcome is outcome and fragment in verdict.message, verdict.message
+
+
+def test_a_platform_on_the_reference_backend_brings_nothing():
+    results = _run("reference_impl.attention.reference.ReferenceAttentionBackend", "forward")
+    assert [(u.provider, v.outcome) for u, v in results] == [("none", Outcome.NOT_IMPLEMENTED)]
+    ((_, resolve),) = _run("reference_impl.attention.reference.ReferenceAttentionBackend", "dispatch")
+    assert resolve.outcome is Outcome.PASS and "the platform brings no attention backend" in resolve.message
+
+
+@pytest.mark.parametrize("answer, fragment", [
+    ("no_such.module.Backend", "which does not resolve: ImportError"),
+    (f"{__name__}.OnePlatform", "has no get_name, get_impl_cls, get_builder_cls, validate_configuration"),
+])
+def test_a_selection_that_does_not_resolve_fails_naming_it(answer, fragment):
+    platform = OnePlatform(answer)
+    ctx = CheckContext("test", platform, seed=1234, level="quick")
+    verdict, _ = run_unit(ctx, Unit("attention", "dispatch", "attention", None, None, "resolve"))
+    assert verdict.outcome is Outcome.FAIL and fragment in verdict.message, verdict.message
