@@ -25,7 +25,8 @@ from conformance.results.result import Outcome
 COVERAGE_PARTS = [("implemented (providers)", "implemented"), ("native fallback", "fallback"),
                   ("replaced layers", "replaced"), ("layers left to the in-tree class", "not_replaced"),
                   ("not covered (the runtime has them, the catalog has nothing to grade them against)",
-                   "not_covered")]
+                   "not_covered"),
+                  ("upstream code graded apart, not counted (not the distribution under test)", "upstream")]
 
 
 SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}

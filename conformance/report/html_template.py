@@ -97,6 +97,12 @@ to the native implementation; <em>-</em>: not in that run.</p>
 <tr>{% for h in v.scorecard[0] %}<th>{{ h }}</th>{% endfor %}</tr>
 {% for row in v.scorecard[1] %}<tr>{% for cell in row %}<td>{{ cell|wbr }}</td>{% endfor %}</tr>
 {% endfor %}</table></div>
+{% if v.upstream_scorecard %}<h3>Upstream code, graded apart</h3>
+<p class="note">{{ v.upstream_heading }}</p>
+<div class="wide"><table class="scorecard">
+<tr>{% for h in v.upstream_scorecard[0] %}<th>{{ h }}</th>{% endfor %}</tr>
+{% for row in v.upstream_scorecard[1] %}<tr>{% for cell in row %}<td>{{ cell|wbr }}</td>{% endfor %}</tr>
+{% endfor %}</table></div>{% endif %}
 
 <h3>Heatmap: op &times; dtype &times; family</h3>
 <p class="note">Colour: the worst outcome in the cell among results that judged an implementation. Number: the
@@ -113,13 +119,17 @@ implemented (not judged). Hover for the counts.</p>
 <tbody>{% for label, provider, cells in v.heatmap %}<tr><td class="op">{{ label|wbr }}<br><span class="prov">{{ provider|wbr }}</span></td>{% for c in cells %}{% if c %}<td class="{{ c.css }}" title="{{ c.title }}">{{ c.text }}</td>{% else %}<td class="empty"></td>{% endif %}{% endfor %}</tr>
 {% endfor %}</tbody></table></div>{% else %}<p>No implementation of the platform was judged.</p>{% endif %}
 
-<h3>Worst cases</h3>
-{% if v.worst %}<table class="cases">
+{% macro cases(list) %}<table class="cases">
 <tr><th>outcome</th><th>case</th><th class="num">err / tol</th><th>message</th><th>repro</th></tr>
-{% for c in v.worst %}<tr><td class="{{ c.css }}">{{ c.result.outcome.value }}</td><td><code>{{ c.result.nodeid }}</code></td>
-<td class="num">{{ c.ratio_text }}</td><td><pre class="msg">{{ c.result.message }}</pre></td>
+{% for c in list %}<tr><td class="{{ c.css }}">{{ c.result.outcome.value }}</td><td><code>{{ c.result.nodeid }}</code></td>
+<td class="num">{{ c.ratio_text }}</td><td><pre class="msg">{{ c.result.message }}</pre>{% if c.result.hint %}<p class="note">cause hint: {{ c.result.hint }}</p>{% endif %}</td>
 <td class="repro"><code>{{ c.result.repro }}</code></td></tr>
-{% endfor %}</table>{% else %}<p>No failing, waived or warned case.</p>{% endif %}
+{% endfor %}</table>{% endmacro %}
+<h3>Worst cases</h3>
+{% if v.worst %}{{ cases(v.worst) }}{% else %}<p>No failing, waived or warned case.</p>{% endif %}
+{% if v.upstream_worst %}<h3>Upstream failures (not your code)</h3>
+<p class="note">{{ v.upstream_heading }}</p>
+{{ cases(v.upstream_worst) }}{% endif %}
 {% if v.closest %}<p class="note">Passing cases nearest their tolerance (a passing result shows at most 1):</p>
 <table class="cases"><tr><th>case</th><th class="num">err / tol</th><th>repro</th></tr>
 {% for c in v.closest %}<tr><td><code>{{ c.result.nodeid }}</code></td><td class="num">{{ c.ratio_text }}</td><td class="repro"><code>{{ c.result.repro }}</code></td></tr>

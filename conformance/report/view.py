@@ -14,8 +14,8 @@ from typing import Any
 
 from conformance.judge.tolerances import ratio_text
 from conformance.report.scorecard import (FAMILY_COLUMNS, coverage_scope, is_layer_result, is_not_covered_result,
-                                          row_label, scorecard_rows)
-from conformance.results.result import CONFORMANT, CheckResult, Outcome, summarize
+                                          row_label, scorecard_rows, split_upstream, upstream_heading, upstream_note)
+from conformance.results.result import CONFORMANT, CheckResult, Outcome, is_upstream, summarize
 
 DTYPE_ORDER = ("float32", "float16", "bfloat16")
 NO_DTYPE = "-"
@@ -87,6 +87,9 @@ class PlatformView:
     coverage: dict[str, list[str]]
     coverage_scope: str | None                          # what an incomplete or narrowed run's coverage counts
     environment: list[tuple[str, str]]
+    upstream_heading: str | None = None                 # upstream code graded apart (conformance.collect.origin)
+    upstream_scorecard: tuple[list[str], list[list[str]]] | None = None
+    upstream_worst: list[Case] = dataclasses.field(default_factory=list)
 
 
     @property
@@ -119,7 +122,9 @@ def verdict_label(doc: dict[str, Any]) -> tuple[str, str]:
 
     complete, partial, line = run_status(doc)
     verdict = str(doc.get("verdict"))
-    text = verdict_text(verdict, complete, partial)
+    results = [CheckResult.from_json(r) for r in doc.get("results", []) if isinstance(r, dict)]
+    gate = bool((doc.get("run") or {}).get("gate_upstream"))
+    text = verdict_text(verdict, complete, partial) + upstream_note(split_upstream(results)[1], gate)
     if not complete or partial:
         return f"{text}: {line}", "v-bad" if not complete else "v-partial"
     return text, "v-good" if verdict == CONFORMANT else "v-bad"
@@ -135,7 +140,8 @@ def _heatmap(results: list[CheckResult]):
     for r in results:
         if r.outcome is Outcome.NOT_IMPLEMENTED or is_not_covered_result(r):   # shown under coverage, not as a row
             continue
-        cells[(row_label(r), r.provider or NO_DTYPE)][(r.family, r.dtype or NO_DTYPE)].append(r)
+        provider = (r.provider or NO_DTYPE) + (" (upstream)" if is_upstream(r) else "")
+        cells[(row_label(r), provider)][(r.family, r.dtype or NO_DTYPE)].append(r)
     present = {col for row in cells.values() for col in row}
     families = [f for f in FAMILY_COLUMNS if any(c[0] == f for c in present)]
     families += sorted({c[0] for c in present} - set(families))
@@ -164,17 +170,20 @@ def _heatmap(results: list[CheckResult]):
 def _coverage(results: list[CheckResult]) -> dict[str, list[str]]:
     ir = [r for r in results if not is_layer_result(r) and r.family != "model"]
     fallback = sorted({r.op for r in ir if r.outcome is Outcome.NOT_IMPLEMENTED and r.op})
-    implemented = sorted({r.op for r in ir if r.provider and r.op} - set(fallback))
+    implemented = sorted({r.op for r in ir if r.provider and r.op and not is_upstream(r)} - set(fallback))
     providers = defaultdict(set)
     for r in ir:
-        if r.provider and r.op:
+        if r.provider and r.op and not is_upstream(r):
             providers[r.op].add(r.provider)
     layers = [r for r in results if is_layer_result(r)]
     not_replaced = sorted({r.op for r in layers if r.outcome is Outcome.NOT_IMPLEMENTED and r.op})
-    replaced = sorted({f"{r.op} -> {r.provider}" for r in layers if r.provider and r.op})
+    replaced = sorted({f"{r.op} -> {r.provider}" for r in layers if r.provider and r.op and not is_upstream(r)})
+    upstream = sorted({f"{r.op} -> {r.provider}" + (" (CustomOp)" if is_layer_result(r) else "")
+                       for r in results if is_upstream(r) and r.provider and r.op})
     not_covered = sorted({f"{r.op} ({r.case})" for r in results if is_not_covered_result(r)})
     return {"implemented": [f"{op} ({', '.join(sorted(providers[op]))})" for op in implemented],
-            "fallback": fallback, "replaced": replaced, "not_replaced": not_replaced, "not_covered": not_covered}
+            "fallback": fallback, "replaced": replaced, "not_replaced": not_replaced, "not_covered": not_covered,
+            "upstream": upstream}
 
 
 def _environment(doc: dict[str, Any]) -> list[tuple[str, str]]:
@@ -203,15 +212,24 @@ def platform_view(label: str, doc: dict[str, Any]) -> PlatformView:
     results = [CheckResult.from_json(r) for r in doc.get("results", [])]
     text, css = verdict_label(doc)
     columns, heatmap = _heatmap(results)
-    ranked = [Case(r, _ratio(r)) for r in results]
-    bad = [c for c in ranked if c.result.outcome.blocks_conformance
-           or c.result.outcome in (Outcome.XPASS, Outcome.QUALITY_WARNING, Outcome.XFAIL)]
-    bad.sort(key=lambda c: (-c.result.outcome.severity, -(c.ratio or 0.0), c.result.nodeid or ""))
+    own, upstream = split_upstream(results)
+    ranked = [Case(r, _ratio(r)) for r in own]
     passing = sorted((c for c in ranked if c.result.outcome is Outcome.PASS and c.ratio is not None),
                      key=lambda c: (-(c.ratio or 0.0), c.result.nodeid or ""))
-    return PlatformView(label, doc, results, text, css, summarize(results), scorecard_rows(results), columns,
-                        heatmap, bad[:WORST_LISTED], passing[:5], _coverage(results), coverage_scope(doc.get("run")),
-                        _environment(doc))
+    gate = bool((doc.get("run") or {}).get("gate_upstream"))
+    return PlatformView(label, doc, results, text, css, summarize(results), scorecard_rows(own), columns,
+                        heatmap, _bad(own)[:WORST_LISTED], passing[:5], _coverage(results),
+                        coverage_scope(doc.get("run")), _environment(doc),
+                        upstream_heading(upstream, gate) if upstream else None,
+                        scorecard_rows(upstream) if upstream else None, _bad(upstream)[:WORST_LISTED])
+
+
+def _bad(results: list[CheckResult]) -> list[Case]:
+    """The failing, waived and warned cases of `results`, worst first."""
+    bad = [Case(r, _ratio(r)) for r in results if r.outcome.blocks_conformance
+           or r.outcome in (Outcome.XPASS, Outcome.QUALITY_WARNING, Outcome.XFAIL)]
+    bad.sort(key=lambda c: (-c.result.outcome.severity, -(c.ratio or 0.0), c.result.nodeid or ""))
+    return bad
 
 
 def labels(names_and_docs: list[tuple[str, dict[str, Any]]]) -> list[str]:

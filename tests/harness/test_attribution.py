@@ -210,3 +210,19 @@ def test_a_constructor_error_gets_a_constructor_hint():
     hint = cause_hint(results)
     assert hint.startswith("the constructor raises in every check (RuntimeError: Cannot access accelerator device)")
     assert "wrong formula" not in hint
+
+
+def test_the_html_report_shows_upstream_code_apart():
+    from conformance.report.html import render_html
+    from conformance.report.view import platform_view
+
+    doc = _doc(_mixed())
+    view = platform_view("vllm", doc)
+    assert view.verdict_text == "CONFORMANT (2 upstream failures reported apart, not gated)"
+    assert all(not c.result.origin["upstream"] for c in view.worst)
+    assert [c.result.provider for c in view.upstream_worst] == ["vllm:DualChunkRotaryEmbedding"] * 2
+    assert "vllm:DualChunkRotaryEmbedding" not in str(view.scorecard)
+    assert view.coverage["implemented"] == ["rms_norm (acme)"]
+    assert "fused_add_rms_norm -> vllm:vllm_c" in view.coverage["upstream"]
+    page = render_html([("r.json", doc)])
+    assert "Upstream code, graded apart" in page and "Upstream failures (not your code)" in page

@@ -68,7 +68,7 @@ def test_heatmap_cell_has_worst_outcome_and_error_to_tolerance_ratio():
     assert "o-fail" in cell.css and "some-not-judged" in cell.css
     assert [c.result.case for c in view.worst] == ["c2"]
     assert view.coverage == {"implemented": ["rms_norm (p)"], "fallback": ["silu_and_mul"], "replaced": [],
-                             "not_replaced": ["rms_norm"], "not_covered": []}
+                             "not_replaced": ["rms_norm"], "not_covered": [], "upstream": []}
     env = dict(view.environment)
     assert (env["device name"], env["driver"], env["triton"], env["plugin"]) == ("Widget 9000", "unknown", "3.6.0",
                                                                                "alpha-plugin 1.2")
