@@ -25,6 +25,7 @@ from conformance.checks.common import (
     describe_args,
     exception_line,
     first_changed_byte,
+    memory_skip,
     not_supported,
     overlaps,
     snapshot,
@@ -167,6 +168,8 @@ def ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
 
 def _ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
     op, impl, case = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider), lookup.ir_case(unit.op, unit.case)
+    if (skip := memory_skip(case, ctx.device)) is not None:
+        return skip
     dtype = unit_dtype(unit)
     args = case.make_args(dtype, ctx.device, case_generator(ctx, unit))
     ok, note = supports(impl, args)

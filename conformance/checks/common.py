@@ -160,6 +160,15 @@ def within_vllm(case, body) -> Verdict:
 
 
 # ----- inputs --------------------------------------------------------------------------------------
+def memory_skip(case, device: str) -> Verdict | None:
+    """SKIP naming what is missing, for a case that needs more memory than the host or `device` has free now (a
+    case past 2^31 elements, reference_impl.ir.size_cases); None for a case that fits or declares no need."""
+    from reference_impl.ir.size_cases import memory_shortfall
+
+    short = memory_shortfall(getattr(case, "memory_bytes", None), device)
+    return None if short is None else Verdict(Outcome.SKIP, f"case {case.name} {short}")
+
+
 def unit_dtype(unit: Unit) -> torch.dtype:
     assert unit.dtype is not None, unit
     return dtype_from_name(unit.dtype)

@@ -2,10 +2,9 @@
 
 One template for every FAIL message, naming the element behind the ratio it reports and the rows the failing
 elements are in (how many, the first, the runs of them: a kernel that stops at a row limit reads "rows
-4096..65536 are all zero"); an override
-of the tolerance is offered only where the failure looks like rounding. Where a float64 result
-exists, an implementation at least as close to it as native never FAILs: the difference from
-native is then native's own rounding (see AS_CLOSE_FACTOR).
+4096..65536 are all zero"); an override of the tolerance is offered only where the failure looks like
+rounding. Where a float64 result exists, an implementation at least as close to it as native never FAILs:
+the difference from native is then native's own rounding (see AS_CLOSE_FACTOR).
 """
 
 from __future__ import annotations

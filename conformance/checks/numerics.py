@@ -22,6 +22,7 @@ from conformance.checks.common import (
     compare_outputs,
     decline_advice,
     describe_args,
+    memory_skip,
     golden_layer,
     native_only,
     not_supported,
@@ -85,6 +86,8 @@ def ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
 
 def _ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
     op, impl, case = lookup.ir_op(unit.op), lookup.impl(unit.op, unit.provider), lookup.ir_case(unit.op, unit.case)
+    if (skip := memory_skip(case, ctx.device)) is not None:
+        return skip
     dtype = unit_dtype(unit)
     args = case.make_args(dtype, ctx.device, case_generator(ctx, unit))
     ok, note = supports(impl, args)

@@ -120,10 +120,13 @@ class Inventory:
                 if not op.impls[provider].supported]
 
     def ir_case_units(self, family, check, level):
+        """op x provider x dtype x case at `level`; a case about size alone (numerics_only) in numerics only."""
         units = []
         for op, provider in self._provided():
             for dtype in self.op_dtypes(op):
                 for case in op.cases:
+                    if case.numerics_only and family != "numerics":
+                        continue
                     if case.runs_at(level) and (case.dtypes is None or dtype in case.dtypes):
                         units.append(Unit(family, check, op.name, provider, dtype_name(dtype), case.name))
         return units

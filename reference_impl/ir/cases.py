@@ -28,6 +28,12 @@ class OpCase:
     # otherwise); None for cases inside vLLM's semantics. An implementation that behaves like vLLM
     # may decline, raise or differ here: the harness reports NOT_SUPPORTED with this reason, never FAIL.
     beyond_vllm: str | None = None
+    # Bytes the case needs free on the host and its device to run and be judged (a case past 2^31 elements,
+    # reference_impl.ir.size_cases); None for cases of ordinary size. Where they are not free it is skipped.
+    memory_bytes: int | None = None
+    # A case about size alone (reference_impl.ir.size_cases): only the numerics family runs it; the aliasing
+    # family's contracts (no input written, no output aliasing one, the schema, the fake) do not depend on size.
+    numerics_only: bool = False
 
     def __post_init__(self):
         if self.level not in LEVELS:

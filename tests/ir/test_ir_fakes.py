@@ -71,6 +71,8 @@ def test_a_gated_fake_refuses_an_odd_last_dim_as_native_does(op_name):
 def test_fake_outputs_match_native_outputs_on_every_case(op):
     checked = 0
     for case in op.cases:
+        if case.numerics_only and case.level == "full":
+            continue    # a million rows and past 2^31 elements (reference_impl.ir.size_cases): the fake is the same
         for dtype in case.dtypes or DTYPES:
             args = case.make_args(dtype, "cpu", torch.Generator().manual_seed(0))
             expected = _metadata(op.native_fn(*args))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -11,6 +12,7 @@ from torch import Tensor
 from reference_impl.ir import real_models, strategies
 from reference_impl.ir.cases import OpCase, make_input
 from reference_impl.ir.op import register_op
+from reference_impl.ir.size_cases import case_fields, size_rows
 from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES, GELU_TOLERANCES, SPARSE_GELU_TOLERANCES
 
 
@@ -181,9 +183,14 @@ def _cases(table, extra_args=()):
         def make_args(dtype, device, gen):
             return (make_activation(shape, dtype, device, gen, opts), *extra_args)
 
-        return OpCase(name, make_args, level=level)
+        return OpCase(name, make_args, level=level, **case_fields(opts))
 
     return [case(*row) for row in table]
+
+
+# Row counts just past common kernel limits (reference_impl.ir.size_cases), rows 8 wide; one argument form per op.
+_GATED_SIZES = size_rows(8, "d=4")
+_UNARY_SIZES = size_rows(8, "hidden=8")
 
 
 def _property_args(gated: bool, extra_args=()):
@@ -197,17 +204,19 @@ def _property_args(gated: bool, extra_args=()):
 
 
 for _op in (silu_and_mul, mul_and_silu):
-    _op.add_cases(*_cases(_GATED_CASES))
+    _op.add_cases(*_cases(_GATED_CASES + _GATED_SIZES))
     _op.set_property_args(_property_args(True))
 for _approx in ("none", "tanh"):
     gelu_and_mul.add_cases(*(OpCase(f"{c.name},approximate={_approx}", c.make_args, c.level)
                              for c in _cases(_GATED_CASES, (_approx,))))
+gelu_and_mul.add_cases(*(dataclasses.replace(c, name=f"{c.name},approximate=none")
+                         for c in _cases(_GATED_SIZES, ("none",))))
 gelu_and_mul.set_property_args(_property_args(True, ("tanh",)))
-fatrelu_and_mul.add_cases(*_cases(_GATED_CASES, (0.0,)))
+fatrelu_and_mul.add_cases(*_cases(_GATED_CASES + _GATED_SIZES, (0.0,)))
 fatrelu_and_mul.add_cases(*(OpCase(f"{c.name},threshold=0.5", c.make_args, c.level)
                             for c in _cases(_GATED_CASES[:4], (0.5,))))
 fatrelu_and_mul.set_property_args(_property_args(True, (0.25,)))
-swigluoai_and_mul.add_cases(*_cases(_GATED_CASES, (1.702, 7.0)))
+swigluoai_and_mul.add_cases(*_cases(_GATED_CASES + _GATED_SIZES, (1.702, 7.0)))
 swigluoai_and_mul.add_cases(*(OpCase(f"{c.name},alpha=1.0,limit=2.0", c.make_args, c.level)
                               for c in _cases(_GATED_CASES[:4], (1.0, 2.0))))
 swigluoai_and_mul.set_property_args(_property_args(True, (1.702, 7.0)))
@@ -216,7 +225,10 @@ STD_MULTIPLIER_95 = 1.6448536269514722
 for _mult, _approx in ((STD_MULTIPLIER_95, "tanh"), (0.0, "none")):
     gelu_and_mul_sparse.add_cases(*(OpCase(f"{c.name},std_multiplier={_mult:.4g},approximate={_approx}", c.make_args,
                                            c.level) for c in _cases(_GATED_CASES, (_mult, _approx))))
+gelu_and_mul_sparse.add_cases(*(
+    dataclasses.replace(c, name=f"{c.name},std_multiplier={STD_MULTIPLIER_95:.4g},approximate=tanh")
+    for c in _cases(_GATED_SIZES, (STD_MULTIPLIER_95, "tanh"))))
 gelu_and_mul_sparse.set_property_args(_property_args(True, (STD_MULTIPLIER_95, "tanh")))
 for _op in (gelu_new, gelu_fast, quick_gelu, relu2):
-    _op.add_cases(*_cases(_UNARY_CASES))
+    _op.add_cases(*_cases(_UNARY_CASES + _UNARY_SIZES))
     _op.set_property_args(_property_args(False))

@@ -11,6 +11,7 @@ from torch import Tensor
 from reference_impl.ir import real_models, strategies
 from reference_impl.ir.cases import OpCase, randn, row_strided
 from reference_impl.ir.op import register_op
+from reference_impl.ir.size_cases import case_fields, size_rows
 from reference_impl.ir.ops.layernorm import fused_add_rms_norm, rms_norm
 from reference_impl.ir.ops.quant import FP8_MAX, FP8_MIN_SCALE, SATURATION, static_quant_fp8
 from reference_impl.ir.tolerances import QUANT_TOLERANCES
@@ -77,11 +78,14 @@ def _fused_case(name, shape, level, opts, with_residual):
             return (x, res, w, 1e-6, scale, vs)
         return (x, w, 1e-6, scale, vs)
 
-    return OpCase(name, make_args, level=level)
+    return OpCase(name, make_args, level=level, **case_fields(opts))
 
 
-rms_norm_static_fp8_quant.add_cases(*(_fused_case(*row, with_residual=False) for row in _FUSED_CASES))
-fused_add_rms_norm_static_fp8_quant.add_cases(*(_fused_case(*row, with_residual=True) for row in _FUSED_CASES))
+# Row counts just past common kernel limits (reference_impl.ir.size_cases), rows 8 wide.
+rms_norm_static_fp8_quant.add_cases(*(_fused_case(*row, with_residual=False)
+                                      for row in _FUSED_CASES + size_rows(8, "hidden=8")))
+fused_add_rms_norm_static_fp8_quant.add_cases(*(_fused_case(*row, with_residual=True)
+                                                for row in _FUSED_CASES + size_rows(8, "hidden=8", tensors=2)))
 
 
 def _fused_property_args(with_residual: bool):

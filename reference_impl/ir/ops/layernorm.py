@@ -15,6 +15,7 @@ from torch import Tensor
 from reference_impl.ir import real_models, strategies
 from reference_impl.ir.cases import OpCase, make_input, pinned_dtype, randn
 from reference_impl.ir.op import register_op
+from reference_impl.ir.size_cases import case_fields, size_rows
 from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES
 
 
@@ -127,11 +128,12 @@ def _norm_case(name, shape, level, opts, with_residual):
         return (x, w, eps, opts.get("variance_size"))
 
     pins = opts.get("weight_dtype")
-    return OpCase(name, make_args, level=level, dtypes=tuple(pins) if pins else None)
+    return OpCase(name, make_args, level=level, **({"dtypes": tuple(pins)} if pins else {}), **case_fields(opts))
 
 
-rms_norm.add_cases(*(_norm_case(n, s, lvl, o, False) for n, s, lvl, o in _NORM_CASES))
-fused_add_rms_norm.add_cases(*(_norm_case(n, s, lvl, o, True) for n, s, lvl, o in _NORM_CASES))
+rms_norm.add_cases(*(_norm_case(n, s, lvl, o, False) for n, s, lvl, o in _NORM_CASES + size_rows(8, "hidden=8")))
+fused_add_rms_norm.add_cases(*(_norm_case(n, s, lvl, o, True) for n, s, lvl, o in
+                               _NORM_CASES + size_rows(8, "hidden=8", tensors=2)))
 
 
 def _norm_property_args(with_residual):

@@ -16,6 +16,7 @@ from torch import Tensor
 from reference_impl.ir import real_models, strategies
 from reference_impl.ir.cases import OpCase, make_input
 from reference_impl.ir.op import register_op
+from reference_impl.ir.size_cases import case_fields, size_rows
 from reference_impl.ir.tolerances import QUANT_TOLERANCES
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -108,6 +109,8 @@ _QUANT_SHAPES += [(f"tokens=3,hidden={m.hidden_size},model={m.short_name}", (3, 
 # in serving: x / scale reaches 4 * 448, and every code beyond +-448 must saturate there.
 SATURATION = 4.0
 _SATURATED = ("tokens=4,hidden=256,saturated", (4, 256), "quick", {"saturate": SATURATION})
+# Row counts just past common kernel limits (reference_impl.ir.size_cases), rows 8 wide (one 8-feature group).
+_SIZE_SHAPES = size_rows(8, "hidden=8")
 
 
 # The IR ops take any leading dims; vLLM 0.32's quantization (QuantFP8's native form, which these
@@ -138,11 +141,12 @@ def _static_case(name, shape, level, opts, kind):
         scale = (scale / (FP8_MAX * opts.get("saturate", 1.0))).clamp(min=FP8_MIN_SCALE)
         return (x, scale)
 
-    return OpCase(f"{name},{kind}", make_args, level=level, beyond_vllm=_beyond_vllm(shape, kind != "per_tensor"))
+    return OpCase(f"{name},{kind}", make_args, level=level, beyond_vllm=_beyond_vllm(shape, kind != "per_tensor"),
+                  **case_fields(opts))
 
 
 for _kind in ("per_tensor", "per_token", "per_group"):
-    static_quant_fp8.add_cases(*(_static_case(*row, kind=_kind) for row in _QUANT_SHAPES + [_SATURATED]
+    static_quant_fp8.add_cases(*(_static_case(*row, kind=_kind) for row in _QUANT_SHAPES + [_SATURATED] + _SIZE_SHAPES
                                  if _kind != "per_group" or row[1][-1] % 128 == 0))
 
 
@@ -152,11 +156,12 @@ def _dynamic_case(name, shape, level, opts, per_token, with_ub):
         return (_x(shape, dtype, device, gen, opts), per_token, ub)
 
     suffix = ("per_token" if per_token else "per_tensor") + (",scale_ub" if with_ub else "")
-    return OpCase(f"{name},{suffix}", make_args, level=level, beyond_vllm=_beyond_vllm(shape, per_token))
+    return OpCase(f"{name},{suffix}", make_args, level=level, beyond_vllm=_beyond_vllm(shape, per_token),
+                  **case_fields(opts))
 
 
 for _per_token in (False, True):
-    dynamic_quant_fp8.add_cases(*(_dynamic_case(*row, _per_token, False) for row in _QUANT_SHAPES))
+    dynamic_quant_fp8.add_cases(*(_dynamic_case(*row, _per_token, False) for row in _QUANT_SHAPES + _SIZE_SHAPES))
 dynamic_quant_fp8.add_cases(_dynamic_case(*_QUANT_SHAPES[1], True, True))
 
 
@@ -164,7 +169,7 @@ def _group_case(name, shape, level, opts, group_size):
     def make_args(dtype, device, gen):
         return (_x(shape, dtype, device, gen, opts), group_size)
 
-    return OpCase(f"{name},group={group_size}", make_args, level=level)
+    return OpCase(f"{name},group={group_size}", make_args, level=level, **case_fields(opts))
 
 
 dynamic_group_quant_fp8.add_cases(*(_group_case(*row, 128 if row[1][-1] % 128 == 0 else 64) for row in _QUANT_SHAPES))
@@ -172,6 +177,7 @@ dynamic_group_quant_fp8.add_cases(_group_case(*_QUANT_SHAPES[1], 64))
 # A hidden size that is not a multiple of the group: the last group is zero-padded (vLLM 0.32 pads).
 dynamic_group_quant_fp8.add_cases(_group_case("tokens=4,hidden=200,ragged", (4, 200), "quick", {}, 128),
                                   _group_case("tokens=3,hidden=100,ragged", (3, 100), "standard", {}, 64))
+dynamic_group_quant_fp8.add_cases(*(_group_case(*row, 8) for row in _SIZE_SHAPES))
 
 
 def _quant_property_args(kind: str):

@@ -16,6 +16,7 @@ from torch import Tensor
 from reference_impl.ir import real_models, strategies
 from reference_impl.ir.cases import OpCase, randn, row_strided
 from reference_impl.ir.op import register_op
+from reference_impl.ir.size_cases import case_fields, size_rows
 from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES
 
 
@@ -155,6 +156,9 @@ _MIXED_CASES = [
      {"cache_dtype": torch.float32, "dtypes": (torch.float16, torch.bfloat16)}),
 ]
 _ROPE_CASES += _real_model_rows() + _MIXED_CASES
+# Token counts just past common kernel limits (reference_impl.ir.size_cases): one 8-wide head of query and key.
+_ROPE_CASES += [(name, shape[0], 1, 1, 8, 8, True, level, opts)
+                for name, shape, level, opts in size_rows(8, "heads=1/1,head=8,neox", tensors=2)]
 
 
 def _rope_inputs(tokens, q_heads, kv_heads, head_size, rotary_dim, dtype, device, gen, opts):
@@ -180,7 +184,7 @@ def _rope_case(name, tokens, qh, kh, hs, rot, neox, level, opts, with_key):
             return (positions, q, k, hs, cache, neox)
         return (positions, q, hs, cache, neox)
 
-    return OpCase(name, make_args, level=level, dtypes=opts.get("dtypes"))
+    return OpCase(name, make_args, level=level, **case_fields(opts))
 
 
 rotary_embedding.add_cases(*(_rope_case(*row, with_key=True) for row in _ROPE_CASES))
