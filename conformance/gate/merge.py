@@ -76,7 +76,7 @@ def merge_documents(docs: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any
             problems.append(f"shard {index} given more than once: {', '.join(names)}")
     for field in ("platform", "environment"):
         _same(field, {name: doc.get(field) for name, doc in docs}, problems)
-    for field in ("level", "seed"):
+    for field in ("level", "seed", "gate_upstream"):
         _same(f"run.{field}", {name: (doc.get("run") or {}).get(field) for name, doc in docs}, problems)
     for field in ("keyword", "markexpr", "paths"):
         _same(f"run.selection.{field}",
@@ -108,7 +108,9 @@ def _document(docs: Sequence[tuple[str, dict[str, Any]]], results: list[dict[str
     # Each shard's verdict already applied its gate (strict or not on XPASS): the whole run is
     # CONFORMANT when every shard was, and no blocking outcome hides in the results.
     every_shard = all(doc.get("verdict") == CONFORMANT for _, doc in docs)
-    merged_verdict = CONFORMANT if every_shard and verdict(checks, strict_xpass=False) == CONFORMANT \
+    gate_upstream = bool((first.get("run") or {}).get("gate_upstream"))   # the same in every shard
+    merged_verdict = CONFORMANT if every_shard and verdict(checks, strict_xpass=False,
+                                                           gate_upstream=gate_upstream) == CONFORMANT \
         else NOT_CONFORMANT
     doc = {"schema_version": first.get("schema_version", SCHEMA_VERSION), "platform": first.get("platform"),
            "environment": first.get("environment")}
@@ -120,5 +122,7 @@ def _document(docs: Sequence[tuple[str, dict[str, Any]]], results: list[dict[str
                       "expected_results": sum(d["run"].get("expected_results", 0) for _, d in docs),
                       "written_results": len(results),
                       "complete": all(d["run"].get("complete") for _, d in docs)}
+        if "gate_upstream" in run:
+            doc["run"]["gate_upstream"] = bool(run["gate_upstream"])
     doc.update({"results": results, "summary": summarize(checks), "verdict": merged_verdict})
     return doc

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from conformance.collect import origin as origin_mod
 from conformance.collect.origin import Attribution, distribution_of_module, is_upstream
-from conformance.gate.merge import merge_documents
+from conformance.gate.merge import MergeError, merge_documents
 from conformance.judge.hints import annotate, cause_hint, decline
 from conformance.report.scorecard import coverage, render_markdown, render_scorecard
 from conformance.results import schema
@@ -129,8 +131,13 @@ def test_merge_keeps_origins_and_reads_files_without_them():
         doc["run"]["selection"]["partial"] = True
         shards.append((f"s{i}.json", doc))
     merged = merge_documents(shards)
-    assert merged["verdict"] == CONFORMANT
+    assert merged["verdict"] == CONFORMANT and merged["run"]["gate_upstream"] is False
     assert [r["origin"]["upstream"] for r in merged["results"]] == [False, True]
+    assert schema.validate(merged) == []
+    mixed = json.loads(json.dumps(shards))
+    mixed[1][1]["run"]["gate_upstream"] = True
+    with pytest.raises(MergeError, match="run.gate_upstream"):
+        merge_documents([tuple(pair) for pair in mixed])
     for _, doc in shards:   # the same files written before results had an origin: everything is gated
         for r in doc["results"]:
             del r["origin"], r["hint"]
