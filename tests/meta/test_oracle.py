@@ -58,6 +58,26 @@ def test_infinities_must_be_reproduced_exactly():
     assert c.outcome is Outcome.FAIL and "native gives -inf at index (1,)" in c.message
 
 
+def test_special_values_where_native_and_its_float64_run_disagree_are_judged_by_the_float64_run():
+    """torch's fp32 gelu(+inf) is NaN on AVX-512 and +inf on AVX2: where native's special value differs from its
+    float64 run's (rounded to the output dtype), the float64 value is the truth and the message says so."""
+    native = torch.tensor([math.nan, 1.0, 2.0, math.inf])       # native's NaN at +inf's place
+    golden = torch.tensor([math.inf, 1.0, 2.0, 1e300], dtype=torch.float64)   # 1e300 rounds to fp32's +inf
+    c = cmp(torch.tensor([math.inf, 1.0, 2.0, math.inf]), native, golden)
+    assert c.outcome is Outcome.PASS
+    assert c.message == ("output: native differs from its float64 run in 1 special values (first at index (0,): "
+                         "native nan, float64 inf): judged there against the float64 value, since native's special "
+                         "values depend on the machine")
+    c = cmp(native.clone() + torch.tensor([0.0, 0.0, 1.0, 0.0]), native, golden)   # native's NaN: wrong
+    assert c.outcome is Outcome.FAIL and c.message.startswith("output: nan positions differ from native (1 elements")
+    assert "judged there against the float64 value" in c.message
+    # fp8 outputs keep native's values: float64 -> fp8 rounds out-of-range values to NaN, not to a saturated code
+    ref8 = torch.tensor([448.0, 1.0]).to(torch.float8_e4m3fn)
+    out8 = torch.tensor([448.0, 1.125]).to(torch.float8_e4m3fn)
+    assert cmp(out8, ref8, torch.tensor([1000.0, 1.0], dtype=torch.float64), atol=0.2,
+               dtype=torch.float8_e4m3fn).outcome is Outcome.PASS
+
+
 def test_dtype_and_shape_must_equal_natives():
     ref = torch.zeros(2, 3)
     c = cmp(torch.zeros(2, 3, dtype=torch.float64), ref)
