@@ -56,10 +56,38 @@ def _not_brought(unit: Unit) -> Verdict | None:
     return None
 
 
-def _backend(unit: Unit):
-    from reference_impl.attention.registry import resolve
+def _backend(ctx: CheckContext, unit: Unit):
+    """The unit's backend class. A registry name a kernel module registers when the platform first selects it is
+    known in this process once the platform has been asked (as the controller asked it to list the units)."""
+    from conformance.checks.attention_units import brought_backends
+    from reference_impl.attention.registry import AttentionBackendEnum, resolve
 
+    if unit.provider not in AttentionBackendEnum and "." not in unit.provider:
+        brought_backends(ctx.platform)
     return call_impl(f"resolving attention backend {unit.provider!r}", resolve, unit.provider)
+
+
+ADVICE = ("If the backend cannot serve this case, declare it unsupported (its capability predicates, "
+          "validate_configuration), so that platforms select another backend for it; otherwise this is a bug in it")
+
+
+def attention_errors(body):
+    """A raise of the backend is ERROR naming the call, with the attention advice (not the IR's supports_args)."""
+    import functools
+
+    from conformance.checks.common import error_from
+
+    @functools.wraps(body)
+    def run(ctx: CheckContext, unit: Unit) -> Verdict:
+        try:
+            return body(ctx, unit)
+        except KernelRaised as exc:
+            verdict = error_from(exc.exc, exc.where)
+            first, sep, rest = verdict.message.partition("\n")
+            verdict.message = f"{first.rstrip('. ')}. {ADVICE}{sep}{rest}"
+            return verdict
+
+    return run
 
 
 def _seed(ctx: CheckContext, unit: Unit) -> int:
@@ -136,6 +164,7 @@ def _returned_elsewhere(out, returned, tokens) -> str | None:
 
 # ----- forward ------------------------------------------------------------------------------------------------
 @check("attention", "forward", units=forward_units)
+@attention_errors
 def forward(ctx: CheckContext, unit: Unit) -> Verdict:
     from conformance.checks.attention_diagnosis import fp8_truncation
     from reference_impl.attention.batch import BackendRun, make_batch
@@ -143,7 +172,7 @@ def forward(ctx: CheckContext, unit: Unit) -> Verdict:
 
     if (verdict := _not_brought(unit)) is not None:
         return verdict
-    backend = _backend(unit)
+    backend = _backend(ctx, unit)
     name, kv = split_case(unit.case)
     case, dtype, seed = CASES_BY_NAME[name], unit_dtype(unit), _seed(ctx, unit)
     where = _where(unit, case, kv, seed, ctx)
@@ -191,13 +220,14 @@ def _describe_blocks(blocks: list[int], num_blocks: int) -> str:
 
 
 @check("attention", "cache_write", units=cache_write_units)
+@attention_errors
 def cache_write(ctx: CheckContext, unit: Unit) -> Verdict:
     from reference_impl.attention.batch import BackendRun, make_batch
     from reference_impl.attention.cases import CASES_BY_NAME
 
     if (verdict := _not_brought(unit)) is not None:
         return verdict
-    backend = _backend(unit)
+    backend = _backend(ctx, unit)
     name, kv = split_case(unit.case)
     case, dtype, seed = CASES_BY_NAME[name], unit_dtype(unit), _seed(ctx, unit)
     where = _where(unit, case, kv, seed, ctx)
@@ -241,6 +271,7 @@ METADATA_FIELDS = ("num_reqs", "num_actual_tokens", "max_query_len", "max_seq_le
 
 
 @check("attention", "aliasing", units=aliasing_units)
+@attention_errors
 def aliasing(ctx: CheckContext, unit: Unit) -> Verdict:
     from conformance.checks.common import storage_bytes
     from reference_impl.attention.batch import BackendRun, make_batch
@@ -248,7 +279,7 @@ def aliasing(ctx: CheckContext, unit: Unit) -> Verdict:
 
     if (verdict := _not_brought(unit)) is not None:
         return verdict
-    backend = _backend(unit)
+    backend = _backend(ctx, unit)
     name, kv = split_case(unit.case)
     case, dtype, seed = CASES_BY_NAME[name], unit_dtype(unit), _seed(ctx, unit)
     where = _where(unit, case, kv, seed, ctx)
@@ -301,12 +332,13 @@ def step_cases():
 
 
 @check("attention", "steps", units=steps_units)
+@attention_errors
 def steps(ctx: CheckContext, unit: Unit) -> Verdict:
     from reference_impl.attention.batch import BackendRun, make_batch
 
     if (verdict := _not_brought(unit)) is not None:
         return verdict
-    backend = _backend(unit)
+    backend = _backend(ctx, unit)
     _, kv = split_case(unit.case)
     dtype, seed = unit_dtype(unit), _seed(ctx, unit)
     sequence = step_cases()
@@ -353,12 +385,13 @@ def _fresh_note(i, backend, case, dtype, kv, seed, ctx, native) -> str:
 
 # ----- dispatch -------------------------------------------------------------------------------------------------
 @check("attention", "dispatch", units=dispatch_units)
+@attention_errors
 def dispatch(ctx: CheckContext, unit: Unit) -> Verdict:
     if unit.case == "resolve":
         return _resolve(ctx)
     if (verdict := _not_brought(unit)) is not None:
         return verdict
-    return _probe(ctx, unit, _backend(unit))
+    return _probe(ctx, unit, _backend(ctx, unit))
 
 
 def _resolve(ctx: CheckContext) -> Verdict:
