@@ -143,6 +143,15 @@ def test_vllm_cpu_platform_end_to_end(tmp_path):
     env = run.doc["environment"]
     assert env["vllm"].startswith("0.32") and env["plugin"]["distribution"] == "vllm-cpu"
     assert "vllm bridge: vLLM 0.32" in run.output and "built-in platform vllm.platforms.cpu.CpuPlatform" in run.output
+    # vLLM is the distribution under test here: every result that graded code records vLLM's, and none is upstream
+    graded = [r for r in run.results if r["provider"]]
+    assert graded and all(r["origin"]["distribution"] == "vllm-cpu" and r["origin"]["upstream"] is False
+                          for r in graded), [r["origin"] for r in graded][:3]
+    assert not any((r["origin"] or {}).get("upstream") for r in run.results)
+    assert run.where(provider="vllm:RotaryEmbedding")[0]["origin"]["code"] == \
+        "vllm.model_executor.layers.rotary_embedding.base.RotaryEmbedding"
+    assert "conformance: in-tree classes graded as they run on the platform (not replacements" in run.output
+    assert "conformance: CustomOp replacements (register_oot): none" in run.output
 
     rotary = dict(check="numerics", op="rotary_embedding", provider="vllm:RotaryEmbedding")
     (crash,) = run.where(outcome="CRASH")
