@@ -2,7 +2,7 @@
 
 Drawn only from the results (op names, case names and dtypes): the op modules name their cases after
 what makes them special (`tiny`, `near_eps`, `large`, `zeros`, `nan_row`, `strided`, `row_strided`,
-`no_weight`, `saturated`, `variance_size=N`, sizes as `hidden=769`, `d=100`, `head=80`, `rot=20`,
+`no_weight`, `saturated`, `variance_size=N`, `rows_past_limit`, sizes as `hidden=769`, `d=100`, `head=80`, `rot=20`,
 `tokens=1`, argument values as `neox`/`gptj`, `per_token`, `approximate=none`, `cache=float32`), so a
 trait shared by every failing case and by few passing ones is a fact a vendor can act on. What a
 trait means depends on what the op does (a norm, a rotation, a quantization, a gated activation):
@@ -140,6 +140,12 @@ def argument_trait(token: str, op: str | None, layer: bool = False) -> Trait:
 
 # Most specific first: on equal evidence the earlier trait is named.
 TRAITS = (
+    Trait("row counts past a kernel's limit (rows_past_limit cases)", "rows past a fixed count are dropped or "
+          "corrupted: a launch grid or scratch buffer that covers a fixed number of rows (a grid dimension capped "
+          "at 65,535 blocks, a maximum batch), or a row index computed in 16 or 32 bits; size the launch from the "
+          "row count and index in int64", lambda t: "rows_past_limit" in t),
+    Trait("inputs past 2^31 elements (elements_past_int32 cases)", "an element offset computed in int32 overflows "
+          "past 2^31: index in int64", lambda t: "elements_past_int32" in t),
     Trait("tiny magnitudes", {**TINY_CAUSES, "": "values near zero are handled differently from native (flushed to "
                               "zero, or a division by a tiny value)"}, lambda t: any(f in t for f in EPSILON_FLAGS)),
     Trait("tiny magnitudes and all-zero inputs", {"norm": "epsilon dominates there, so check the epsilon term",
