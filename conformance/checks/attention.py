@@ -168,13 +168,16 @@ def _returned_elsewhere(out, returned, tokens) -> str | None:
 def forward(ctx: CheckContext, unit: Unit) -> Verdict:
     from conformance.checks.attention_diagnosis import fp8_truncation
     from reference_impl.attention.batch import BackendRun, make_batch
-    from reference_impl.attention.cases import CASES_BY_NAME
+    from reference_impl.attention.cases import case_named
 
     if (verdict := _not_brought(unit)) is not None:
         return verdict
     backend = _backend(ctx, unit)
     name, kv = split_case(unit.case)
-    case, dtype, seed = CASES_BY_NAME[name], unit_dtype(unit), _seed(ctx, unit)
+    dtype, seed = unit_dtype(unit), _seed(ctx, unit)
+    case = case_named(name, seed, backend)
+    if case is None:
+        return not_supported(f"case {name}: the backend declares none of the head sizes and block sizes drawn from")
     where = _where(unit, case, kv, seed, ctx)
     native = _native(case, dtype, kv, seed, ctx.device)
     batch = make_batch(case, dtype, kv, seed, ctx.device)

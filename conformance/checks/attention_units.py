@@ -101,8 +101,19 @@ def _case_units(inventory, family, check, level, names=None):
 
 
 def forward_units(inventory, family, check, level):
-    """Every case at `level` x dtype x kv dtype the backend declares."""
-    return _case_units(inventory, family, check, level)
+    """Every case at `level` x dtype x kv dtype the backend declares, and the level's drawn cases per dtype (every
+    other one with an fp8 cache the backend declares)."""
+    from reference_impl.attention.cases import DRAWN, DRAWN_PREFIX
+
+    def drawn(name, backend):
+        fp8 = [k for k in ("fp8_e4m3", "fp8_e5m2") if backend.supports_kv_cache_dtype(k)]
+        return [Unit(family, check, OP, name, dtype_name(d),
+                     join_case(f"{DRAWN_PREFIX}{i}", fp8[i // 2 % len(fp8)] if i % 2 and fp8 else "auto"))
+                for d in backend_dtypes(inventory.platform, backend) for i in range(DRAWN.get(level, 0))]
+
+    units = _case_units(inventory, family, check, level)
+    extra = _per_backend(inventory, family, check, drawn)
+    return units + [u for u in extra if u.provider != NONE]
 
 
 CACHE_WRITE_CASES = {"quick": ("decode", "chunked_prefill"), "standard": ("decode", "chunked_prefill", "shared_prefix")}

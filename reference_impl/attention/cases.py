@@ -225,3 +225,57 @@ PROBES: dict[str, Probe] = {
                            lambda b, d=d: b.supports_dtype(getattr(torch, d)), "supported_dtypes", dtype=d)
        for d in ("float32", "float16", "bfloat16")},
 }
+
+
+# ----- drawn cases: seeded random batches and feature mixes, within what a backend declares ----------------------
+DRAWN = {"quick": 0, "standard": 3, "full": 12}      # how many drawn forward cases per dtype at each level
+DRAWN_PREFIX = "drawn_"
+_HEAD_SIZES = (64, 80, 96, 128)
+_HEADS = ((4, 4), (8, 2), (14, 2), (9, 3), (6, 1), (8, 1))
+_BLOCKS = (16, 32, 64)
+
+
+def drawn_case(name: str, seed: int, backend) -> AttentionCase | None:
+    """The case `drawn_<i>` for `seed`: 1-5 requests, each a decode, a multi-token decode, a chunked or fresh
+    prefill or empty, over random head layouts, head and block sizes and features, drawn among what `backend`
+    declares; None when it declares none of the head or block sizes drawn from."""
+    import random
+
+    index = int(name.removeprefix(DRAWN_PREFIX))
+    rng = random.Random(seed * 7919 + index)
+    head_sizes = [d for d in _HEAD_SIZES if backend.supports_head_size(d)]
+    blocks = [b for b in _BLOCKS if backend.supports_block_size(b)]
+    if not head_sizes or not blocks:
+        return None
+    query_lens, seq_lens = [], []
+    for _ in range(rng.randint(1, 5)):
+        kind = rng.choice(("decode", "multi", "chunked", "fresh", "empty"))
+        context = rng.randint(1, 200)
+        q = {"decode": 1, "multi": rng.randint(2, 6), "chunked": rng.randint(2, 24), "fresh": rng.randint(1, 40),
+             "empty": 0}[kind]
+        query_lens.append(q)
+        seq_lens.append(q if kind == "fresh" else q + context)
+    if sum(query_lens) == 0:
+        query_lens[0] += 1
+        seq_lens[0] += 1
+    heads, kv_heads = rng.choice(_HEADS)
+    features = {}
+    if backend.supports_sliding_window() and rng.random() < 0.4:
+        features["sliding_window"] = rng.choice((1, 7, 16, 33, 100, 300))
+    if rng.random() < 0.3:
+        features["logits_soft_cap"] = rng.choice((5.0, 30.0))
+        features["scale"] = 0.3
+    if rng.random() < 0.2:
+        features["alibi"] = True
+    if backend.supports_sink() and rng.random() < 0.3:
+        features["sinks"] = True
+    return AttentionCase(name, tuple(query_lens), tuple(seq_lens), f"a seeded random batch and feature mix (seed "
+                         f"{seed})", num_heads=heads, num_kv_heads=kv_heads, head_size=rng.choice(head_sizes),
+                         block_size=rng.choice(blocks), padding=rng.randint(0, 4), level="standard", **features)
+
+
+def case_named(name: str, seed: int, backend) -> AttentionCase | None:
+    """A declared case by name, or the drawn case `drawn_<i>` for `seed` and `backend`."""
+    if name.startswith(DRAWN_PREFIX):
+        return drawn_case(name, seed, backend)
+    return CASES_BY_NAME[name]

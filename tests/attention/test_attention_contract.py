@@ -212,3 +212,22 @@ def test_a_batch_never_addresses_the_null_block_or_the_spare_ones(name):
     cache = batch.new_cache()
     assert cache.shape == (batch.num_blocks, case.num_kv_heads, case.block_size, 2 * case.head_size)
     assert torch.isfinite(cache).all() and (cache != 0).all()
+
+
+def test_drawn_cases_are_seeded_and_stay_within_what_the_backend_declares():
+    from reference_impl.attention.cases import drawn_case
+
+    assert drawn_case("drawn_3", 11, ReferenceAttentionBackend) == drawn_case("drawn_3", 11, ReferenceAttentionBackend)
+    cases = [drawn_case(f"drawn_{i}", seed, _Narrow) for i in range(6) for seed in range(5)]
+    assert all(c.head_size in (64, 128) and c.block_size % 32 == 0 and c.sliding_window is None and not c.sinks
+               for c in cases)
+    assert all(sum(c.query_lens) > 0 for c in cases)
+    assert len({(c.query_lens, c.seq_lens) for c in cases}) > 20
+    assert not admits(_Narrow, cases[0], torch.bfloat16, "auto")
+
+    class NoHeads(_Narrow):
+        @classmethod
+        def get_supported_head_sizes(cls):
+            return [40]
+
+    assert drawn_case("drawn_0", 1, NoHeads) is None
