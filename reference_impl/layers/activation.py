@@ -17,7 +17,7 @@ from reference_impl.custom_op import CustomOp
 from reference_impl.ir.cases import randn
 from reference_impl.ir.ops.activation import make_activation
 from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES, GELU_TOLERANCES, SPARSE_GELU_TOLERANCES
-from reference_impl.layers.cases import LayerCase, declare_cases, randomize_parameters
+from reference_impl.layers.cases import LayerCase, declare_cases, from_op_cases, randomize_parameters
 
 GELU_APPROXIMATIONS = ("none", "tanh")
 
@@ -231,27 +231,41 @@ def _cases(shapes, kwargs: dict | None = None, suffix: str = "", init_params=Non
     return [case(*row) for row in shapes]
 
 
-declare_cases(SiluAndMul, tolerances=ELEMENTWISE_TOLERANCES,
-              cases=_cases(_GATED_SHAPES))
-declare_cases(MulAndSilu, tolerances=ELEMENTWISE_TOLERANCES,
-              cases=_cases(_GATED_SHAPES))
+def _x_only(args):
+    """An activation op's (x, *its constants) as the layer's call: no constructor arguments, forward(x)."""
+    return {}, (args[0],)
+
+
+def _constructed_with(*names):
+    """An activation op's (x, c1, c2...) as Layer(name1=c1, name2=c2...)(x)."""
+    def form(args):
+        return dict(zip(names, args[1:])), (args[0],)
+
+    return form
+
+
+def _sparse_form(args):
+    """gelu_and_mul_sparse(x, std_multiplier, approximate) as GeluAndMulSparse(activation_sparsity, approximate)(x):
+    the sparsity whose Normal(0, 1) quantile is the op's multiplier (0.95 for 1.645, 0.5 for 0)."""
+    x, std_multiplier, approximate = args
+    sparsity = round(float(torch.distributions.Normal(0.0, 1.0).cdf(torch.tensor(std_multiplier))), 6)
+    return {"activation_sparsity": sparsity, "approximate": approximate}, (x,)
+
+
+# The layers that compute an IR op take every case it declares (tiny and large magnitudes, zeros, a NaN row,
+# strided and padded rows, prime and real-model widths) in their own call form (reference_impl.layers.cases).
+declare_cases(SiluAndMul, tolerances=ELEMENTWISE_TOLERANCES, cases=from_op_cases(ir.ops.silu_and_mul, _x_only))
+declare_cases(MulAndSilu, tolerances=ELEMENTWISE_TOLERANCES, cases=from_op_cases(ir.ops.mul_and_silu, _x_only))
 declare_cases(GeluAndMul, tolerances=GELU_TOLERANCES,
-              cases=(_cases(_GATED_SHAPES, {"approximate": "none"}, ",approximate=none")
-                     + _cases(_GATED_SHAPES[:4], {"approximate": "tanh"}, ",approximate=tanh")))
+              cases=from_op_cases(ir.ops.gelu_and_mul, _constructed_with("approximate")))
 declare_cases(GeluAndMulSparse, tolerances=SPARSE_GELU_TOLERANCES,
-              cases=(
-    _cases(_GATED_SHAPES, {"activation_sparsity": 0.95}, ",sparsity=0.95")
-    + _cases(_GATED_SHAPES[1:4], {"activation_sparsity": 0.5, "approximate": "tanh"}, ",sparsity=0.5,tanh")))
+              cases=from_op_cases(ir.ops.gelu_and_mul_sparse, _sparse_form))
 declare_cases(GELU, tolerances=GELU_TOLERANCES, cases=_cases(_UNARY_SHAPES))
 declare_cases(GELUTanh, tolerances=GELU_TOLERANCES, cases=_cases(_UNARY_SHAPES))
-declare_cases(NewGELU, tolerances=GELU_TOLERANCES,
-              cases=_cases(_UNARY_SHAPES))
-declare_cases(FastGELU, tolerances=GELU_TOLERANCES,
-              cases=_cases(_UNARY_SHAPES))
-declare_cases(QuickGELU, tolerances=ELEMENTWISE_TOLERANCES,
-              cases=_cases(_UNARY_SHAPES))
-declare_cases(ReLUSquaredActivation, tolerances=ELEMENTWISE_TOLERANCES,
-              cases=_cases(_UNARY_SHAPES))
+declare_cases(NewGELU, tolerances=GELU_TOLERANCES, cases=from_op_cases(ir.ops.gelu_new, _x_only))
+declare_cases(FastGELU, tolerances=GELU_TOLERANCES, cases=from_op_cases(ir.ops.gelu_fast, _x_only))
+declare_cases(QuickGELU, tolerances=ELEMENTWISE_TOLERANCES, cases=from_op_cases(ir.ops.quick_gelu, _x_only))
+declare_cases(ReLUSquaredActivation, tolerances=ELEMENTWISE_TOLERANCES, cases=from_op_cases(ir.ops.relu2, _x_only))
 
 
 def _xielu_kwargs(dtype):
@@ -280,9 +294,6 @@ def _xielu_cases():
 declare_cases(XIELU, tolerances=ELEMENTWISE_TOLERANCES,
               cases=_xielu_cases())
 declare_cases(SwigluOAIAndMul, tolerances=ELEMENTWISE_TOLERANCES,
-              cases=(_cases(_GATED_SHAPES)
-                     + _cases(_GATED_SHAPES[1:4], {"alpha": 1.0, "limit": 2.0},
-                              ",alpha=1.0,limit=2.0")))
+              cases=from_op_cases(ir.ops.swigluoai_and_mul, _constructed_with("alpha", "limit")))
 declare_cases(FatreluAndMul, tolerances=ELEMENTWISE_TOLERANCES,
-              cases=(_cases(_GATED_SHAPES)
-                     + _cases(_GATED_SHAPES[1:4], {"threshold": 0.5}, ",threshold=0.5")))
+              cases=from_op_cases(ir.ops.fatrelu_and_mul, _constructed_with("threshold")))

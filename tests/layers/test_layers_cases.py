@@ -23,6 +23,10 @@ MODULES = (activation, clamped_glu, layernorm, fused_norm_gate, nemotron, minima
            rotary_embedding, quantization, conv, attention, fused_moe)
 # Native in half precision against float64: allowed error in units of the layer's tolerance.
 GOLDEN_SLACK = 4.0
+# Cases whose half-precision native decides otherwise than float64: GeluAndMulSparse zeroes the gate below
+# mean + 1.645 std, a threshold computed in the run dtype; at the op's `large` magnitude (20) 16-bit values near it
+# fall on the other side than in float64 (the harness grades these against native, as the IR op's cases are).
+THRESHOLD_DECIDES = {("GeluAndMulSparse", "large")}
 
 LAYERS = sorted({cls for module in MODULES for cls in vars(module).values()
                  if isinstance(cls, type) and issubclass(cls, (CustomOp, PluggableLayer))
@@ -86,6 +90,9 @@ def test_case_runs_and_tracks_float64(cls, case, dtype):
     # otherwise than the float64 run, and then the values beside them are not comparable either.
     decided_alike = all(out is None or out.is_floating_point() or dtype == torch.float32 or torch.equal(out, gold)
                         for out, gold in zip(native, golden))
+    if dtype != torch.float32 and any(cls.__name__ == name and kind in case.name.split(",")
+                                      for name, kind in THRESHOLD_DECIDES):
+        decided_alike = False
     for out, again, gold in zip(native, dispatched, golden):
         if out is None:
             assert again is None and gold is None

@@ -1,0 +1,111 @@
+"""Layers that compute an IR op inherit every case kind the op declares (reference_impl.layers.cases.from_op_cases):
+the layer's record holds each of the op's cases (size-only ones aside) with its level, dtypes and beyond-vLLM
+reason, and each derived case calls the layer with what the op case calls the op with."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from conformance.checks.common import native_only
+from conformance.collect.inventory import import_catalog
+from reference_impl import ir
+from reference_impl.custom_op import CustomOp
+from reference_impl.ir.cases import OpCase
+from reference_impl.layers.cases import LayerCaseError, conformance_of, declare_cases, from_op_cases
+from reference_impl.platforms import CpuPlatform, activate_platform
+
+import_catalog()
+
+# layer -> [(op, layer case name of an op case name)]
+DERIVED = {
+    "quant_fp8": [("static_quant_fp8", "static,{}"), ("dynamic_quant_fp8", "dynamic,{}"),
+                  ("dynamic_group_quant_fp8", "dynamic,{}")],
+    "rms_norm": [("rms_norm", "{}"), ("fused_add_rms_norm", "{},residual")],
+    **{name: [(name, "{}")] for name in ("silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_and_mul_sparse",
+                                          "gelu_new", "gelu_fast", "quick_gelu", "relu2", "swigluoai_and_mul",
+                                          "fatrelu_and_mul")},
+}
+
+
+def _size_only(case) -> bool:
+    return bool(getattr(case, "memory_bytes", None) or getattr(case, "numerics_only", False))
+
+
+@pytest.mark.parametrize("layer", sorted(DERIVED))
+def test_every_case_of_the_op_is_a_case_of_the_layer_with_its_level_dtypes_and_reason(layer):
+    cases = {c.name: c for c in conformance_of(CustomOp.op_registry[layer]).cases}
+    for op_name, pattern in DERIVED[layer]:
+        op_cases = [c for c in ir.ops.__getattr__(op_name).cases if not _size_only(c)]
+        assert op_cases
+        for op_case in op_cases:
+            case = cases[pattern.format(op_case.name)]
+            assert (case.level, case.dtypes, case.beyond_vllm) == (op_case.level, op_case.dtypes, op_case.beyond_vllm)
+
+
+def test_the_saturated_static_cases_reach_quantfp8():
+    names = {c.name for c in conformance_of(CustomOp.op_registry["quant_fp8"]).cases}
+    assert {f"static,tokens=4,hidden=256,saturated,{k}" for k in ("per_tensor", "per_token", "per_group")} <= names
+
+
+def _same(a, b):
+    for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+        torch.testing.assert_close(x.float(), y.float(), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("layer, op_name, pattern, case_name, call", [
+    ("quant_fp8", "static_quant_fp8", "static,{}", "tokens=4,hidden=256,saturated,per_group", lambda out: out[0]),
+    ("quant_fp8", "dynamic_quant_fp8", "dynamic,{}", "tokens=7,hidden=768,per_token,scale_ub", None),
+    ("quant_fp8", "dynamic_group_quant_fp8", "dynamic,{}", "tokens=4,hidden=200,ragged,group=128", None),
+    ("rms_norm", "fused_add_rms_norm", "{},residual", "tokens=7,hidden=769,weight=float32", None),
+    ("gelu_and_mul", "gelu_and_mul", "{}", "tokens=7,d=769,approximate=tanh", None),
+    ("fatrelu_and_mul", "fatrelu_and_mul", "{}", "tokens=7,d=769,threshold=0.5", None),
+])
+def test_a_derived_case_calls_the_layer_with_what_the_op_case_calls_the_op_with(layer, op_name, pattern, case_name,
+                                                                                call):
+    op = ir.ops.__getattr__(op_name)
+    cls = CustomOp.op_registry[layer]
+    case = conformance_of(cls).case(pattern.format(case_name))
+    [op_case] = [c for c in op.cases if c.name == case_name]
+    dtype = (op_case.dtypes or (torch.float16,))[0]
+    args = op_case.make_args(dtype, "cpu", torch.Generator().manual_seed(5))
+    inputs = case.make_inputs(dtype, "cpu", torch.Generator().manual_seed(5))
+    with activate_platform(CpuPlatform()):
+        built = case.build(cls, dtype)
+        if hasattr(built, "weight") and len(args) == 5:   # the norm: the op case's weight, of its dtype
+            assert built.weight.dtype == args[2].dtype
+            built.weight.data.copy_(args[2])
+        with native_only():   # the layer's IR calls on their native semantics, as the op's native
+            out = built.forward_native(*inputs)
+        expected = op.impls["native"].impl_fn(*args)
+    _same(call(out) if call else out, expected)
+
+
+def test_size_only_and_unselected_op_cases_are_left_to_the_op():
+    def args(dtype, device, gen):
+        return (torch.zeros(2, 4, dtype=dtype),)
+
+    fake = types.SimpleNamespace(cases=[OpCase("plain", args), OpCase("other", args, level="standard"),
+                                        types.SimpleNamespace(name="huge", make_args=args, level="quick", dtypes=None,
+                                                              beyond_vllm=None, memory_bytes=1 << 33),
+                                        types.SimpleNamespace(name="rows", make_args=args, level="quick", dtypes=None,
+                                                              beyond_vllm=None, numerics_only=True)])
+    derived = from_op_cases(fake, lambda a: ({"hidden": a[0].shape[-1]}, a), keep=lambda c: c.name != "other")
+    assert [c.name for c in derived] == ["plain"]
+    assert derived[0].make_kwargs(torch.float32) == {"hidden": 4}
+
+
+def test_a_derived_name_that_collides_is_refused_by_the_declaration():
+    def args(dtype, device, gen):
+        return (torch.zeros(1, 2, dtype=dtype),)
+
+    fake = types.SimpleNamespace(cases=[OpCase("a", args), OpCase("b", args)])
+
+    class Layer:
+        pass
+
+    with pytest.raises(LayerCaseError, match="case 'same' declared twice"):
+        declare_cases(Layer, tolerances={torch.float32: (0.0, 0.0)},
+                      cases=from_op_cases(fake, lambda a: ({}, a), name=lambda n: "same"))
