@@ -179,7 +179,7 @@ def _returned_elsewhere(out, returned, tokens) -> str | None:
 def forward(ctx: CheckContext, unit: Unit) -> Verdict:
     from conformance.checks.attention_diagnosis import fp8_truncation
     from reference_impl.attention.batch import BackendRun, make_batch
-    from reference_impl.attention.cases import case_named
+    from reference_impl.attention.cases import case_named, ordered_for
 
     if (verdict := _not_brought(ctx, unit)) is not None:
         return verdict
@@ -189,6 +189,7 @@ def forward(ctx: CheckContext, unit: Unit) -> Verdict:
     case = case_named(name, seed, backend)
     if case is None:
         return not_supported(f"case {name}: the backend declares none of the head sizes and block sizes drawn from")
+    case = ordered_for(backend, case)
     where = _where(unit, case, kv, seed, ctx)
     native = _native(case, dtype, kv, seed, ctx.device)
     batch = make_batch(case, dtype, kv, seed, ctx.device)
@@ -237,13 +238,13 @@ def _describe_blocks(blocks: list[int], num_blocks: int) -> str:
 @attention_errors
 def cache_write(ctx: CheckContext, unit: Unit) -> Verdict:
     from reference_impl.attention.batch import BackendRun, make_batch
-    from reference_impl.attention.cases import CASES_BY_NAME
+    from reference_impl.attention.cases import CASES_BY_NAME, ordered_for
 
     if (verdict := _not_brought(ctx, unit)) is not None:
         return verdict
     backend = _backend(ctx, unit)
     name, kv = split_case(unit.case)
-    case, dtype, seed = CASES_BY_NAME[name], unit_dtype(unit), _seed(ctx, unit)
+    case, dtype, seed = ordered_for(backend, CASES_BY_NAME[name]), unit_dtype(unit), _seed(ctx, unit)
     where = _where(unit, case, kv, seed, ctx)
     batch = make_batch(case, dtype, kv, seed, ctx.device)
     run = BackendRun(backend, batch, call=call_impl)
@@ -289,13 +290,13 @@ METADATA_FIELDS = ("num_reqs", "num_actual_tokens", "max_query_len", "max_seq_le
 def aliasing(ctx: CheckContext, unit: Unit) -> Verdict:
     from conformance.checks.common import storage_bytes
     from reference_impl.attention.batch import BackendRun, make_batch
-    from reference_impl.attention.cases import CASES_BY_NAME
+    from reference_impl.attention.cases import CASES_BY_NAME, ordered_for
 
     if (verdict := _not_brought(ctx, unit)) is not None:
         return verdict
     backend = _backend(ctx, unit)
     name, kv = split_case(unit.case)
-    case, dtype, seed = CASES_BY_NAME[name], unit_dtype(unit), _seed(ctx, unit)
+    case, dtype, seed = ordered_for(backend, CASES_BY_NAME[name]), unit_dtype(unit), _seed(ctx, unit)
     where = _where(unit, case, kv, seed, ctx)
     batch = make_batch(case, dtype, kv, seed, ctx.device)
     inputs = batch.tensors()
@@ -355,7 +356,9 @@ def steps(ctx: CheckContext, unit: Unit) -> Verdict:
     backend = _backend(ctx, unit)
     _, kv = split_case(unit.case)
     dtype, seed = unit_dtype(unit), _seed(ctx, unit)
-    sequence = step_cases()
+    from reference_impl.attention.cases import ordered_for
+
+    sequence = [(what, ordered_for(backend, case)) for what, case in step_cases()]
     batches = [make_batch(case, dtype, kv, seed + i, ctx.device) for i, (_, case) in enumerate(sequence)]
     first = BackendRun(backend, batches[0], call=call_impl,
                        cache=batches[0].new_cache(max(b.num_blocks for b in batches[:3])))
@@ -451,13 +454,13 @@ def _resolve(ctx: CheckContext) -> Verdict:
 def _probe(ctx: CheckContext, unit: Unit, backend) -> Verdict:
     """One capability: declared or not, against what the backend does with a case that needs it."""
     from reference_impl.attention.batch import BackendRun, make_batch
-    from reference_impl.attention.cases import PROBES
+    from reference_impl.attention.cases import PROBES, ordered_for
 
     probe = PROBES[unit.case]
     declared = bool(probe.declared(backend))
     dtypes = backend_dtypes(ctx.platform, backend) or [d for d in ctx.platform.supported_dtypes]
     dtype = getattr(torch, probe.dtype) if probe.dtype else dtypes[0]
-    case, kv = probe.case, probe.kv_cache_dtype
+    case, kv = ordered_for(backend, probe.case), probe.kv_cache_dtype
     seed = unit_seed(ctx.seed, OP, unit.case, dtype_name(dtype))
     said = (f"{probe.feature} is declared ({probe.declare})" if declared else
             f"{probe.feature} is declared unsupported ({probe.declare})")

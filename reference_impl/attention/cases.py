@@ -279,3 +279,15 @@ def case_named(name: str, seed: int, backend) -> AttentionCase | None:
     if name.startswith(DRAWN_PREFIX):
         return drawn_case(name, seed, backend)
     return CASES_BY_NAME[name]
+
+
+def ordered_for(backend, case: AttentionCase) -> AttentionCase:
+    """The case with its requests in the order a runner hands `backend`: decodes (query_len <= the builder's
+    `reorder_batch_threshold`) first when the builder sets one (vLLM's split_decodes_and_prefills), as given
+    otherwise. A case whose first two requests share prefix blocks keeps that pair first."""
+    threshold = getattr(backend.get_builder_cls(), "reorder_batch_threshold", None)
+    if threshold is None or case.shared_prefix_blocks:
+        return case
+    order = sorted(range(len(case.query_lens)), key=lambda i: case.query_lens[i] > threshold)
+    return dataclasses.replace(case, query_lens=tuple(case.query_lens[i] for i in order),
+                               seq_lens=tuple(case.seq_lens[i] for i in order))

@@ -119,3 +119,28 @@ def test_a_selection_that_does_not_resolve_fails_naming_it(answer, fragment):
     ctx = CheckContext("test", platform, seed=1234, level="quick")
     verdict, _ = run_unit(ctx, Unit("attention", "dispatch", "attention", None, None, "resolve"))
     assert verdict.outcome is Outcome.FAIL and fragment in verdict.message, verdict.message
+
+
+class DecodeFirstBuilder(ReferenceAttentionBackend.get_builder_cls()):
+    """Takes decodes first only, and says so with reorder_batch_threshold (vLLM orders each batch for it)."""
+
+    reorder_batch_threshold = 1
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        lens = common_attn_metadata.naive_query_lens().tolist()
+        if any(a > 1 and b <= 1 for a, b in zip(lens, lens[1:])):
+            raise ValueError(f"decodes must come first, got query lengths {lens}")
+        return super().build(common_prefix_len, common_attn_metadata, fast_build)
+
+
+class DecodeFirst(ReferenceAttentionBackend):
+    @staticmethod
+    def get_builder_cls():
+        return DecodeFirstBuilder
+
+
+def test_a_builder_with_a_reorder_threshold_gets_decodes_first():
+    for check in ("forward", "cache_write", "aliasing", "steps"):
+        results = _run(f"{__name__}.DecodeFirst", check, level="standard")
+        bad = [f"{u.id}: {v.outcome.value} {v.message[:300]}" for u, v in results if v.outcome is not Outcome.PASS]
+        assert not bad, bad
