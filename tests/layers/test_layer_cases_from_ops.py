@@ -24,6 +24,7 @@ DERIVED = {
     "quant_fp8": [("static_quant_fp8", "static,{}"), ("dynamic_quant_fp8", "dynamic,{}"),
                   ("dynamic_group_quant_fp8", "dynamic,{}")],
     "rms_norm": [("rms_norm", "{}"), ("fused_add_rms_norm", "{},residual")],
+    "rotary_embedding": [("rotary_embedding", "{}"), ("rotary_embedding_query", "{},key=None")],
     **{name: [(name, "{}")] for name in ("silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_and_mul_sparse",
                                           "gelu_new", "gelu_fast", "quick_gelu", "relu2", "swigluoai_and_mul",
                                           "fatrelu_and_mul")},
@@ -62,6 +63,9 @@ def _same(a, b):
     ("rms_norm", "fused_add_rms_norm", "{},residual", "tokens=7,hidden=769,weight=float32", None),
     ("gelu_and_mul", "gelu_and_mul", "{}", "tokens=7,d=769,approximate=tanh", None),
     ("fatrelu_and_mul", "fatrelu_and_mul", "{}", "tokens=7,d=769,threshold=0.5", None),
+    ("rotary_embedding", "rotary_embedding", "{}", "tokens=5,heads=4/2,head=80,rot=32,gptj,cache=float32", None),
+    ("rotary_embedding", "rotary_embedding_query", "{},key=None", "tokens=6,heads=2/2,head=64,3d,neox",
+     lambda out: out[0]),
 ])
 def test_a_derived_case_calls_the_layer_with_what_the_op_case_calls_the_op_with(layer, op_name, pattern, case_name,
                                                                                 call):
@@ -77,6 +81,8 @@ def test_a_derived_case_calls_the_layer_with_what_the_op_case_calls_the_op_with(
         if hasattr(built, "weight") and len(args) == 5:   # the norm: the op case's weight, of its dtype
             assert built.weight.dtype == args[2].dtype
             built.weight.data.copy_(args[2])
+        if hasattr(built, "cos_sin_cache"):   # rotary: the layer builds the op case's cache (base, size, dtype)
+            assert torch.equal(built.cos_sin_cache, args[-2])
         with native_only():   # the layer's IR calls on their native semantics, as the op's native
             out = built.forward_native(*inputs)
         expected = op.impls["native"].impl_fn(*args)

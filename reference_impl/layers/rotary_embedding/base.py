@@ -13,11 +13,10 @@ import torch
 
 from reference_impl import ir
 from reference_impl.custom_op import CustomOp
-from reference_impl.ir import real_models
-from reference_impl.ir.cases import randn, row_strided
+from reference_impl.ir.cases import randn
 from reference_impl.ir.ops.rotary import compute_cos_sin_cache
 from reference_impl.ir.tolerances import ELEMENTWISE_TOLERANCES
-from reference_impl.layers.cases import LayerCase, declare_cases
+from reference_impl.layers.cases import LayerCase, declare_cases, from_op_cases
 
 
 def _check_rotary_dims(cls_name: str, head_size: int, rotary_dim: int, max_position: int, base: float) -> None:
@@ -83,45 +82,42 @@ class RotaryEmbedding(CustomOp):
 _MAX_POSITION = 4096
 
 
-def _rope_case(name, tokens, q_heads, kv_heads, head_size, rotary_dim, neox, *, key=True, layout=None,
-               level="quick", max_position=_MAX_POSITION, min_position=0):
-    """Positions drawn from [min_position, max_position): near a large max_position the cache's float32
-    angles (vLLM 0.32's build) are far from float64 ones, which a cache built otherwise shows."""
+def _rope_case(name, tokens, q_heads, kv_heads, head_size, rotary_dim, neox, *, level="quick",
+               max_position=_MAX_POSITION, min_position=0):
+    """A layer-only case. Positions drawn from [min_position, max_position): near a large max_position the cache's
+    float32 angles (vLLM 0.32's build) are far from float64 ones, which a cache built otherwise shows."""
     def make_kwargs(dtype):
         return {"head_size": head_size, "rotary_dim": rotary_dim, "max_position_embeddings": max_position,
                 "base": 10000.0, "is_neox_style": neox, "dtype": dtype}
 
     def make_inputs(dtype, device, gen):
         positions = torch.randint(min_position, max_position, (tokens,), generator=gen).to(device)
-        if layout == "3d":
-            q = randn((tokens, q_heads, head_size), dtype, device, gen)
-            k = randn((tokens, kv_heads, head_size), dtype, device, gen)
-        else:
-            q = randn((tokens, q_heads * head_size), dtype, device, gen)
-            k = randn((tokens, kv_heads * head_size), dtype, device, gen)
-            if layout == "row_strided":
-                q, k = row_strided(q, head_size), row_strided(k, 3)
-        return (positions, q, k) if key else (positions, q)
+        q = randn((tokens, q_heads * head_size), dtype, device, gen)
+        k = randn((tokens, kv_heads * head_size), dtype, device, gen)
+        return (positions, q, k)
 
     return LayerCase(name, make_kwargs, make_inputs, level=level)
 
 
+def _rope_form(args):
+    """rotary_embedding(positions, query, key, head_size, cache, neox) as RotaryEmbedding(head_size, the cache's
+    rotary_dim and positions, base 10000 (the op cases' cache), neox, the cache's dtype)(positions, query, key); the
+    query-only op (no key) as the call with key=None."""
+    positions, query, *key, head_size, cache, neox = args
+    kwargs = {"head_size": head_size, "rotary_dim": cache.shape[-1], "max_position_embeddings": cache.shape[0],
+              "base": 10000.0, "is_neox_style": neox, "dtype": cache.dtype}
+    return kwargs, (positions, query, *key)
+
+
+# Every case of the rotary IR ops (neox and gptj, partial rotary, 3-D and padded rows, large magnitudes, a float32
+# cache with 16-bit queries, every real model's rotary configuration) in the layer's call form, then what only the
+# layer has: rotary_dim / 2 = 20 at the quick level, and positions near a large max_position.
 declare_cases(RotaryEmbedding, tolerances=ELEMENTWISE_TOLERANCES, cases=[
-    _rope_case("tokens=1,heads=1/1,head=64,neox", 1, 1, 1, 64, 64, True),
-    _rope_case("tokens=7,heads=4/2,head=128,neox", 7, 4, 2, 128, 128, True),
-    _rope_case("tokens=7,heads=4/2,head=128,gptj", 7, 4, 2, 128, 128, False),
-    _rope_case("tokens=5,heads=3/1,head=80,rot=32,neox", 5, 3, 1, 80, 32, True),
-    _rope_case("tokens=5,heads=3/1,head=80,rot=32,gptj,key=None", 5, 3, 1, 80, 32, False, key=False),
-    _rope_case("tokens=6,heads=2/2,head=64,3d,neox", 6, 2, 2, 64, 64, True, layout="3d"),
-    _rope_case("tokens=6,heads=2/2,head=64,row_strided,gptj", 6, 2, 2, 64, 64, False, layout="row_strided"),
-    _rope_case("tokens=33,heads=8/8,head=256,neox", 33, 8, 8, 256, 256, True, level="standard"),
+    *from_op_cases(ir.ops.rotary_embedding, _rope_form),
+    *from_op_cases(ir.ops.rotary_embedding_query, _rope_form, name=lambda n: f"{n},key=None"),
     # partial rotary with rotary_dim / 2 = 20 (above 8, not a multiple of 8): vLLM 0.32's CPU kernel
     # segfaults on it in bfloat16 neox style (docs/vllm.md)
     _rope_case("tokens=5,heads=2/1,head=64,rot=40,neox", 5, 2, 1, 64, 40, True),
     _rope_case("tokens=8,heads=2/1,head=64,rot=32,max_position=131072,large_positions,neox", 8, 2, 1, 64, 32, True,
                max_position=131072, min_position=100000, level="standard"),
-    # partial rotary of real models (reference_impl.ir.real_models), rotary_dim / 2 = 8, 10, 12, 16 and 32
-    *(_rope_case(f"tokens=5,heads=2/1,head={m.head_dim},rot={m.rotary_dim},{'neox' if m.is_neox_style else 'gptj'},"
-                 f"model={m.short_name}", 5, 2, 1, m.head_dim, m.rotary_dim, m.is_neox_style, level="standard")
-      for m in map(real_models.by_name, ("pythia-410m", "pythia-2.8b", "gpt-neox-20b", "phi-2", "gpt-j-6b"))),
 ])
