@@ -21,6 +21,7 @@ from conformance.results.result import (CONFORMANT, LAYER_TESTS, CheckResult, Ou
                                         is_upstream, summarize, verdict)
 
 FAMILY_COLUMNS = ("numerics", "aliasing", "compile", "dispatch", "model")
+IR_FAMILIES = ("numerics", "aliasing", "compile", "dispatch")   # the families whose results count IR coverage
 ABBREV = {
     Outcome.PASS: "P", Outcome.NOT_IMPLEMENTED: "NI", Outcome.NOT_SUPPORTED: "NS", Outcome.SKIP: "S",
     Outcome.XFAIL: "XF", Outcome.QUALITY_WARNING: "QW", Outcome.XPASS: "XP", Outcome.FAIL: "F",
@@ -142,7 +143,7 @@ def coverage(results: Sequence[CheckResult], ir_ops: Sequence[str] | None = None
     """'ops implemented / ops in the catalog' from the results (dispatch coverage marks the rest); with a
     `scope` (coverage_scope), the counts of what was reached instead of a fraction that looks final. Only
     implementations of the code under test count; ops only upstream code implements are named apart."""
-    results = [r for r in results if not is_layer_result(r) and r.family != "model"]
+    results = [r for r in results if not is_layer_result(r) and r.family in IR_FAMILIES]
     not_impl = {r.op for r in results if r.outcome is Outcome.NOT_IMPLEMENTED}
     implemented = {r.op for r in results if r.provider and r.op and r.op not in not_impl and not is_upstream(r)}
     upstream = {r.op for r in results if r.provider and r.op and is_upstream(r)}

@@ -13,8 +13,8 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from conformance.judge.tolerances import ratio_text
-from conformance.report.scorecard import (FAMILY_COLUMNS, coverage_scope, is_layer_result, is_not_covered_result,
-                                          row_label, scorecard_rows, split_upstream, upstream_heading, upstream_note)
+from conformance.report.scorecard import (FAMILY_COLUMNS, IR_FAMILIES, coverage_scope, is_layer_result,
+                                          is_not_covered_result, row_label, scorecard_rows, split_upstream, upstream_heading, upstream_note)
 from conformance.results.result import CONFORMANT, CheckResult, Outcome, is_upstream, summarize
 
 DTYPE_ORDER = ("float32", "float16", "bfloat16")
@@ -168,7 +168,7 @@ def _heatmap(results: list[CheckResult]):
 
 
 def _coverage(results: list[CheckResult]) -> dict[str, list[str]]:
-    ir = [r for r in results if not is_layer_result(r) and r.family != "model"]
+    ir = [r for r in results if not is_layer_result(r) and r.family in IR_FAMILIES]
     fallback = sorted({r.op for r in ir if r.outcome is Outcome.NOT_IMPLEMENTED and r.op})
     implemented = sorted({r.op for r in ir if r.provider and r.op and not is_upstream(r)} - set(fallback))
     providers = defaultdict(set)
