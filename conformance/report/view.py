@@ -14,7 +14,8 @@ from typing import Any
 
 from conformance.judge.tolerances import ratio_text
 from conformance.report.scorecard import (FAMILY_COLUMNS, IR_FAMILIES, coverage_scope, is_layer_result,
-                                          is_not_covered_result, row_label, scorecard_rows, split_upstream, upstream_heading, upstream_note)
+                                          is_not_covered_result, row_label, scorecard_rows, split_upstream,
+                                          upstream_heading, upstream_note)
 from conformance.results.result import CONFORMANT, CheckResult, Outcome, is_upstream, summarize
 
 DTYPE_ORDER = ("float32", "float16", "bfloat16")
