@@ -135,7 +135,8 @@ def argument_trait(token: str, op: str | None, layer: bool = False) -> Trait:
                  "its bytes), or decline it in `supports_args`")
     else:
         cause = ("the implementation ignores or mishandles this argument value (the other values pass): fix that path, "
-                 f"or {decline('calls with that value', layer)}; no tolerance override fits an argument that is ignored")
+                 f"or {decline('calls with that value', layer)}; no tolerance override fits an argument that is "
+                 "ignored")
     return Trait(f"cases with {label}", cause, lambda t, token=token: token in t, argument=label)
 
 # Most specific first: on equal evidence the earlier trait is named.

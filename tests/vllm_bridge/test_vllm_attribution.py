@@ -16,7 +16,8 @@ from harness_runner import PLUGINS, entry_points_of, harness_env, run_harness
 
 GOOD = PLUGINS / "vllm_good"
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vLLM is not installed here (bash scripts/setup.sh --vllm installs the CPU build)")
+                                reason="vLLM is not installed here (bash scripts/setup.sh --vllm installs the CPU "
+                                       "build)")
 OWN = ("vllm:good_cpu", "vllm:GoodSiluAndMul", "vllm:GoodGeluAndMul", "vllm:GoodQuickGELU")
 SELECTION = ("silu_and_mul or gelu_and_mul or quick_gelu or (rms_norm and not gemma and not gated) or dual_chunk "
              "or fused_rms_norm_gated")
