@@ -36,6 +36,11 @@ CHECK_COST_S = {
     "numerics.layer_case": 0.02,
     "aliasing.ir_case": 0.015,
     "numerics.ir_case": 0.005,
+    "attention.steps": 0.06,
+    "attention.forward": 0.03,
+    "attention.dispatch": 0.02,
+    "attention.cache_write": 0.007,
+    "attention.aliasing": 0.005,
 }
 DEFAULT_CHECK_COST_S = 0.002
 SCHED_CHUNK = 4   # items the xdist controller sends a worker at a time (its --maxschedchunk), see longest_first
