@@ -13,6 +13,7 @@
 #include <c10/util/Float8_e5m2.h>
 
 #include <array>
+#include <atomic>
 #include <vector>
 
 #include "attention.h"
@@ -163,38 +164,134 @@ REFERENCE_CPU_INLINE void dot_keys(const float* __restrict q, const float* __res
   }
 }
 
-// acc = acc * alpha + sum_j p[j] * v_j, in register tiles of up to kTile vectors of the head dim.
-template <int kD>
-REFERENCE_CPU_INLINE void accumulate_values(float* __restrict acc, float alpha, const float* __restrict p,
-                                            const float* __restrict v, int64_t v_stride, int64_t n,
-                                            HeadDim<kD> hd) {
-  constexpr int64_t kTile = 8;
-  const int64_t full = hd.full(), tail = hd.tail();
-  const fVec al(alpha);
-  for (int64_t d0 = 0; d0 < full; d0 += kTile * kF) {
-    const int64_t vecs = std::min<int64_t>(kTile, (full - d0) / kF);
-    fVec a[kTile];
-#pragma GCC unroll 8
-    for (int64_t t = 0; t < kTile; ++t) {
-      if (t < vecs) a[t] = fVec::loadu(acc + d0 + t * kF) * al;
+// dst[d * ld_dst + j] = src[j * ld_src + d] for `keys` rows of `dims` floats (a key block to [D, keys]).
+inline void transpose_keys(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t keys, int64_t dims) {
+#if defined(CPU_CAPABILITY_AVX512)
+  at::vec::transpose_mxn<float>(src, ld_src, dst, ld_dst, static_cast<int>(keys), static_cast<int>(dims));
+#else
+  int64_t j = 0;
+#if defined(CPU_CAPABILITY_AVX2)
+  for (; j + 8 <= keys; j += 8) {
+    int64_t d = 0;
+    for (; d + 8 <= dims; d += 8) {
+      at::vec::transpose_mxn<float, 8, 8>(src + j * ld_src + d, ld_src, dst + d * ld_dst + j, ld_dst);
     }
-    for (int64_t j = 0; j < n; ++j) {
-      const fVec pj(p[j]);
-      const float* vj = v + j * v_stride + d0;
-#pragma GCC unroll 8
-      for (int64_t t = 0; t < kTile; ++t) {
-        if (t < vecs) a[t] = at::vec::fmadd(pj, fVec::loadu(vj + t * kF), a[t]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int64_t t = 0; t < kTile; ++t) {
-      if (t < vecs) a[t].store(acc + d0 + t * kF);
+    for (; d < dims; ++d) {
+      for (int64_t jj = j; jj < j + 8; ++jj) dst[d * ld_dst + jj] = src[jj * ld_src + d];
     }
   }
-  if (tail) {
-    fVec a = fVec::loadu(acc + full, tail) * al;
-    for (int64_t j = 0; j < n; ++j) a = at::vec::fmadd(fVec(p[j]), fVec::loadu(v + j * v_stride + full, tail), a);
-    a.store(acc + full, tail);
+#endif
+  for (; j < keys; ++j) {
+    for (int64_t d = 0; d < dims; ++d) dst[d * ld_dst + j] = src[j * ld_src + d];
+  }
+#endif
+}
+
+// Query lanes (rows x heads of a GQA group) are computed in groups of kLanes, with the group's queries
+// and probabilities interleaved (x[j * kLanes + l]), so every key or value vector loaded feeds one FMA per
+// lane and one pointer serves the whole group. The task walks a block in tiles (keys for the scores,
+// head-dim slices for the values) small enough to stay in L1 while all its groups pass over them: one
+// lane at a time re-read the whole block (64 KB at D = 128, N = 128) from L2 per lane.
+constexpr int64_t kLanes = 4;
+
+// Vectors per lane in the register tiles below: kLanes x kTileVecs accumulators (16 of AVX-512's 32
+// registers; 8 of AVX2's 16).
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr int64_t kTileVecs = 4;
+#else
+constexpr int64_t kTileVecs = 2;
+#endif
+constexpr int64_t kTile = kTileVecs * kF;
+
+// s[l * s_ld + j] = q_l . k_j for the kLanes lanes of a group (qi[d * kLanes + l]) and n <= kTile keys of
+// a transposed block kt ([D, ld], key j in column j).
+template <int kD>
+REFERENCE_CPU_INLINE void group_dot_transposed(const float* __restrict qi, const float* __restrict kt, int64_t ld,
+                                               int64_t n, HeadDim<kD> hd, float* __restrict s, int64_t s_ld) {
+  const int64_t D = hd.size();
+  if (n == kTile) {
+    fVec a[kLanes][kTileVecs];
+#pragma GCC unroll 16
+    for (int64_t l = 0; l < kLanes; ++l) {
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < kTileVecs; ++v) a[l][v] = fVec(0.f);
+    }
+    for (int64_t d = 0; d < D; ++d) {
+      const float* row = kt + d * ld;
+      fVec k[kTileVecs];
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < kTileVecs; ++v) k[v] = fVec::loadu(row + v * kF);
+#pragma GCC unroll 4
+      for (int64_t l = 0; l < kLanes; ++l) {
+        const fVec qd(qi[d * kLanes + l]);
+#pragma GCC unroll 4
+        for (int64_t v = 0; v < kTileVecs; ++v) a[l][v] = at::vec::fmadd(qd, k[v], a[l][v]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) {
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < kTileVecs; ++v) a[l][v].store(s + l * s_ld + v * kF);
+    }
+    return;
+  }
+  for (int64_t j = 0; j < n; j += kF) {
+    const int64_t m = std::min<int64_t>(kF, n - j);
+    fVec a[kLanes];
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) a[l] = fVec(0.f);
+    for (int64_t d = 0; d < D; ++d) {
+      const fVec k0 = fVec::loadu(kt + d * ld + j, m);
+#pragma GCC unroll 4
+      for (int64_t l = 0; l < kLanes; ++l) a[l] = at::vec::fmadd(fVec(qi[d * kLanes + l]), k0, a[l]);
+    }
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) a[l].store(s + l * s_ld + j, m);
+  }
+}
+
+// acc_l[d0, d0 + dims) += sum_j pi[j * kLanes + l] * v_j[0, dims) for the kLanes lanes of a group (acc_l =
+// acc + l * acc_ld), dims <= kTile: one tile of the head dim.
+REFERENCE_CPU_INLINE void group_accumulate_tile(float* __restrict acc, int64_t acc_ld, int64_t d0,
+                                                const float* __restrict pi, const float* __restrict v,
+                                                int64_t v_stride, int64_t n, int64_t dims) {
+  if (dims == kTile) {
+    fVec a[kLanes][kTileVecs];
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) {
+#pragma GCC unroll 4
+      for (int64_t t = 0; t < kTileVecs; ++t) a[l][t] = fVec::loadu(acc + l * acc_ld + d0 + t * kF);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      fVec vv[kTileVecs];
+#pragma GCC unroll 4
+      for (int64_t t = 0; t < kTileVecs; ++t) vv[t] = fVec::loadu(v + j * v_stride + t * kF);
+#pragma GCC unroll 4
+      for (int64_t l = 0; l < kLanes; ++l) {
+        const fVec pj(pi[j * kLanes + l]);
+#pragma GCC unroll 4
+        for (int64_t t = 0; t < kTileVecs; ++t) a[l][t] = at::vec::fmadd(pj, vv[t], a[l][t]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) {
+#pragma GCC unroll 4
+      for (int64_t t = 0; t < kTileVecs; ++t) a[l][t].store(acc + l * acc_ld + d0 + t * kF);
+    }
+    return;
+  }
+  for (int64_t t = 0; t < dims; t += kF) {
+    const int64_t m = std::min<int64_t>(kF, dims - t);
+    fVec a[kLanes];
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) a[l] = fVec::loadu(acc + l * acc_ld + d0 + t, m);
+    for (int64_t j = 0; j < n; ++j) {
+      const fVec v0 = fVec::loadu(v + j * v_stride + t, m);
+#pragma GCC unroll 4
+      for (int64_t l = 0; l < kLanes; ++l) a[l] = at::vec::fmadd(fVec(pi[j * kLanes + l]), v0, a[l]);
+    }
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) a[l].store(acc + l * acc_ld + d0 + t, m);
   }
 }
 
@@ -232,11 +329,15 @@ inline KeyRange key_range(int64_t p, int64_t seq_len, const AttentionFeatures& f
 }
 
 // Query rows per task: enough (with the GQA group) to amortise a block's conversion.
-inline int64_t rows_per_task(int64_t group) { return std::max<int64_t>(1, 32 / group); }
+inline int64_t rows_per_task(int64_t group) { return std::max<int64_t>(1, 256 / group); }
+
+// Query lanes (rows x GQA group) of a task from which a block is transposed once for all of them.
+constexpr int64_t kTransposeLanes = 8;
 
 struct Task {
   int64_t seq, kv_head, row0, row1;  // rows relative to the request's first query row
 };
+
 
 template <typename T, int kD>
 struct ForwardTask {
@@ -251,9 +352,40 @@ struct ForwardTask {
   std::vector<float>& acc;
   std::vector<float>& kbuf;
   std::vector<float>& vbuf;
+  std::vector<float>& kt;
   std::vector<float>& s;
   std::vector<float>& m;
-  std::vector<float>& l;
+  std::vector<float>& l_sum;
+  std::vector<float>& qi;   // queries of each lane group interleaved
+  std::vector<float>& pi;   // probabilities of each lane group interleaved
+  std::vector<int64_t>& ra;
+  std::vector<int64_t>& re;
+
+  // Soft cap and ALiBi on n scores of head h whose first key is `dist0` positions before the query;
+  // returns their max.
+  float adjust_scores(float* sc, int64_t n, int64_t h, int64_t dist0) const {
+    const float cap = f.logits_soft_cap;
+    float block_max = kNegInf;
+    if (cap > 0.f || f.alibi_slopes) {
+      const float slope = f.alibi_slopes ? f.alibi_slopes[h] : 0.f;
+      for (int64_t j = 0; j < n; ++j) {
+        float x = sc[j];
+        if (cap > 0.f) x = cap * std::tanh(x / cap);
+        if (f.alibi_slopes) x += -slope * static_cast<float>(dist0 - j);
+        sc[j] = x;
+        block_max = nan_max(block_max, x);
+      }
+      return block_max;
+    }
+    int64_t j = 0;
+    if (n >= kF) {
+      fVec mv = fVec::loadu(sc);
+      for (j = kF; j + kF <= n; j += kF) mv = at::vec::maximum(mv, fVec::loadu(sc + j));
+      block_max = reduce_max(mv);
+    }
+    for (; j < n; ++j) block_max = nan_max(block_max, sc[j]);
+    return block_max;
+  }
 
   void run(const Task& t) {
     const HeadDim<kD> hd{cache.head_size};
@@ -265,20 +397,29 @@ struct ForwardTask {
     const int64_t rows = t.row1 - t.row0;
     const int32_t* table = batch.block_table + t.seq * batch.block_table_stride;
 
+    const int64_t lanes = rows * G, padded_lanes = (lanes + kLanes - 1) / kLanes * kLanes;
+    std::fill(acc.begin(), acc.begin() + padded_lanes * D, 0.f);
+    std::fill(qi.begin(), qi.begin() + padded_lanes * D, 0.f);
     for (int64_t r = 0; r < rows; ++r) {
       const T* qrow = query.data + (q_begin + t.row0 + r) * query.stride_token;
       for (int64_t g = 0; g < G; ++g) {
         const int64_t h = t.kv_head * G + g, idx = r * G + g;
-        row_to_float(qrow + h * query.stride_head, q.data() + idx * D, D);
-        std::fill_n(acc.data() + idx * D, D, 0.f);
+        float* qf = q.data() + idx * D;
+        row_to_float(qrow + h * query.stride_head, qf, D);
+        float* qg = qi.data() + (idx / kLanes) * kLanes * D + idx % kLanes;
+        for (int64_t d = 0; d < D; ++d) {
+          qf[d] *= f.scale;  // s = (scale q) . k
+          qg[d * kLanes] = qf[d];
+        }
         m[idx] = f.sinks ? f.sinks[h] : kNegInf;  // a sink is a key with logit sinks[h] and value 0
-        l[idx] = m[idx] == kNegInf ? 0.f : 1.f;  // e^(sink - m) with m = sink
+        l_sum[idx] = m[idx] == kNegInf ? 0.f : 1.f;  // e^(sink - m) with m = sink
       }
     }
     const KeyRange first = key_range(context + t.row0, seq_len, f);
     const KeyRange last = key_range(context + t.row1 - 1, seq_len, f);
     const int64_t lo = first.lo, hi = last.hi;
     const bool direct = cache.format == KvFormat::kAuto && std::is_same_v<T, float>;
+    const bool transposed = lanes >= kTransposeLanes;
     const auto& tables = fp8_tables();
     const float* fp8_table = cache.format == KvFormat::kFp8E5m2 ? tables.e5m2.data() : tables.e4m3.data();
 
@@ -315,35 +456,73 @@ struct ForwardTask {
         vb = vbuf.data();
         ks = D;
       }
+      const int64_t kt_ld = (jb - ja + 1 + kF - 1) / kF * kF;
+      if (transposed) transpose_keys(kb + (ja - j0) * ks, ks, kt.data(), kt_ld, jb - ja + 1, D);
+      // each row's keys [ra, re] in this block (ra > re: none)
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t pos = context + t.row0 + r;
-        const KeyRange range = key_range(pos, seq_len, f);
-        const int64_t a = std::max(ja, range.lo), e = std::min(jb, range.hi);
-        if (a > e) continue;
-        const int64_t n = e - a + 1;
-        const float* kr = kb + (a - j0) * ks;
-        const float* vr = vb + (a - j0) * ks;
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t h = t.kv_head * G + g, idx = r * G + g;
-          float* sc = s.data();
-          dot_keys<kD>(q.data() + idx * D, kr, ks, n, hd, sc);
-          float block_max = kNegInf;
-          const float cap = f.logits_soft_cap;
-          const float slope = f.alibi_slopes ? f.alibi_slopes[h] : 0.f;
-          for (int64_t j = 0; j < n; ++j) {
-            float x = sc[j] * f.scale;
-            if (cap > 0.f) x = cap * std::tanh(x / cap);
-            if (f.alibi_slopes) x += -slope * static_cast<float>(pos - (a + j));
-            sc[j] = x;
-            block_max = nan_max(block_max, x);
+        const KeyRange range = key_range(context + t.row0 + r, seq_len, f);
+        ra[r] = std::max(ja, range.lo);
+        re[r] = std::min(jb, range.hi);
+      }
+      const int64_t nb = jb - ja + 1, s_ld = N + kF;
+      // 1. scores of every lane over the block's keys [ja, jb]: key tiles outer, so a tile of the
+      //    transposed block stays in L1 while every lane group passes over it
+      if (transposed) {
+        for (int64_t jt = 0; jt < nb; jt += kTile) {
+          const int64_t nt = std::min<int64_t>(kTile, nb - jt);
+          for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
+            group_dot_transposed<kD>(qi.data() + k * kLanes * D, kt.data() + jt, kt_ld, nt, hd,
+                                     s.data() + k * kLanes * s_ld + jt, s_ld);
           }
-          const float m_new = std::max(m[idx], block_max);
-          if (m_new == kNegInf) continue;  // every logit so far is -inf: nothing to add
-          const float alpha = m[idx] == kNegInf ? 0.f : std::exp(m[idx] - m_new);
-          const float psum = exp_shifted(sc, n, m_new);
-          l[idx] = l[idx] * alpha + psum;
-          m[idx] = m_new;
-          accumulate_values<kD>(acc.data() + idx * D, alpha, sc, vr, ks, n, hd);
+        }
+      } else {
+        for (int64_t idx = 0; idx < lanes; ++idx) {
+          const int64_t r = idx / G;
+          if (ra[r] > re[r]) continue;
+          dot_keys<kD>(q.data() + idx * D, kb + (ra[r] - j0) * ks, ks, re[r] - ra[r] + 1, hd,
+                       s.data() + idx * s_ld + (ra[r] - ja));
+        }
+      }
+      // 2. per lane: soft cap / ALiBi, the online-softmax update (acc rescaled), and its probabilities
+      //    into the group's interleaved pi (zero for the block's keys the lane does not see)
+      for (int64_t idx = 0; idx < padded_lanes; ++idx) {
+        float* pcol = pi.data() + (idx / kLanes) * N * kLanes + idx % kLanes;
+        const int64_t r = idx / G;
+        float* sc = s.data() + idx * s_ld;
+        if (idx >= lanes || ra[r] > re[r]) {
+          for (int64_t j = 0; j < nb; ++j) pcol[j * kLanes] = 0.f;
+          continue;
+        }
+        const int64_t off = ra[r] - ja, n = re[r] - ra[r] + 1, pos = context + t.row0 + r;
+        const float block_max = adjust_scores(sc + off, n, t.kv_head * G + idx % G, pos - ra[r]);
+        const float m_old = m[idx];
+        const float m_new = std::max(m_old, block_max);
+        if (m_new == kNegInf) {  // every logit so far is -inf: nothing to add
+          for (int64_t j = 0; j < nb; ++j) pcol[j * kLanes] = 0.f;
+          continue;
+        }
+        const float alpha = m_old == kNegInf ? 0.f : std::exp(m_old - m_new);
+        const float psum = exp_shifted(sc + off, n, m_new);
+        l_sum[idx] = l_sum[idx] * alpha + psum;
+        m[idx] = m_new;
+        for (int64_t j = 0; j < off; ++j) pcol[j * kLanes] = 0.f;
+        for (int64_t j = off; j < off + n; ++j) pcol[j * kLanes] = sc[j];
+        for (int64_t j = off + n; j < nb; ++j) pcol[j * kLanes] = 0.f;
+        if (alpha != 1.f) {
+          float* ac = acc.data() + idx * D;
+          const fVec al(alpha);
+          int64_t d = 0;
+          for (; d + kF <= D; d += kF) (fVec::loadu(ac + d) * al).store(ac + d);
+          for (; d < D; ++d) ac[d] *= alpha;
+        }
+      }
+      // 3. acc += P V: head-dim tiles outer, so the block's values for a tile stay in L1 across groups
+      const float* vblock = vb + (ja - j0) * ks;
+      for (int64_t d0 = 0; d0 < D; d0 += kTile) {
+        const int64_t dims = std::min<int64_t>(kTile, D - d0);
+        for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
+          group_accumulate_tile(acc.data() + k * kLanes * D, D, d0, pi.data() + k * N * kLanes, vblock + d0, ks, nb,
+                                dims);
         }
       }
     }
@@ -352,7 +531,7 @@ struct ForwardTask {
       for (int64_t g = 0; g < G; ++g) {
         const int64_t h = t.kv_head * G + g, idx = r * G + g;
         float* a = acc.data() + idx * D;
-        const float inv = l[idx] > 0.f ? 1.f / l[idx] : 0.f;
+        const float inv = l_sum[idx] > 0.f ? 1.f / l_sum[idx] : 0.f;
         const fVec iv(inv);
         int64_t d = 0;
         for (; d + kF <= D; d += kF) (fVec::loadu(a + d) * iv).store(a + d);
@@ -369,20 +548,41 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   const int64_t G = f.num_heads / cache.kv_heads;
   const int64_t chunk = rows_per_task(G);
   std::vector<Task> tasks;
+  std::vector<int64_t> cost;
   for (int64_t i = 0; i < batch.num_seqs; ++i) {
     const int64_t q_len = batch.query_start_loc[i + 1] - batch.query_start_loc[i];
+    const int64_t context = batch.seq_lens[i] - q_len;
     for (int64_t r0 = 0; r0 < q_len; r0 += chunk) {
+      const int64_t r1 = std::min(q_len, r0 + chunk);
+      const KeyRange first = key_range(context + r0, batch.seq_lens[i], f);
+      const KeyRange last = key_range(context + r1 - 1, batch.seq_lens[i], f);
       for (int64_t kvh = 0; kvh < cache.kv_heads; ++kvh) {
-        tasks.push_back({i, kvh, r0, std::min(q_len, r0 + chunk)});
+        tasks.push_back({i, kvh, r0, r1});
+        cost.push_back((r1 - r0) * (last.hi - first.lo + 1));
       }
     }
   }
+  // Longest first, handed out one at a time: causal prefill chunks differ in cost, a static split of
+  // the task range would leave a thread idle.
+  std::vector<int64_t> order(tasks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
   const int64_t D = cache.head_size, N = cache.block_size;
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), n_tasks);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
     const int64_t lanes = chunk * G;
-    std::vector<float> q(lanes * D), acc(lanes * D), kbuf(N * D), vbuf(N * D), s(N + kF), m(lanes), l(lanes);
-    ForwardTask<T, kD> runner{out, query, cache, batch, f, G, q, acc, kbuf, vbuf, s, m, l};
-    for (int64_t i = begin; i < end; ++i) runner.run(tasks[i]);
+    std::vector<float> q(lanes * D), acc(lanes * D), kbuf(N * D), vbuf(N * D), kt(D * (N + kF)), m(lanes),
+        l(lanes);
+    const int64_t padded = (lanes + kLanes - 1) / kLanes * kLanes;
+    acc.resize(padded * D);
+    std::vector<float> s_all(padded * (N + kF)), qi(padded * D), pi(padded * N);
+    std::vector<int64_t> ra(chunk), re(chunk);
+    ForwardTask<T, kD> runner{out, query, cache, batch, f, G, q, acc, kbuf, vbuf, kt, s_all, m, l, qi, pi, ra, re};
+    for (int64_t w = begin; w < end; ++w) {
+      for (int64_t i = next.fetch_add(1); i < n_tasks; i = next.fetch_add(1)) runner.run(tasks[order[i]]);
+    }
   });
 }
 
