@@ -26,3 +26,8 @@ def test_steps(conformance_unit, conformance_check):
 @pytest.mark.conformance("attention", "dispatch")
 def test_dispatch(conformance_unit, conformance_check):
     conformance_check(conformance_unit)
+
+
+@pytest.mark.conformance("attention", "compile")
+def test_compile(conformance_unit, conformance_check):
+    conformance_check(conformance_unit)

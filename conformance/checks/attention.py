@@ -19,6 +19,7 @@ from conformance.checks.attention_units import (
     aliasing_units,
     backend_dtypes,
     cache_write_units,
+    compile_units,
     dispatch_units,
     forward_units,
     selector_configs,
@@ -397,6 +398,84 @@ def _fresh_note(i, backend, case, dtype, kv, seed, ctx, native) -> str:
     return (". The same batch passes on a fresh impl, builder and cache: the backend keeps state from an earlier "
             "step (seq_lens or another per-batch tensor kept from a larger batch, or the cache tensor of an earlier "
             "call)")
+
+
+# ----- compile --------------------------------------------------------------------------------------------------
+@check("attention", "compile", units=compile_units)
+@attention_errors
+def compile(ctx: CheckContext, unit: Unit) -> Verdict:  # noqa: A001 - the check's name
+    """The layer under torch.compile(fullgraph=True, dynamic=True) against eager on two batches; the second (fewer
+    requests and tokens) must reuse the graph. Where the platform runs attention as one opaque op, say that the
+    backend's own code was not traced."""
+    from conformance.checks.compile import availability
+    from reference_impl.attention.batch import BackendRun, make_batch
+    from reference_impl.attention.cases import ordered_for
+    from reference_impl.attention.forward_context import set_forward_context
+
+    if (verdict := _not_brought(ctx, unit)) is not None:
+        return verdict
+    if (reason := availability()) is not None:
+        return Verdict(Outcome.SKIP, reason)
+    backend = _backend(ctx, unit)
+    dtype, seed = unit_dtype(unit), _seed(ctx, unit)
+    sequence = step_cases()
+    cases = [ordered_for(backend, sequence[0][1]), ordered_for(backend, sequence[2][1])]
+    batches = [make_batch(c, dtype, "auto", seed + i, ctx.device) for i, c in enumerate(cases)]
+    first = BackendRun(backend, batches[0], call=call_impl)
+    layer = first.layer
+    opaque = bool(call_impl("the platform's opaque_attention_op", ctx.platform.opaque_attention_op))
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    if opaque:
+        compiled = torch.compile(lambda q, k, v, cache: layer(q, k, v, cache, opaque=True), backend=counting,
+                                 fullgraph=True, dynamic=True)
+    else:
+        compiled = torch.compile(lambda q, k, v, cache, md, slots: layer(q, k, v, cache, md, slots),
+                                 backend=counting, fullgraph=True, dynamic=True)
+    where = (f" [backend {unit.provider}, {unit.dtype}, batches {cases[0].describe()} then {cases[1].describe()}; "
+             f"seed {ctx.seed}]")
+    counts = []
+    for i, batch in enumerate(batches):
+        run = first if i == 0 else BackendRun(backend, batch, call=call_impl, layer=layer, builder=first.builder)
+        run.write_context()
+        md = run.build()
+        eager_cache, compiled_cache = run.cache.clone(), run.cache.clone()
+        slots = batch.metadata.slot_mapping
+        eager = call_impl("the layer, eager", layer, batch.query, batch.key, batch.value, eager_cache, md, slots)
+        try:
+            if opaque:
+                with set_forward_context({layer.layer_name: (md, slots)}):
+                    got = compiled(batch.query, batch.key, batch.value, compiled_cache)
+            else:
+                got = compiled(batch.query, batch.key, batch.value, compiled_cache, md, slots)
+        except Exception as exc:  # noqa: BLE001 - a tracing failure is the result
+            if opaque:
+                raise KernelRaised("the layer under torch.compile (attention as one opaque op)", exc) from exc
+            return failed(f"torch.compile(fullgraph=True) cannot trace the backend, and the platform does not run "
+                          f"attention as one opaque op (opaque_attention_op() is False): {exception_line(exc)}. Make "
+                          f"the backend traceable, or return True from opaque_attention_op{where}")
+        counts.append(len(graphs))
+        atol, rtol = _tolerance(dtype)
+        cmp = compare_outputs(got[:batch.num_actual_tokens], eager[:batch.num_actual_tokens], None, atol=atol,
+                              rtol=rtol, compare_nan=True, dtype=dtype,
+                              tolerance_hint="(compiled and eager must agree)")
+        if cmp.outcome is Outcome.FAIL:
+            return failed(f"batch {i + 1}: the compiled layer differs from eager: {cmp.message}{where}")
+        if not torch.equal(compiled_cache, eager_cache):
+            return failed(f"batch {i + 1}: the compiled layer left other KV-cache bytes than eager{where}")
+    if counts[1] != counts[0]:
+        return failed(f"the second batch ({len(cases[1].query_lens)} requests, {sum(cases[1].query_lens)} tokens, "
+                      f"after {len(cases[0].query_lens)} and {sum(cases[0].query_lens)}) compiled another graph: the "
+                      f"graph guards on a batch's sizes or metadata, so every batch recompiles{where}")
+    how = ("attention ran as one opaque op (the platform's opaque_attention_op() is True): the backend's own code "
+           "was not traced, only the graph around it" if opaque else "the backend's code was traced")
+    return passed(f"compiled (fullgraph, dynamic) equals eager on two batches, cache included, and the second batch "
+                  f"reused the graph; {how}")
 
 
 # ----- dispatch -------------------------------------------------------------------------------------------------

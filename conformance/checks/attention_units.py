@@ -152,3 +152,13 @@ def dispatch_units(inventory, family, check, level):
     return resolve + _per_backend(inventory, family, check,
                                   lambda name, backend: [Unit(family, check, OP, name, None, probe) for probe in PROBES
                                                          if PROBES[probe].applies(inventory.platform)])
+
+
+def compile_units(inventory, family, check, level):
+    """Per backend and dtype (quick: the first dtype only), an "auto" cache."""
+    def make(name, backend):
+        dtypes = backend_dtypes(inventory.platform, backend)
+        return [Unit(family, check, OP, name, dtype_name(d), "compile") for d in (dtypes[:1] if level == "quick"
+                                                                                  else dtypes)]
+
+    return _per_backend(inventory, family, check, make)

@@ -12,8 +12,24 @@ from __future__ import annotations
 
 import torch
 
+from reference_impl.attention import forward_context
 from reference_impl.attention.backend import AttentionSelectorConfig, AttentionSpec, AttentionType
 from reference_impl.attention.registry import resolve
+
+
+@torch.library.custom_op("reference_attention::unified_attention_with_output", mutates_args=("output", "kv_cache"))
+def unified_attention_with_output(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
+                                  kv_cache: torch.Tensor, layer_name: str) -> None:
+    """One layer's cache write and attention as one op (vLLM's opaque attention): the layer, its metadata and
+    slot mapping come from the forward context by name, so a compiled graph holds only this call."""
+    layer = forward_context.layer_named(layer_name)
+    attn_metadata, slot_mapping = forward_context.batch_of(layer_name)
+    layer.run_backend(query, key, value, kv_cache, attn_metadata, slot_mapping, output)
+
+
+@unified_attention_with_output.register_fake
+def _(query, key, value, output, kv_cache, layer_name) -> None:
+    return None
 
 
 def select_backend(config: AttentionSelectorConfig, num_heads: int | None = None) -> type:
@@ -52,6 +68,7 @@ class Attention(torch.nn.Module):
         self.attn_backend = attn_backend if attn_backend is not None else select_backend(self.selector_config,
                                                                                         num_heads)
         self.block_size = block_size
+        forward_context.register_layer(prefix, self)
         self.set_scales(k_scale, v_scale)
         impl_cls = self.attn_backend.get_impl_cls()
         self.impl = impl_cls(num_heads, head_size, scale, self.num_kv_heads, alibi_slopes, per_layer_sliding_window,
@@ -73,13 +90,26 @@ class Attention(torch.nn.Module):
         return torch.zeros(spec.cache_shape(num_blocks), dtype=spec.cache_dtype, device=device)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
-                kv_cache: torch.Tensor, attn_metadata, slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
-        """query `[T, H*D]` or `[T, H, D]`, key/value `[T, KVH*D]` or 3-D; returns `[T, H*D]`."""
+                kv_cache: torch.Tensor, attn_metadata=None, slot_mapping: torch.Tensor | None = None,
+                opaque: bool = False) -> torch.Tensor:
+        """query `[T, H*D]` or `[T, H, D]`, key/value `[T, KVH*D]` or 3-D; returns `[T, H*D]`. With `opaque`, the
+        write and attention run as one custom op that reads the metadata and slot mapping from the forward
+        context (`forward_context.set_forward_context`); what torch.compile traces is then only that call."""
         tokens = query.shape[0]
         q = query.view(tokens, self.num_heads, self.head_size)
         k = None if key is None else key.view(tokens, self.num_kv_heads, self.head_size)
         v = None if value is None else value.view(tokens, self.num_kv_heads, self.head_size)
         output = torch.empty_like(q)
+        if opaque:
+            if k is None or v is None:
+                raise ValueError(f"attention layer {self.layer_name!r}: the opaque op takes key and value")
+            torch.ops.reference_attention.unified_attention_with_output(q, k, v, output, kv_cache, self.layer_name)
+        else:
+            self.run_backend(q, k, v, kv_cache, attn_metadata, slot_mapping, output)
+        return output.view(tokens, self.num_heads * self.head_size)
+
+    def run_backend(self, q, k, v, kv_cache, attn_metadata, slot_mapping, output) -> None:
+        """The cache write (when the layer does it) and the impl's forward into `output`."""
         if (not self.attn_backend.forward_includes_kv_cache_update and k is not None and attn_metadata is not None
                 and self.attn_type == AttentionType.DECODER):
             if slot_mapping is None:
@@ -87,4 +117,3 @@ class Attention(torch.nn.Module):
                                  "do_kv_cache_update, which needs slot_mapping")
             self.impl.do_kv_cache_update(self, k, v, kv_cache, slot_mapping)
         self.impl.forward(self, q, k, v, kv_cache, attn_metadata, output)
-        return output.view(tokens, self.num_heads * self.head_size)

@@ -48,6 +48,10 @@ class CpuPlatform(Platform):
                 return cpp_backend.CLASS_PATH
         return super().get_attn_backend_cls(selected_backend, selector_config, num_heads)
 
+    def opaque_attention_op(self) -> bool:
+        """As vLLM's CPU platform: attention is one opaque op under torch.compile."""
+        return True
+
 
 class CudaPlatform(Platform):
     _enum = PlatformEnum.CUDA

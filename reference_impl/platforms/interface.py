@@ -69,6 +69,11 @@ class Platform:
             return selected_backend.get_path()
         return "reference_impl.attention.reference.ReferenceAttentionBackend"
 
+    def opaque_attention_op(self) -> bool:
+        """Whether attention runs as one opaque custom op (vLLM 0.32's hook): torch.compile then traces only that
+        call, never the backend's code (reference_impl/attention/layer.py). False by default, as in vLLM."""
+        return False
+
     @classmethod
     def check_and_update_config(cls, config) -> None:
         """Adjust the runtime config (a `reference_impl.config.RuntimeConfig`, about to be installed

@@ -231,3 +231,21 @@ def test_drawn_cases_are_seeded_and_stay_within_what_the_backend_declares():
             return [40]
 
     assert drawn_case("drawn_0", 1, NoHeads) is None
+
+
+def test_the_opaque_op_reads_the_batch_from_the_forward_context_by_layer_name():
+    from reference_impl.attention.forward_context import set_forward_context
+
+    batch = make_batch(CASES_BY_NAME["chunked_prefill"], torch.float32, "auto", seed=4)
+    run = BackendRun(ReferenceAttentionBackend, batch)
+    run.write_context()
+    md = run.build()
+    layer, slots = run.layer, batch.metadata.slot_mapping
+    eager_cache = run.cache.clone()
+    eager = layer(batch.query, batch.key, batch.value, eager_cache, md, slots)
+    with pytest.raises(RuntimeError, match="'layer.0' runs as an opaque op and reads its metadata from the forward"):
+        layer(batch.query, batch.key, batch.value, run.cache.clone(), opaque=True)
+    with set_forward_context({layer.layer_name: (md, slots)}):
+        got = layer(batch.query, batch.key, batch.value, run.cache, opaque=True)
+    tokens = batch.num_actual_tokens
+    assert torch.equal(got[:tokens], eager[:tokens]) and torch.equal(run.cache, eager_cache)
