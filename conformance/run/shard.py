@@ -36,6 +36,7 @@ CHECK_COST_S = {
     "numerics.layer_case": 0.02,
     "aliasing.ir_case": 0.015,
     "numerics.ir_case": 0.005,
+    "attention.compile": 1.3,
     "attention.steps": 0.06,
     "attention.forward": 0.03,
     "attention.dispatch": 0.02,
