@@ -38,7 +38,7 @@ def available() -> bool:
 
 @dataclasses.dataclass
 class CppAttentionMetadata:
-    """The kernel's view of a batch: int32 CPU tensors sized to the batch's requests."""
+    """The kernel's view of a batch: int32 tensors on the kernels' device, sized to the batch's requests."""
 
     num_actual_tokens: int
     query_start_loc: torch.Tensor  # int32 [B+1]
@@ -48,38 +48,54 @@ class CppAttentionMetadata:
     causal: bool
 
 
-def _int32(t: torch.Tensor) -> torch.Tensor:
-    return t.to(device="cpu", dtype=torch.int32)
-
-
 class CppAttentionMetadataBuilder(AttentionMetadataBuilder):
+    backend_name = NAME
+    # The kernels' device: None = the CPU (the C++ kernels); a GPU backend's builder keeps the batch's device.
+    kernel_device: str | None = "cpu"
+
+    def _int32(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=self.kernel_device or t.device, dtype=torch.int32)
+
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> CppAttentionMetadata:
         m = common_attn_metadata
         if isinstance(m.causal, torch.Tensor):
-            raise NotImplementedError("the CPP attention backend takes causal as a bool, not a per-token tensor")
+            raise NotImplementedError(f"the {self.backend_name} attention backend takes causal as a bool, not a "
+                                      "per-token tensor")
         n = m.num_reqs
-        return CppAttentionMetadata(num_actual_tokens=m.num_actual_tokens,
-                                    query_start_loc=_int32(m.query_start_loc_cpu[: n + 1]),
-                                    seq_lens=_int32(m.seq_lens[:n]), block_table=_int32(m.block_table_tensor[:n]),
-                                    slot_mapping=m.slot_mapping, causal=bool(m.causal))
+        qsl = m.query_start_loc_cpu if self.kernel_device == "cpu" else m.query_start_loc
+        return CppAttentionMetadata(num_actual_tokens=m.num_actual_tokens, query_start_loc=self._int32(qsl[: n + 1]),
+                                    seq_lens=self._int32(m.seq_lens[:n]),
+                                    block_table=self._int32(m.block_table_tensor[:n]), slot_mapping=m.slot_mapping,
+                                    causal=bool(m.causal))
 
 
 class CppAttentionImpl(AttentionImpl):
+    """The impl over `reference_cpu`'s ops; a subclass serves another library with the same op signatures by
+    overriding `backend_name`, `kv_cache_dtypes` and `_ops`."""
+
+    backend_name = NAME
+    kv_cache_dtypes = tuple(KV_CACHE_DTYPES)
+
+    @staticmethod
+    def _ops():
+        return _cpp_build.ops()
+
     def __init__(self, num_heads, head_size, scale, num_kv_heads=None, alibi_slopes=None, sliding_window=None,
                  kv_cache_dtype="auto", logits_soft_cap=None, attn_type=AttentionType.DECODER,
                  kv_sharing_target_layer_name=None, sinks=None, **extra):
         if extra:
-            raise NotImplementedError(f"the CPP attention backend takes no {', '.join(sorted(extra))}")
+            raise NotImplementedError(f"the {self.backend_name} attention backend takes no {', '.join(sorted(extra))}")
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
         if AttentionType(attn_type) != AttentionType.DECODER:
-            raise NotImplementedError(f"the CPP attention backend has no {AttentionType(attn_type).value} attention "
+            raise NotImplementedError(f"the {self.backend_name} attention backend has no "
+                                      f"{AttentionType(attn_type).value} attention "
                                       "(decoder self-attention over the paged cache only)")
-        if kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise NotImplementedError(f"the CPP attention backend has no kv_cache_dtype {kv_cache_dtype!r} "
-                                      f"(supported: {', '.join(KV_CACHE_DTYPES)})")
+        if kv_cache_dtype not in self.kv_cache_dtypes:
+            raise NotImplementedError(f"the {self.backend_name} attention backend has no kv_cache_dtype "
+                                      f"{kv_cache_dtype!r} (supported: {', '.join(self.kv_cache_dtypes)})")
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window={sliding_window} must be >= 1 (None: no window)")
         if logits_soft_cap is not None and logits_soft_cap < 0:
@@ -104,18 +120,22 @@ class CppAttentionImpl(AttentionImpl):
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         key, value = self._heads(key, self.num_kv_heads), self._heads(value, self.num_kv_heads)
         slots = slot_mapping[: key.shape[0]].to(torch.int64)
-        _cpp_build.ops().reshape_and_cache(key, value, kv_cache, slots, self.kv_cache_dtype,
+        self._ops().reshape_and_cache(key, value, kv_cache, slots, self.kv_cache_dtype,
                                            layer._k_scale_float, layer._v_scale_float)
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
                 output_block_scale=None):
         if output_scale is not None or output_block_scale is not None:
-            raise NotImplementedError("the CPP attention backend has no fused output quantization")
+            raise NotImplementedError(f"the {self.backend_name} attention backend has no fused output quantization")
         if attn_metadata is None:
             return output
         m = attn_metadata
         out = self._heads(output, self.num_heads)
-        _cpp_build.ops().paged_attention(
+        for name in ("alibi_slopes", "sinks"):  # per-head parameters follow the query's device
+            t = getattr(self, name)
+            if t is not None and t.device != query.device:
+                setattr(self, name, t.to(query.device))
+        self._ops().paged_attention(
             out, self._heads(query, self.num_heads), kv_cache, m.query_start_loc, m.seq_lens, m.block_table,
             self.scale, m.causal, self.sliding_window or -1, self.logits_soft_cap, self.alibi_slopes, self.sinks,
             self.kv_cache_dtype, layer._k_scale_float, layer._v_scale_float)

@@ -95,6 +95,7 @@ def child_numerics(out_path: str) -> None:
                          "cache_as_expected": bool(torch.equal(written, expected)),
                          "null_block_untouched": bool(torch.equal(written[0], before[0])),
                          "forward_left_cache": bool(torch.equal(x["cache"], written))}
+    results["_backend"] = _through_backend(device)
     problem, x = _problem(torch.float32, 4, 2, 16, 8, {}, device)
     refusals = {}
     for label, call in {
@@ -115,6 +116,38 @@ def child_numerics(out_path: str) -> None:
             refusals[label] = f"{type(exc).__name__}: {exc}"
     results["_refusals"] = refusals
     Path(out_path).write_text(json.dumps(results))
+
+
+def _through_backend(device: str) -> dict:
+    """One case through the TRITON_PAGED backend's builder, writer and forward (the Attention layer's impl)."""
+    from reference_impl.attention.backend import CommonAttentionMetadata
+    from reference_impl.attention.layer import Attention
+    from reference_impl.attention.oracle import oracle
+    from reference_impl.attention.registry import AttentionBackendEnum
+    from reference_impl.attention.triton_backend import TritonAttentionBackend
+
+    features = {"window": 6, "sinks": True, "cap": 5.0}
+    problem, x = _problem(torch.bfloat16, 8, 2, 64, 16, features, device, seed=4)
+    layer = Attention(8, 64, problem.scale, 2, block_size=16, logits_soft_cap=5.0, per_layer_sliding_window=6,
+                      sinks=x["sinks"], attn_backend=TritonAttentionBackend, dtype=torch.bfloat16)
+    t = problem.query.shape[0]
+    common = CommonAttentionMetadata(query_start_loc=x["qsl"], query_start_loc_cpu=x["qsl"].cpu(),
+                                     seq_lens=x["seq_lens"], num_reqs=len(problem.seq_lens), num_actual_tokens=t,
+                                     max_query_len=max(problem.query_lens), max_seq_len=max(problem.seq_lens),
+                                     block_table_tensor=x["table"], slot_mapping=x["slots"], causal=True)
+    md = TritonAttentionBackend.get_builder_cls()(layer.get_kv_cache_spec(), ["l0"], None,
+                                                 torch.device(device)).build(0, common)
+    layer.impl.do_kv_cache_update(layer, x["keys"], x["values"], x["cache"], x["slots"])
+    out = torch.full_like(x["query"], float("nan"))
+    layer.impl.forward(layer, x["query"], None, None, x["cache"], md, out)
+    err = (out[:t].double().cpu() - oracle(problem)).abs().max().item()
+    try:
+        TritonAttentionBackend.get_impl_cls()(8, 64, 0.125, 2, kv_cache_dtype="fp8")
+        fp8 = "no error"
+    except NotImplementedError as exc:
+        fp8 = str(exc)
+    return {"err": err, "tol": ATOL["bfloat16"], "pad_untouched": bool(torch.isnan(out[t:]).all()),
+            "registered": AttentionBackendEnum["TRITON_PAGED"].get_class() is TritonAttentionBackend, "fp8": fp8}
 
 
 def child_compile(out_path: str) -> None:
@@ -182,6 +215,14 @@ def test_forward_and_writer_against_the_oracle(numerics, case):
     assert r["pad_untouched"], "output rows past query_start_loc[-1] were written"
     assert r["cache_as_expected"], "the writer's cache differs from a Python scatter of the slots >= 0"
     assert r["null_block_untouched"] and r["forward_left_cache"]
+
+
+def test_backend_through_the_attention_layer(numerics):
+    r = numerics["_backend"]
+    assert r["registered"]
+    assert r["err"] <= r["tol"], f"max abs error {r['err']:.3g} > {r['tol']:.3g}"
+    assert r["pad_untouched"]
+    assert "TRITON_PAGED attention backend has no kv_cache_dtype 'fp8' (supported: auto)" in r["fp8"]
 
 
 def test_refusals_name_the_problem(numerics):
