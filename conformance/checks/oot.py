@@ -166,7 +166,8 @@ def own_code_problem(target: DispatchTarget, calls: list[tuple[str, object]]) ->
                 f"override (or return super().enabled()) so the op follows custom_ops and {expected} runs")
     if dispatcher is not None and method != expected:
         return (f"{lead}, because {dispatcher.__name__}.dispatch_forward picks {method} where {target.dispatcher}'s "
-                f"own dispatch_forward picks {expected}: drop the dispatch_forward override (or return self.{expected} on this platform)")
+                f"own dispatch_forward picks {expected}: drop the dispatch_forward override (or return "
+                f"self.{expected} on this platform)")
     if method == expected and (owner is None or owner not in mine):
         return f"{lead}: define {expected}"
     return f"{lead}, yet calling the layer ran only {_chain(calls)}: its own code never runs"

@@ -64,25 +64,26 @@ def test_inherited_fallback_is_named_with_what_runs_instead_and_the_fix():
     _, calls, problem = _problem(CudaOnlyNorm)
     assert [label for label, _ in calls] == ["CustomOp.forward_oot", "RMSNorm.forward_native"]
     assert problem == ("CudaOnlyNorm defines forward_cuda only; on this platform the reference CustomOp runs "
-                       "RMSNorm.forward_oot (reference code, inherited from CustomOp), which runs RMSNorm.forward_native: "
-                       "define forward_oot")
+                       "RMSNorm.forward_oot (reference code, inherited from CustomOp), which runs "
+                       "RMSNorm.forward_native: define forward_oot")
 
 
 def test_enabled_that_says_no_is_named_with_the_fix():
     target, _, problem = _problem(DisabledNorm)
     assert (target.enabled, target.method.__name__, target.platform_method) == (False, "forward_native", "forward_oot")
     assert problem == ("DisabledNorm defines enabled, forward_oot; on this platform the reference CustomOp runs "
-                       "RMSNorm.forward_native (reference code), because DisabledNorm.enabled() returns False with custom "
-                       "ops on: drop the enabled() override (or return super().enabled()) so the op follows custom_ops "
-                       "and forward_oot runs")
+                       "RMSNorm.forward_native (reference code), because DisabledNorm.enabled() returns False with "
+                       "custom ops on: drop the enabled() override (or return super().enabled()) so the op follows "
+                       "custom_ops and forward_oot runs")
 
 
 def test_dispatch_forward_that_skips_forward_oot_is_named_with_the_fix():
     _, _, problem = _problem(CudaDispatchNorm)
-    assert problem == ("CudaDispatchNorm defines dispatch_forward, forward_oot; on this platform the reference CustomOp runs "
-                       "RMSNorm.forward_native (reference code), because CudaDispatchNorm.dispatch_forward picks "
-                       "forward_native where the reference CustomOp's own dispatch_forward picks forward_oot: drop the "
-                       "dispatch_forward override (or return self.forward_oot on this platform)")
+    assert problem == ("CudaDispatchNorm defines dispatch_forward, forward_oot; on this platform the reference "
+                       "CustomOp runs RMSNorm.forward_native (reference code), because "
+                       "CudaDispatchNorm.dispatch_forward picks forward_native where the reference CustomOp's own "
+                       "dispatch_forward picks forward_oot: drop the dispatch_forward override (or return "
+                       "self.forward_oot on this platform)")
 
 
 def test_replacement_whose_own_method_runs_passes_and_what_ran_is_recorded():

@@ -14,7 +14,7 @@ from harness_runner import PLUGINS, entry_points_of, run_harness
 
 FAULTS = PLUGINS / "vllm_faults"
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vLLM is not installed here (bash scripts/setup.sh --vllm installs the CPU build)")
+                                reason="vLLM is not installed here (bash scripts/setup.sh --vllm installs it)")
 
 
 def test_committed_dist_info_matches_pyproject():
@@ -27,8 +27,9 @@ def test_committed_dist_info_matches_pyproject():
 @pytest.fixture(scope="module")
 def faults_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm_faults")
-    run = run_harness(tmp, "vllm", "-k", "oot_dispatch and (silu_and_mul or gelu_and_mul or rms_norm or "
-                      "mul_and_silu or rotary_embedding or quant_fp8) or layer_case and quant_fp8", dist=FAULTS, timeout=600)
+    selection = ("oot_dispatch and (silu_and_mul or gelu_and_mul or rms_norm or mul_and_silu or rotary_embedding "
+                 "or quant_fp8) or layer_case and quant_fp8")
+    run = run_harness(tmp, "vllm", "-k", selection, dist=FAULTS, timeout=600)
     assert run.doc is not None and run.doc["run"]["complete"], run.output[-3000:]
     return run
 
