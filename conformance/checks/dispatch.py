@@ -18,7 +18,6 @@ from conformance.checks.common import (
     call_impl,
     clone_args,
     failed,
-    memory_skip,
     not_supported,
     passed,
 )
@@ -40,10 +39,10 @@ def platform_dtypes(ctx: CheckContext, op) -> list[torch.dtype]:
 
 
 def case_inputs(ctx: CheckContext, op, dtypes=None):
-    """(case name, dtype, args) for every case at the run's level, every platform dtype (not the cases that need
-    more memory than is free: the numerics and aliasing checks report those SKIP)."""
+    """(case name, dtype, args) for every case at the run's level, every platform dtype; not the cases about size
+    alone (numerics_only: supports_args is probed at large batches on fakes, predicates.PROBE_ROWS)."""
     for case in op.cases:
-        if not case.runs_at(ctx.level) or memory_skip(case, ctx.device) is not None:
+        if not case.runs_at(ctx.level) or case.numerics_only:
             continue
         for dtype in dtypes or platform_dtypes(ctx, op):
             if case.dtypes is not None and dtype not in case.dtypes:

@@ -32,7 +32,8 @@ class OpCase:
     # reference_impl.ir.size_cases); None for cases of ordinary size. Where they are not free it is skipped.
     memory_bytes: int | None = None
     # A case about size alone (reference_impl.ir.size_cases): only the numerics family runs it; the aliasing
-    # family's contracts (no input written, no output aliasing one, the schema, the fake) do not depend on size.
+    # family's contracts (no input written, no output aliasing one, the schema, the fake) do not depend on size,
+    # and the dispatch family probes supports_args at such row counts on fakes already.
     numerics_only: bool = False
 
     def __post_init__(self):

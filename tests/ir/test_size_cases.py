@@ -106,8 +106,12 @@ def test_a_case_past_the_free_memory_is_a_skip_naming_it(cpu_ctx, monkeypatch):
 
 
 def test_the_size_cases_are_numerics_units_only(cpu_ctx):
-    _, inventory = cpu_ctx
+    from conformance.checks.dispatch import case_inputs
+
+    ctx, inventory = cpu_ctx
     numerics = {u.case for u in inventory.ir_case_units("numerics", "ir_case", "standard")}
     aliasing = {u.case for u in inventory.ir_case_units("aliasing", "ir_case", "standard")}
     assert any(ROWS_FLAG in c for c in numerics)
     assert not any(ROWS_FLAG in c for c in aliasing) and aliasing < numerics
+    dispatched = {name for name, _, _ in case_inputs(ctx, ir.ops.rms_norm)}     # the dispatch checks' inputs
+    assert dispatched and not any(ROWS_FLAG in c or INT32_FLAG in c for c in dispatched)
