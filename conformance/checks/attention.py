@@ -51,12 +51,13 @@ OVERRIDE_NOTE = f" (an override is offered up to {OVERRIDE_FACTOR:g}x)"
 
 
 def _bridged(ctx: CheckContext) -> Verdict | None:
-    """SKIP for a platform a bridge translates (`--platform=vllm`): its runtime's attention backends are not graded
-    through the bridge yet, so what the translated platform answers says nothing about them."""
+    """SKIP for a platform a bridge translates (`--platform=vllm`) whose runtime's backend the bridge cannot run
+    (conformance.vllm.attention_bridge says why): the reference backend it was given instead grades nothing."""
     bridged = getattr(ctx.platform, "conformance_class", None)
     if isinstance(bridged, str):
-        return Verdict(Outcome.SKIP, f"not covered: the attention backends of {bridged} are not graded through the "
-                       "bridge yet (the backend its get_attn_backend_cls selects is never run); nothing is graded")
+        why = getattr(ctx.platform, "conformance_attention_not_covered", None) or "the bridge cannot run its backend"
+        return Verdict(Outcome.SKIP, f"not covered: the attention backend of {bridged} is not graded through the "
+                       f"bridge: {why}; nothing is graded")
     return None
 
 
@@ -66,6 +67,17 @@ def _not_brought(ctx: CheckContext, unit: Unit) -> Verdict | None:
                                         "get_attn_backend_cls returns the reference backend "
                                         "(reference_impl.attention.reference) for every case")
     return None
+
+
+def declared_block(backend, case):
+    """The case at a block size the backend declares (its preferred one) when the case's is not: the steps,
+    compile and capability probes grade something else than the block size, so they run where the backend says
+    it runs (vLLM's CPU backend declares MultipleOf(32); the steps' batches use 16)."""
+    import dataclasses
+
+    if backend.supports_block_size(case.block_size):
+        return case
+    return dataclasses.replace(case, block_size=backend.get_preferred_block_size(case.block_size))
 
 
 def _backend(ctx: CheckContext, unit: Unit):
@@ -358,7 +370,7 @@ def steps(ctx: CheckContext, unit: Unit) -> Verdict:
     dtype, seed = unit_dtype(unit), _seed(ctx, unit)
     from reference_impl.attention.cases import ordered_for
 
-    sequence = [(what, ordered_for(backend, case)) for what, case in step_cases()]
+    sequence = [(what, declared_block(backend, ordered_for(backend, case))) for what, case in step_cases()]
     batches = [make_batch(case, dtype, kv, seed + i, ctx.device) for i, (_, case) in enumerate(sequence)]
     first = BackendRun(backend, batches[0], call=call_impl,
                        cache=batches[0].new_cache(max(b.num_blocks for b in batches[:3])))
@@ -419,7 +431,7 @@ def compile(ctx: CheckContext, unit: Unit) -> Verdict:  # noqa: A001 - the check
     backend = _backend(ctx, unit)
     dtype, seed = unit_dtype(unit), _seed(ctx, unit)
     sequence = step_cases()
-    cases = [ordered_for(backend, sequence[0][1]), ordered_for(backend, sequence[2][1])]
+    cases = [declared_block(backend, ordered_for(backend, sequence[i][1])) for i in (0, 2)]
     batches = [make_batch(c, dtype, "auto", seed + i, ctx.device) for i, c in enumerate(cases)]
     first = BackendRun(backend, batches[0], call=call_impl)
     layer = first.layer
@@ -483,7 +495,7 @@ def compile(ctx: CheckContext, unit: Unit) -> Verdict:  # noqa: A001 - the check
 @attention_errors
 def dispatch(ctx: CheckContext, unit: Unit) -> Verdict:
     if unit.case == "resolve":
-        return _bridged(ctx) or _resolve(ctx)
+        return _resolve(ctx)
     if (verdict := _not_brought(ctx, unit)) is not None:
         return verdict
     return _probe(ctx, unit, _backend(ctx, unit))
@@ -539,6 +551,8 @@ def _probe(ctx: CheckContext, unit: Unit, backend) -> Verdict:
     dtypes = backend_dtypes(ctx.platform, backend) or [d for d in ctx.platform.supported_dtypes]
     dtype = getattr(torch, probe.dtype) if probe.dtype else dtypes[0]
     case, kv = ordered_for(backend, probe.case), probe.kv_cache_dtype
+    if not unit.case.startswith("block_size_"):
+        case = declared_block(backend, case)
     seed = unit_seed(ctx.seed, OP, unit.case, dtype_name(dtype))
     said = (f"{probe.feature} is declared ({probe.declare})" if declared else
             f"{probe.feature} is declared unsupported ({probe.declare})")

@@ -54,6 +54,17 @@ class VllmPlatform(Platform):
     def get_default_ir_op_priority(self) -> dict[str, list[str]]:
         return {op: list(providers) for op, providers in self.priorities.items()}
 
+    def get_attn_backend_cls(self, selected_backend, selector_config, num_heads: int | None = None) -> str:
+        """vLLM's platform's choice for the same selector config, as the bridge's adapter of that vLLM backend
+        (conformance.vllm.attention_bridge), so the attention family grades vLLM's backend itself."""
+        from conformance.vllm import attention_bridge
+
+        return attention_bridge.select(self.resolved.platform, selected_backend, selector_config, num_heads)
+
+    def opaque_attention_op(self) -> bool:
+        """vLLM's platform's answer (True on CPU, CUDA, ROCm: attention is one opaque custom op to torch.compile)."""
+        return bool(self.resolved.platform.opaque_attention_op())
+
     # ----- what the harness shows about a bridged platform (conformance hooks) ---------------------
     @property
     def conformance_class(self) -> str:
