@@ -155,6 +155,14 @@ def grade(got: torch.Tensor, native: torch.Tensor, problem, case, dtype: torch.d
     return cmp
 
 
+def _truncation(got, problem, dtype) -> str | None:
+    """attention_diagnosis.fp8_truncation at the dtype's tolerance: the backend's fp8 writer truncates."""
+    from conformance.checks.attention_diagnosis import fp8_truncation
+
+    atol, rtol = _tolerance(dtype)
+    return fp8_truncation(got, problem, dtype, atol, rtol)
+
+
 def _reads_unwritten(ctx, backend, case, dtype, kv, seed, got) -> str:
     """Whether the backend's output depends on cache slots nobody wrote: the same batch on a cache whose initial
     (never written) contents differ gives another result. Layout-agnostic: the slots themselves are not read."""
@@ -374,7 +382,7 @@ def steps(ctx: CheckContext, unit: Unit) -> Verdict:
     batches = [make_batch(case, dtype, kv, seed + i, ctx.device) for i, (_, case) in enumerate(sequence)]
     first = BackendRun(backend, batches[0], call=call_impl,
                        cache=batches[0].new_cache(max(b.num_blocks for b in batches[:3])))
-    worst = 0.0
+    worst, truncated = 0.0, ""
     for i, ((what, case), batch) in enumerate(zip(sequence, batches)):
         cache = first.cache if i < 3 else batch.new_cache(batch.num_blocks + 3)
         run = first if i == 0 else BackendRun(backend, batch, call=call_impl, layer=first.layer,
@@ -385,11 +393,17 @@ def steps(ctx: CheckContext, unit: Unit) -> Verdict:
         cmp = grade(out[:tokens].cpu(), native, batch.problem, case, dtype)
         where = f" [backend {unit.provider}, {unit.dtype}, kv_cache_dtype {kv}, step {i + 1} of {len(sequence)}: " \
                 f"{what}: {case.describe(kv)}; seed {ctx.seed}]"
+        if cmp.outcome is Outcome.FAIL and (truncation := _truncation(out[:tokens].cpu(), batch.problem, dtype)):
+            truncated = truncated or f"step {i + 1} ({what}): {truncation}{where}"
+            continue
         if cmp.outcome is Outcome.FAIL:
             return failed(f"step {i + 1} ({what}): {cmp.message}{_fresh_note(i, backend, case, dtype, kv, seed, ctx, native)}"
                           f"{where}", max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err,
                           err_to_tol=cmp.err_to_tol)
         worst = max(worst, cmp.err_to_tol or 0.0)
+    if truncated:
+        return Verdict(Outcome.QUALITY_WARNING, f"{len(sequence)} steps on one impl and builder, each within "
+                       f"tolerance of the truncating fp8 quantiser's oracle: {truncated}")
     return passed(f"{len(sequence)} steps on one impl and builder (prefill, decode, a smaller chunked batch, a "
                   "re-allocated cache) each within tolerance", err_to_tol=worst)
 
@@ -569,6 +583,9 @@ def _probe(ctx: CheckContext, unit: Unit, backend) -> Verdict:
     cmp = grade(out[:tokens].cpu(), native, batch.problem, case, dtype)
     if (message := _returned_elsewhere(out, returned, tokens)) is not None:
         return failed(f"{said}: {message}{where}")
+    if cmp.outcome is Outcome.FAIL and (truncation := _truncation(out[:tokens].cpu(), batch.problem, dtype)):
+        return Verdict(Outcome.QUALITY_WARNING, f"{said} and computed, but {truncation}{where}",
+                       max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err, err_to_tol=cmp.err_to_tol)
     if cmp.outcome is Outcome.FAIL:
         advice = ("" if declared else ": a backend that cannot compute it must raise (NotImplementedError or "
                   "ValueError) rather than return a wrong result")

@@ -142,6 +142,14 @@ class BridgedImpl(AttentionImpl):
         extra = dict(a["extra"])
         if a["sinks"] is not None:
             extra["sinks"] = a["sinks"]
+        backend = self.backend.vllm_backend
+        if a["attn_type"] == AttentionType.ENCODER_ONLY.value:
+            # what vLLM's EncoderOnlyAttention layer runs: the backend with a builder that sets causal=False
+            from vllm.model_executor.layers.attention.encoder_only_attention import (
+                create_encoder_only_attention_backend,
+            )
+
+            backend = create_encoder_only_attention_backend(backend)
         with set_current_vllm_config(cfg), _default_dtype(layer.dtype):
             self.vllm_layer = Attention(a["num_heads"], a["head_size"], a["scale"], a["num_kv_heads"],
                                         a["alibi_slopes"], cache_config=cfg.cache_config,
@@ -149,7 +157,7 @@ class BridgedImpl(AttentionImpl):
                                         per_layer_sliding_window=a["sliding_window"],
                                         prefix=f"conformance.attn.{next(_COUNTER)}",
                                         attn_type=AttentionType(a["attn_type"]),
-                                        attn_backend=self.backend.vllm_backend, **extra)
+                                        attn_backend=backend, **extra)
         self.config = cfg
 
     def _cache(self, kv_cache, vllm_layer):
@@ -190,11 +198,21 @@ class BridgedBuilder(AttentionMetadataBuilder):
         self.vllm_config = ours[0].impl.config
         with set_current_vllm_config(self.vllm_config):
             spec = first.get_kv_cache_spec(self.vllm_config)
+            self.encoder_only = spec is None and str(first.attn_type.value) == "encoder_only"
+            if self.encoder_only:
+                # no KV cache of its own: vLLM's runner gives such layers an EncoderOnlyAttentionSpec group
+                from vllm.v1.kv_cache_interface import EncoderOnlyAttentionSpec
+
+                spec = EncoderOnlyAttentionSpec(block_size=kv_cache_spec.block_size, num_kv_heads=first.num_kv_heads,
+                                                head_size=first.head_size, dtype=first.kv_cache_torch_dtype)
+            if spec is None:
+                raise NotImplementedError(f"the bridge builds no KV-cache spec for attention type "
+                                          f"{first.attn_type.value} (vLLM's layer has none)")
             if spec.block_size != kv_cache_spec.block_size:
                 # vLLM picks a sliding-window layer's block size itself (Attention.get_kv_cache_spec); the harness
                 # hands the backend caches of the case's block size, so the builder is told that one
                 spec = dataclasses.replace(spec, block_size=kv_cache_spec.block_size)
-            builder_cls = self.backend.vllm_backend.get_builder_cls()
+            builder_cls = first.attn_backend.get_builder_cls()
             self.vllm_builder = builder_cls(spec, [v.layer_name for v in self.vllm_layers], self.vllm_config,
                                             torch.device(device))
 
@@ -203,8 +221,24 @@ class BridgedBuilder(AttentionMetadataBuilder):
 
         hook = hooks_of(self.backend.vllm_backend).common_metadata
         md = (hook or vllm_common_metadata)(common_attn_metadata, self.vllm_layers[0])
+        if self.encoder_only:
+            # vLLM's runner hands an encoder-only group its own slot mapping, which the builder fills (CPU_ATTN:
+            # compute_slot_mapping_kernel_impl), and the token positions
+            md = dataclasses.replace(md, slot_mapping=md.slot_mapping.clone(),
+                                     positions=md.positions if md.positions is not None else positions_of(md))
         with set_current_vllm_config(self.vllm_config):
             return self.vllm_builder.build(common_prefix_len, md, fast_build=fast_build)
+
+
+def positions_of(md) -> torch.Tensor:
+    """Each token's position in its request (context length + its index among the new tokens); 0 for padding."""
+    qsl = md.query_start_loc_cpu.tolist()
+    seqs = md.seq_lens.cpu().tolist()
+    positions = torch.zeros(md.slot_mapping.shape[0], dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        q = qsl[i + 1] - qsl[i]
+        positions[qsl[i]: qsl[i + 1]] = torch.arange(s - q, s)
+    return positions.to(md.seq_lens.device)
 
 
 def vllm_common_metadata(ours, vllm_layer=None):
