@@ -2,13 +2,15 @@
 // decode in one kernel), GQA with any head ratio, sliding window, soft cap, ALiBi, sinks, fp32 /
 // fp16 / bf16 activations and an fp8 (e4m3fn / e5m2) cache with k/v scales.
 //
-// The forward parallelises over (request, kv head, chunk of query rows): a task loads its rows'
-// queries for every query head of its kv head (the GQA group) into fp32, walks the key blocks
-// the chunk needs once (converting a 16-bit or fp8 block to fp32 once for the whole group), and
-// keeps an online softmax (running max, sum and fp32 accumulator) per (row, head). The output is
-// rounded once. Dot products and the value accumulation are at::vec FMAs over the head dim
-// (unrolled for head sizes 64, 80, 96, 128, 256; any other size runs the same code with runtime
-// trip counts and a partial-vector tail).
+// The forward parallelises over (request, kv head, chunk of query rows), longest tasks first from a
+// shared counter. A task loads its rows' queries (times the scale) for every query head of its kv head
+// (the GQA group) into fp32 lanes and walks the key blocks the chunk needs once, keeping an online
+// softmax (running max, sum and fp32 accumulator) per lane; the output is rounded once. Per block:
+// scores for every lane (prefill: over the block's keys transposed to [D, keys], in groups of four
+// lanes; decode: dot products per key), then the softmax update, then the values in groups of four
+// lanes. 16-bit keys and values are widened in registers (the prefill's transposition widens the keys
+// once); fp8 blocks are decoded to fp32 first. Head sizes 64, 80, 96, 128 and 256 get unrolled loops;
+// any other size runs the same code with runtime trip counts and partial-vector tails.
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Float8_e5m2.h>
 
@@ -132,35 +134,60 @@ struct HeadDim {
   REFERENCE_CPU_INLINE int64_t tail() const { return size() - full(); }
 };
 
-// s[j] = q . k_j for n keys `k_stride` floats apart.
-template <int kD>
-REFERENCE_CPU_INLINE void dot_keys(const float* __restrict q, const float* __restrict k, int64_t k_stride,
-                                   int64_t n, HeadDim<kD> hd, float* __restrict s) {
-  const int64_t full = hd.full(), tail = hd.tail();
+// n (<= kChunk) elements of C (float or a 16-bit type) at p as two fp32 vectors in order, zero past n.
+template <typename C>
+REFERENCE_CPU_INLINE void load_f32x2(const C* p, int64_t n, fVec& a, fVec& b) {
+  if constexpr (std::is_same_v<C, float>) {
+    if (n == kChunk) {
+      a = fVec::loadu(p);
+      b = fVec::loadu(p + kF);
+    } else {
+      a = fVec::loadu(p, std::min<int64_t>(n, kF));
+      b = n > kF ? fVec::loadu(p + kF, n - kF) : fVec(0.f);
+    }
+  } else {
+    using CVec = at::vec::Vectorized<C>;
+    std::tie(a, b) = at::vec::convert_to_float<C>(n == kChunk ? CVec::loadu(p) : CVec::loadu(p, n));
+  }
+}
+
+// s[j] = q . k_j for n keys `k_stride` elements apart (C: float, or the model's 16-bit type widened in
+// registers, so a decode reads a 16-bit cache once without a widened copy).
+template <int kD, typename C>
+REFERENCE_CPU_INLINE void dot_keys(const float* __restrict q, const C* __restrict k, int64_t k_stride, int64_t n,
+                                   HeadDim<kD> hd, float* __restrict s) {
+  const int64_t D = hd.size();
   int64_t j = 0;
-  for (; j + 2 <= n; j += 2) {  // two keys per step: two independent FMA chains
-    const float* k0 = k + j * k_stride;
-    const float* k1 = k0 + k_stride;
-    fVec a0(0.f), a1(0.f);
-    for (int64_t d = 0; d < full; d += kF) {
-      const fVec qv = fVec::loadu(q + d);
-      a0 = at::vec::fmadd(qv, fVec::loadu(k0 + d), a0);
-      a1 = at::vec::fmadd(qv, fVec::loadu(k1 + d), a1);
+  for (; j + 2 <= n; j += 2) {  // two keys per step: independent FMA chains
+    const C* k0 = k + j * k_stride;
+    const C* k1 = k0 + k_stride;
+    fVec a0(0.f), a1(0.f), b0(0.f), b1(0.f);
+    for (int64_t d = 0; d < D; d += kChunk) {
+      const int64_t m = std::min<int64_t>(kChunk, D - d);
+      fVec qa, qb, x, y;
+      load_f32x2(q + d, m, qa, qb);
+      load_f32x2(k0 + d, m, x, y);
+      a0 = at::vec::fmadd(qa, x, a0);
+      b0 = at::vec::fmadd(qb, y, b0);
+      load_f32x2(k1 + d, m, x, y);
+      a1 = at::vec::fmadd(qa, x, a1);
+      b1 = at::vec::fmadd(qb, y, b1);
     }
-    if (tail) {
-      const fVec qv = fVec::loadu(q + full, tail);
-      a0 = at::vec::fmadd(qv, fVec::loadu(k0 + full, tail), a0);
-      a1 = at::vec::fmadd(qv, fVec::loadu(k1 + full, tail), a1);
-    }
-    s[j] = hsum(a0);
-    s[j + 1] = hsum(a1);
+    s[j] = hsum(a0 + b0);
+    s[j + 1] = hsum(a1 + b1);
   }
   for (; j < n; ++j) {
-    const float* k0 = k + j * k_stride;
-    fVec a0(0.f);
-    for (int64_t d = 0; d < full; d += kF) a0 = at::vec::fmadd(fVec::loadu(q + d), fVec::loadu(k0 + d), a0);
-    if (tail) a0 = at::vec::fmadd(fVec::loadu(q + full, tail), fVec::loadu(k0 + full, tail), a0);
-    s[j] = hsum(a0);
+    const C* k0 = k + j * k_stride;
+    fVec a0(0.f), b0(0.f);
+    for (int64_t d = 0; d < D; d += kChunk) {
+      const int64_t m = std::min<int64_t>(kChunk, D - d);
+      fVec qa, qb, x, y;
+      load_f32x2(q + d, m, qa, qb);
+      load_f32x2(k0 + d, m, x, y);
+      a0 = at::vec::fmadd(qa, x, a0);
+      b0 = at::vec::fmadd(qb, y, b0);
+    }
+    s[j] = hsum(a0 + b0);
   }
 }
 
@@ -251,9 +278,10 @@ REFERENCE_CPU_INLINE void group_dot_transposed(const float* __restrict qi, const
 }
 
 // acc_l[d0, d0 + dims) += sum_j pi[j * kLanes + l] * v_j[0, dims) for the kLanes lanes of a group (acc_l =
-// acc + l * acc_ld), dims <= kTile: one tile of the head dim.
+// acc + l * acc_ld), dims <= kTile: one tile of the head dim; v is float or the model's 16-bit type.
+template <typename C>
 REFERENCE_CPU_INLINE void group_accumulate_tile(float* __restrict acc, int64_t acc_ld, int64_t d0,
-                                                const float* __restrict pi, const float* __restrict v,
+                                                const float* __restrict pi, const C* __restrict v,
                                                 int64_t v_stride, int64_t n, int64_t dims) {
   if (dims == kTile) {
     fVec a[kLanes][kTileVecs];
@@ -265,7 +293,7 @@ REFERENCE_CPU_INLINE void group_accumulate_tile(float* __restrict acc, int64_t a
     for (int64_t j = 0; j < n; ++j) {
       fVec vv[kTileVecs];
 #pragma GCC unroll 4
-      for (int64_t t = 0; t < kTileVecs; ++t) vv[t] = fVec::loadu(v + j * v_stride + t * kF);
+      for (int64_t t = 0; t < kTileVecs; t += 2) load_f32x2(v + j * v_stride + t * kF, kChunk, vv[t], vv[t + 1]);
 #pragma GCC unroll 4
       for (int64_t l = 0; l < kLanes; ++l) {
         const fVec pj(pi[j * kLanes + l]);
@@ -286,7 +314,8 @@ REFERENCE_CPU_INLINE void group_accumulate_tile(float* __restrict acc, int64_t a
 #pragma GCC unroll 4
     for (int64_t l = 0; l < kLanes; ++l) a[l] = fVec::loadu(acc + l * acc_ld + d0 + t, m);
     for (int64_t j = 0; j < n; ++j) {
-      const fVec v0 = fVec::loadu(v + j * v_stride + t, m);
+      fVec v0, unused;
+      load_f32x2(v + j * v_stride + t, m, v0, unused);
 #pragma GCC unroll 4
       for (int64_t l = 0; l < kLanes; ++l) a[l] = at::vec::fmadd(fVec(pi[j * kLanes + l]), v0, a[l]);
     }
@@ -387,77 +416,34 @@ struct ForwardTask {
     return block_max;
   }
 
-  void run(const Task& t) {
+  // What a task's blocks share: its rows, lanes and positions.
+  struct TaskState {
+    Task t;
+    int64_t rows, lanes, padded_lanes, context, seq_len;
+    bool transposed;
+  };
+
+  // One key block [ja, jb] (keys j at kb + (j - j0) * ks, values at vb + (j - j0) * ks; C = float or the
+  // model's 16-bit type): scores, the online-softmax update and the values, for every lane of the task.
+  template <typename C>
+  void attend_block(const TaskState& st, const C* kb, const C* vb, int64_t ks, int64_t j0, int64_t ja, int64_t jb) {
     const HeadDim<kD> hd{cache.head_size};
     const int64_t D = hd.size(), N = cache.block_size, G = group;
-    const int64_t q_begin = batch.query_start_loc[t.seq];
-    const int64_t q_len = batch.query_start_loc[t.seq + 1] - q_begin;
-    const int64_t seq_len = batch.seq_lens[t.seq];
-    const int64_t context = seq_len - q_len;
-    const int64_t rows = t.row1 - t.row0;
-    const int32_t* table = batch.block_table + t.seq * batch.block_table_stride;
-
-    const int64_t lanes = rows * G, padded_lanes = (lanes + kLanes - 1) / kLanes * kLanes;
-    std::fill(acc.begin(), acc.begin() + padded_lanes * D, 0.f);
-    std::fill(qi.begin(), qi.begin() + padded_lanes * D, 0.f);
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* qrow = query.data + (q_begin + t.row0 + r) * query.stride_token;
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t h = t.kv_head * G + g, idx = r * G + g;
-        float* qf = q.data() + idx * D;
-        row_to_float(qrow + h * query.stride_head, qf, D);
-        float* qg = qi.data() + (idx / kLanes) * kLanes * D + idx % kLanes;
-        for (int64_t d = 0; d < D; ++d) {
-          qf[d] *= f.scale;  // s = (scale q) . k
-          qg[d * kLanes] = qf[d];
-        }
-        m[idx] = f.sinks ? f.sinks[h] : kNegInf;  // a sink is a key with logit sinks[h] and value 0
-        l_sum[idx] = m[idx] == kNegInf ? 0.f : 1.f;  // e^(sink - m) with m = sink
-      }
-    }
-    const KeyRange first = key_range(context + t.row0, seq_len, f);
-    const KeyRange last = key_range(context + t.row1 - 1, seq_len, f);
-    const int64_t lo = first.lo, hi = last.hi;
-    const bool direct = cache.format == KvFormat::kAuto && std::is_same_v<T, float>;
-    const bool transposed = lanes >= kTransposeLanes;
-    const auto& tables = fp8_tables();
-    const float* fp8_table = cache.format == KvFormat::kFp8E5m2 ? tables.e5m2.data() : tables.e4m3.data();
-
-    for (int64_t lb = lo / N; lb <= hi / N && hi >= lo; ++lb) {
-      const int64_t j0 = lb * N;
-      const int64_t ja = std::max(j0, lo), jb = std::min(j0 + N - 1, hi);
-      const int64_t block = table[lb];
-      const int64_t head_off = block * cache.stride_block + t.kv_head * cache.stride_head;
-      // k(j), v(j) = kb + (j - j0) * ks, vb + (j - j0) * ks
-      const float* kb;
-      const float* vb;
-      int64_t ks;
-      if (direct) {
-        const float* base = static_cast<const float*>(cache.data) + head_off;
-        kb = base;
-        vb = base + D;
-        ks = cache.stride_token;
-      } else {
-        for (int64_t j = ja; j <= jb; ++j) {
-          const int64_t off = head_off + (j - j0) * cache.stride_token;
-          float* kd = kbuf.data() + (j - j0) * D;
-          float* vd = vbuf.data() + (j - j0) * D;
-          if (cache.format == KvFormat::kAuto) {
-            const T* src = static_cast<const T*>(cache.data) + off;
-            row_to_float(src, kd, D);
-            row_to_float(src + D, vd, D);
-          } else {
-            const uint8_t* src = static_cast<const uint8_t*>(cache.data) + off;
-            fp8_row_to_float(src, kd, D, fp8_table, cache.k_scale);
-            fp8_row_to_float(src + D, vd, D, fp8_table, cache.v_scale);
-          }
-        }
-        kb = kbuf.data();
-        vb = vbuf.data();
-        ks = D;
-      }
+    const Task& t = st.t;
+    const int64_t rows = st.rows, lanes = st.lanes, padded_lanes = st.padded_lanes, context = st.context;
+    const int64_t seq_len = st.seq_len;
+    const bool transposed = st.transposed;
       const int64_t kt_ld = (jb - ja + 1 + kF - 1) / kF * kF;
-      if (transposed) transpose_keys(kb + (ja - j0) * ks, ks, kt.data(), kt_ld, jb - ja + 1, D);
+      if (transposed) {
+        const float* kf = reinterpret_cast<const float*>(kb);
+        int64_t kf_ld = ks;
+        if constexpr (!std::is_same_v<C, float>) {  // widen the block's keys for the transposition
+          for (int64_t j = ja; j <= jb; ++j) row_to_float(kb + (j - j0) * ks, kbuf.data() + (j - j0) * D, D);
+          kf = kbuf.data();
+          kf_ld = D;
+        }
+        transpose_keys(kf + (ja - j0) * kf_ld, kf_ld, kt.data(), kt_ld, jb - ja + 1, D);
+      }
       // each row's keys [ra, re] in this block (ra > re: none)
       for (int64_t r = 0; r < rows; ++r) {
         const KeyRange range = key_range(context + t.row0 + r, seq_len, f);
@@ -517,13 +503,67 @@ struct ForwardTask {
         }
       }
       // 3. acc += P V: head-dim tiles outer, so the block's values for a tile stay in L1 across groups
-      const float* vblock = vb + (ja - j0) * ks;
+      const C* vblock = vb + (ja - j0) * ks;
       for (int64_t d0 = 0; d0 < D; d0 += kTile) {
         const int64_t dims = std::min<int64_t>(kTile, D - d0);
         for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
           group_accumulate_tile(acc.data() + k * kLanes * D, D, d0, pi.data() + k * N * kLanes, vblock + d0, ks, nb,
                                 dims);
         }
+      }
+      }
+
+  void run(const Task& t) {
+    const HeadDim<kD> hd{cache.head_size};
+    const int64_t D = hd.size(), N = cache.block_size, G = group;
+    const int64_t q_begin = batch.query_start_loc[t.seq];
+    const int64_t q_len = batch.query_start_loc[t.seq + 1] - q_begin;
+    const int64_t seq_len = batch.seq_lens[t.seq];
+    const int64_t context = seq_len - q_len;
+    const int64_t rows = t.row1 - t.row0;
+    const int32_t* table = batch.block_table + t.seq * batch.block_table_stride;
+
+    const int64_t lanes = rows * G, padded_lanes = (lanes + kLanes - 1) / kLanes * kLanes;
+    std::fill(acc.begin(), acc.begin() + padded_lanes * D, 0.f);
+    std::fill(qi.begin(), qi.begin() + padded_lanes * D, 0.f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* qrow = query.data + (q_begin + t.row0 + r) * query.stride_token;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t h = t.kv_head * G + g, idx = r * G + g;
+        float* qf = q.data() + idx * D;
+        row_to_float(qrow + h * query.stride_head, qf, D);
+        float* qg = qi.data() + (idx / kLanes) * kLanes * D + idx % kLanes;
+        for (int64_t d = 0; d < D; ++d) {
+          qf[d] *= f.scale;  // s = (scale q) . k
+          qg[d * kLanes] = qf[d];
+        }
+        m[idx] = f.sinks ? f.sinks[h] : kNegInf;  // a sink is a key with logit sinks[h] and value 0
+        l_sum[idx] = m[idx] == kNegInf ? 0.f : 1.f;  // e^(sink - m) with m = sink
+      }
+    }
+    const KeyRange first = key_range(context + t.row0, seq_len, f);
+    const KeyRange last = key_range(context + t.row1 - 1, seq_len, f);
+    const int64_t lo = first.lo, hi = last.hi;
+    const bool transposed = lanes >= kTransposeLanes;
+    const TaskState st{t, rows, lanes, padded_lanes, context, seq_len, transposed};
+    const auto& tables = fp8_tables();
+    const float* fp8_table = cache.format == KvFormat::kFp8E5m2 ? tables.e5m2.data() : tables.e4m3.data();
+
+    for (int64_t lb = lo / N; lb <= hi / N && hi >= lo; ++lb) {
+      const int64_t j0 = lb * N;
+      const int64_t ja = std::max(j0, lo), jb = std::min(j0 + N - 1, hi);
+      const int64_t block = table[lb];
+      const int64_t head_off = block * cache.stride_block + t.kv_head * cache.stride_head;
+      if (cache.format == KvFormat::kAuto) {  // keys and values read in place (16-bit: widened in registers)
+        const T* base = static_cast<const T*>(cache.data) + head_off;
+        attend_block<T>(st, base, base + D, cache.stride_token, j0, ja, jb);
+      } else {  // fp8: decoded (times the scale) into fp32 rows first
+        for (int64_t j = ja; j <= jb; ++j) {
+          const uint8_t* src = static_cast<const uint8_t*>(cache.data) + head_off + (j - j0) * cache.stride_token;
+          fp8_row_to_float(src, kbuf.data() + (j - j0) * D, D, fp8_table, cache.k_scale);
+          fp8_row_to_float(src + D, vbuf.data() + (j - j0) * D, D, fp8_table, cache.v_scale);
+        }
+        attend_block<float>(st, kbuf.data(), vbuf.data(), D, j0, ja, jb);
       }
     }
     for (int64_t r = 0; r < rows; ++r) {
