@@ -91,6 +91,7 @@ class Attribution:
         self.platform = self.origin(platform_code) if platform_code is not None else None
         self.ir: dict[tuple[str, str], Origin] = {}
         self.layers: dict[str, Origin] = {}        # provider (the replacement's qualname) -> origin
+        self.attention: dict[str, Origin] = {}     # attention backend (the unit's provider) -> origin
 
     def origin(self, obj: Any) -> Origin:
         code = code_of(obj)
@@ -106,6 +107,8 @@ class Attribution:
             return self.ir[(op, provider)]
         if provider is not None and provider in self.layers:
             return self.layers[provider]
+        if op == "attention" and provider in self.attention:
+            return self.attention[provider]
         if provider is not None or family == "model":
             return self.platform
         return None
@@ -126,7 +129,23 @@ def attribution(inventory) -> Attribution:
             table.ir[(op.name, provider)] = table.origin(op.impls[provider].impl_fn)
     for rep in inventory.oot.values():
         table.layers[rep.__qualname__] = table.origin(rep)
+    table.attention = _attention_origins(table, platform)
     return table
+
+
+def _attention_origins(table: Attribution, platform) -> dict[str, Origin]:
+    """The origin of each attention backend the platform brings (a bridge's adapter names vLLM's class in its
+    `conformance_code`), so a bridged plugin's results for vLLM's own backend are upstream."""
+    from conformance.checks.attention_units import brought_backends
+    from reference_impl.attention.registry import resolve
+
+    out = {}
+    for name in brought_backends(platform):
+        try:
+            out[name] = table.origin(resolve(name))
+        except Exception:  # noqa: BLE001 - an unresolvable backend: its dispatch unit reports it
+            continue
+    return out
 
 
 def inventory_plugin(inventory) -> dict[str, str] | None:

@@ -388,8 +388,27 @@ def vllm_selector_config(ours):
     return AttentionSelectorConfig(**{k: v for k, v in fields.items() if k in AttentionSelectorConfig._fields})
 
 
-def select(vllm_platform, selected_backend, selector_config, num_heads=None) -> str:
-    """The adapter qualname of the backend `vllm_platform.get_attn_backend_cls` returns for our selector config."""
+def runner_attention(resolved, vllm_backend: type) -> str | None:
+    """Why the backend a plugin's platform returns is not what it runs, or None: a plugin platform whose worker is
+    its own (not vLLM's) and that returns one of vLLM's backends attends in its own model runner (vllm-metal
+    returns CPU_ATTN and runs its own paged kernels; vllm-spyre attends inside its runner), which the
+    AttentionBackend contract never sees. A plugin on vLLM's worker (a CpuPlatform subclass) runs the backend."""
+    from conformance.vllm import worker_setup
+    from conformance.vllm.discover import vllm_distribution
+
+    plugin = dict(resolved.distribution).get("distribution")
+    if plugin == vllm_distribution()["distribution"] or vllm_backend.__module__.split(".")[0] != "vllm":
+        return None
+    worker = str(getattr(worker_setup.vllm_config().parallel_config, "worker_cls", "") or "")
+    if not worker or worker == "auto" or worker.split(".")[0] == "vllm":
+        return None
+    return (f"{resolved.qualname} (from {plugin}) selects vLLM's own {vllm_backend.get_name()} "
+            f"({vllm_backend.__module__}.{vllm_backend.__qualname__}) but runs its own worker ({worker}): its model "
+            "runner attends by its own means, which the attention backend contract does not reach")
+
+
+def select(vllm_platform, selected_backend, selector_config, num_heads=None) -> type:
+    """The vLLM backend class `vllm_platform.get_attn_backend_cls` returns for our selector config."""
     from vllm.utils.import_utils import resolve_obj_by_qualname
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
@@ -398,4 +417,4 @@ def select(vllm_platform, selected_backend, selector_config, num_heads=None) -> 
     if not isinstance(qualname, str):
         raise TypeError(f"{type(vllm_platform).__qualname__}.get_attn_backend_cls returned "
                         f"{type(qualname).__name__}, not a class path string")
-    return adapter_path(resolve_obj_by_qualname(qualname))
+    return resolve_obj_by_qualname(qualname)

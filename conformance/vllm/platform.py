@@ -33,6 +33,7 @@ class VllmPlatform(Platform):
         self.layers = None
         self.priorities: dict[str, list[str]] = {}
         self.notes: list[str] = []
+        self.conformance_attention_not_covered: str | None = None
 
     # ----- what the harness asks every platform --------------------------------------------------
     def import_ir_kernels(self) -> None:
@@ -59,7 +60,12 @@ class VllmPlatform(Platform):
         (conformance.vllm.attention_bridge), so the attention family grades vLLM's backend itself."""
         from conformance.vllm import attention_bridge
 
-        return attention_bridge.select(self.resolved.platform, selected_backend, selector_config, num_heads)
+        backend = attention_bridge.select(self.resolved.platform, selected_backend, selector_config, num_heads)
+        reason = attention_bridge.runner_attention(self.resolved, backend)
+        if reason is not None:   # graded as "not covered" (the attention family's units for no backend)
+            self.conformance_attention_not_covered = reason
+            return super().get_attn_backend_cls(None, selector_config, num_heads)
+        return attention_bridge.adapter_path(backend)
 
     def opaque_attention_op(self) -> bool:
         """vLLM's platform's answer (True on CPU, CUDA, ROCm: attention is one opaque custom op to torch.compile)."""

