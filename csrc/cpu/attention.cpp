@@ -221,6 +221,35 @@ inline void transpose_keys(const float* src, int64_t ld_src, float* dst, int64_t
 // lane at a time re-read the whole block (64 KB at D = 128, N = 128) from L2 per lane.
 constexpr int64_t kLanes = 4;
 
+// s[l * s_ld + j] = q_l . k_j for the kLanes lanes of a group (q_l = q + l * q_ld) and n keys: each key is
+// loaded (and widened) once for the four lanes (the decode path, where a block is not worth transposing).
+template <int kD, typename C>
+REFERENCE_CPU_INLINE void group_dot_keys(const float* __restrict q, int64_t q_ld, const C* __restrict k,
+                                         int64_t k_stride, int64_t n, HeadDim<kD> hd, float* __restrict s,
+                                         int64_t s_ld) {
+  const int64_t D = hd.size();
+  for (int64_t j = 0; j < n; ++j) {
+    const C* kj = k + j * k_stride;
+    fVec a[kLanes][2];
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) a[l][0] = a[l][1] = fVec(0.f);
+    for (int64_t d = 0; d < D; d += kChunk) {
+      const int64_t m = std::min<int64_t>(kChunk, D - d);
+      fVec x, y;
+      load_f32x2(kj + d, m, x, y);
+#pragma GCC unroll 4
+      for (int64_t l = 0; l < kLanes; ++l) {
+        fVec qa, qb;
+        load_f32x2(q + l * q_ld + d, m, qa, qb);
+        a[l][0] = at::vec::fmadd(qa, x, a[l][0]);
+        a[l][1] = at::vec::fmadd(qb, y, a[l][1]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) s[l * s_ld + j] = hsum(a[l][0] + a[l][1]);
+  }
+}
+
 // Vectors per lane in the register tiles below: kLanes x kTileVecs accumulators (16 of AVX-512's 32
 // registers; 8 of AVX2's 16).
 #if defined(CPU_CAPABILITY_AVX512)
@@ -462,11 +491,9 @@ struct ForwardTask {
           }
         }
       } else {
-        for (int64_t idx = 0; idx < lanes; ++idx) {
-          const int64_t r = idx / G;
-          if (ra[r] > re[r]) continue;
-          dot_keys<kD>(q.data() + idx * D, kb + (ra[r] - j0) * ks, ks, re[r] - ra[r] + 1, hd,
-                       s.data() + idx * s_ld + (ra[r] - ja));
+        for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
+          group_dot_keys<kD>(q.data() + k * kLanes * D, D, kb + (ja - j0) * ks, ks, nb, hd,
+                             s.data() + k * kLanes * s_ld, s_ld);
         }
       }
       // 2. per lane: soft cap / ALiBi, the online-softmax update (acc rescaled), and its probabilities
@@ -526,6 +553,7 @@ struct ForwardTask {
     const int64_t lanes = rows * G, padded_lanes = (lanes + kLanes - 1) / kLanes * kLanes;
     std::fill(acc.begin(), acc.begin() + padded_lanes * D, 0.f);
     std::fill(qi.begin(), qi.begin() + padded_lanes * D, 0.f);
+    std::fill(q.begin() + lanes * D, q.begin() + padded_lanes * D, 0.f);
     for (int64_t r = 0; r < rows; ++r) {
       const T* qrow = query.data + (q_begin + t.row0 + r) * query.stride_token;
       for (int64_t g = 0; g < G; ++g) {
@@ -613,7 +641,7 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   std::atomic<int64_t> next{0};
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
     const int64_t lanes = chunk * G;
-    std::vector<float> q(lanes * D), acc(lanes * D), kbuf(N * D), vbuf(N * D), kt(D * (N + kF)), m(lanes),
+    std::vector<float> q((lanes + kLanes) * D), acc(lanes * D), kbuf(N * D), vbuf(N * D), kt(D * (N + kF)), m(lanes),
         l(lanes);
     const int64_t padded = (lanes + kLanes - 1) / kLanes * kLanes;
     acc.resize(padded * D);
