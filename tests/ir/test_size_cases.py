@@ -80,9 +80,10 @@ def test_a_device_that_cannot_say_its_free_memory_is_a_reason(monkeypatch):
 
 def test_the_memory_estimate_covers_a_measured_judgement():
     """JUDGE_BYTES_PER_ELEMENT against the peak memory of judging a failing output (the full float64 comparison) of
-    2^20 elements in a fresh process: what the >2^31-element case is sized by."""
+    2^22 elements in a fresh process: what the >2^31-element case is sized by. (At 2^20 elements the allocator's
+    own overhead shows: 88 to 144 bytes an element from run to run; from 2^22 on it is 92 to 104.)"""
     script = Path(__file__).with_name("_judge_memory.py")
-    out = subprocess.run([sys.executable, str(script), "rms_norm", str(1 << 17), "8"], capture_output=True,
+    out = subprocess.run([sys.executable, str(script), "rms_norm", str(1 << 19), "8"], capture_output=True,
                          text=True, timeout=120, check=True).stdout
     per_element = float(out.split()[0])
     assert 20 < per_element < JUDGE_BYTES_PER_ELEMENT, out
