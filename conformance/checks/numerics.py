@@ -236,6 +236,8 @@ def layer_case(ctx: CheckContext, unit: Unit) -> Verdict:
 
 
 def _layer_case(ctx: CheckContext, unit: Unit) -> Verdict:
+    if (skip := memory_skip(lookup.layer_case(unit.op, unit.case), ctx.device)) is not None:
+        return skip
     in_tree, replacement = lookup.layer_classes(unit.op)
     dtype = unit_dtype(unit)
     ref, rep, inputs = build_layer_pair(ctx, unit, dtype)

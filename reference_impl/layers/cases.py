@@ -34,6 +34,9 @@ class LayerCase:
     default_dtype: bool = False
     # Why this case asks for more than vLLM 0.32 does (see OpCase.beyond_vllm); None when it does not.
     beyond_vllm: str | None = None
+    # Bytes free on the host and device that running and judging the case needs (OpCase.memory_bytes: a size case
+    # past 2^31 elements, reference_impl.ir.size_cases); None for an ordinary case.
+    memory_bytes: int | None = None
 
     def __post_init__(self):
         if self.level not in LEVELS:
@@ -71,17 +74,17 @@ def from_op_cases(op, form: Callable[[tuple], tuple[dict[str, Any], tuple[Any, .
     strided and padded rows, real-model shapes) instead of re-listing them. `form(args)` maps the op's arguments
     to (constructor kwargs, forward arguments); the kwargs may depend on the arguments' shapes, dtypes and flags
     only, since they are read from arguments built once on the CPU with a fixed seed. Level, dtypes and
-    beyond_vllm carry over; size-only cases (memory_bytes, numerics_only) stay the op's; `keep` selects; `name`
+    beyond_vllm carry over, and so do the size cases (rows past common kernel limits, and at full one case past
+    2^31 elements with its memory need: the layer's kernel is row-parallel like the op's); `keep` selects; `name`
     turns the op case's name into the layer case's."""
     out = []
     for case in op.cases:
-        if getattr(case, "memory_bytes", None) or getattr(case, "numerics_only", False):
-            continue
         if keep is not None and not keep(case):
             continue
         out.append(LayerCase(name(case.name), functools.partial(_op_form_kwargs, case, form),
                              functools.partial(_op_form_inputs, case, form), init_params=init_params,
-                             level=case.level, dtypes=case.dtypes, beyond_vllm=case.beyond_vllm))
+                             level=case.level, dtypes=case.dtypes, beyond_vllm=case.beyond_vllm,
+                             memory_bytes=case.memory_bytes))
     return out
 
 

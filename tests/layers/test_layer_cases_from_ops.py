@@ -1,6 +1,6 @@
 """Layers that compute an IR op inherit every case kind the op declares (reference_impl.layers.cases.from_op_cases):
-the layer's record holds each of the op's cases (size-only ones aside) with its level, dtypes and beyond-vLLM
-reason, and each derived case calls the layer with what the op case calls the op with."""
+the layer's record holds each of the op's cases (the size cases too, with their memory need) with its level, dtypes
+and beyond-vLLM reason, and each derived case calls the layer with what the op case calls the op with."""
 
 from __future__ import annotations
 
@@ -31,19 +31,16 @@ DERIVED = {
 }
 
 
-def _size_only(case) -> bool:
-    return bool(getattr(case, "memory_bytes", None) or getattr(case, "numerics_only", False))
-
-
 @pytest.mark.parametrize("layer", sorted(DERIVED))
 def test_every_case_of_the_op_is_a_case_of_the_layer_with_its_level_dtypes_and_reason(layer):
     cases = {c.name: c for c in conformance_of(CustomOp.op_registry[layer]).cases}
     for op_name, pattern in DERIVED[layer]:
-        op_cases = [c for c in ir.ops.__getattr__(op_name).cases if not _size_only(c)]
-        assert op_cases
+        op_cases = ir.ops.__getattr__(op_name).cases
+        assert op_cases and [c for c in op_cases if c.numerics_only]   # the size cases are among them
         for op_case in op_cases:
             case = cases[pattern.format(op_case.name)]
-            assert (case.level, case.dtypes, case.beyond_vllm) == (op_case.level, op_case.dtypes, op_case.beyond_vllm)
+            assert (case.level, case.dtypes, case.beyond_vllm, case.memory_bytes) == \
+                (op_case.level, op_case.dtypes, op_case.beyond_vllm, op_case.memory_bytes)
 
 
 def test_the_saturated_static_cases_reach_quantfp8():
@@ -89,17 +86,16 @@ def test_a_derived_case_calls_the_layer_with_what_the_op_case_calls_the_op_with(
     _same(call(out) if call else out, expected)
 
 
-def test_size_only_and_unselected_op_cases_are_left_to_the_op():
+def test_size_cases_carry_their_memory_need_and_unselected_op_cases_are_left_to_the_op():
     def args(dtype, device, gen):
         return (torch.zeros(2, 4, dtype=dtype),)
 
     fake = types.SimpleNamespace(cases=[OpCase("plain", args), OpCase("other", args, level="standard"),
-                                        types.SimpleNamespace(name="huge", make_args=args, level="quick", dtypes=None,
-                                                              beyond_vllm=None, memory_bytes=1 << 33),
-                                        types.SimpleNamespace(name="rows", make_args=args, level="quick", dtypes=None,
-                                                              beyond_vllm=None, numerics_only=True)])
+                                        OpCase("huge", args, level="full", memory_bytes=1 << 33, numerics_only=True),
+                                        OpCase("rows", args, level="standard", numerics_only=True)])
     derived = from_op_cases(fake, lambda a: ({"hidden": a[0].shape[-1]}, a), keep=lambda c: c.name != "other")
-    assert [c.name for c in derived] == ["plain"]
+    assert [(c.name, c.level, c.memory_bytes) for c in derived] == [
+        ("plain", "quick", None), ("huge", "full", 1 << 33), ("rows", "standard", None)]
     assert derived[0].make_kwargs(torch.float32) == {"hidden": 4}
 
 

@@ -178,3 +178,31 @@ def test_the_attention_control_passes_every_check_and_is_told_to_declare_sinks(d
     assert not [u for u, _ in results if u.check == "forward" and "sinks" in (u.case or "")]
     (sinks,) = [v.message for u, v in results if u.check == "dispatch" and u.case == "sinks"]
     assert "yet computed within tolerance: declare it (supports_sink())" in sinks
+
+
+def test_a_replaced_layer_gets_its_ops_size_cases_and_the_one_past_int32_is_skipped_where_memory_is_short():
+    """The demo's RMSNorm replacement is graded at the row counts where kernels break, like the rms_norm op (issue
+    33): 4,097 and 65,537 rows at standard, with and without a residual, all PASS. At full the case past 2^31
+    elements runs only where the machine has the memory it declares: asked here, not assumed (not run when it fits)."""
+    from conformance.checks.common import memory_skip
+    from conformance.checks import lookup
+    from reference_impl.ir.size_cases import INT32_FLAG, ROWS_FLAG
+
+    with plugin("demo", "conformance_demo.platform") as load:
+        # its register_oot while the platform is activated, as the demo's general plugin does
+        inventory = activate("demo", lambda: (importlib.import_module("conformance_demo.layers"),
+                                              load().DemoPlatform())[1])
+        ctx = CheckContext("demo", inventory.platform, seed=1234, level="full")
+        units = inventory.layer_case_units("numerics", "layer_case", "standard")
+        sized = [u for u in units if u.op == "rms_norm" and ROWS_FLAG in u.case and u.dtype == "float32"]
+        assert sorted(u.case.split(",")[0] for u in sized) == ["tokens=4097"] * 2 + ["tokens=65537"] * 2
+        verdicts = [run_unit(ctx, u)[0] for u in sized]
+        assert [v.outcome for v in verdicts] == [Outcome.PASS] * 4, [v.message for v in verdicts]
+        full = inventory.layer_case_units("numerics", "layer_case", "full")
+        [big] = [u for u in full if u.op == "rms_norm" and INT32_FLAG in u.case and "residual" not in u.case]
+        assert big.dtype == "bfloat16"
+        expected_skip = memory_skip(lookup.layer_case(big.op, big.case), ctx.device)
+        if expected_skip is not None:
+            verdict = run_unit(ctx, big)[0]
+            assert verdict.outcome is Outcome.SKIP and verdict.message == expected_skip.message
+            assert "free" in verdict.message
