@@ -18,6 +18,7 @@ from conformance.checks.attention_units import (
     OP,
     aliasing_units,
     backend_dtypes,
+    declared_block,
     cache_write_units,
     compile_units,
     dispatch_units,
@@ -67,17 +68,6 @@ def _not_brought(ctx: CheckContext, unit: Unit) -> Verdict | None:
                                         "get_attn_backend_cls returns the reference backend "
                                         "(reference_impl.attention.reference) for every case")
     return None
-
-
-def declared_block(backend, case):
-    """The case at a block size the backend declares (its preferred one) when the case's is not: the steps,
-    compile and capability probes grade something else than the block size, so they run where the backend says
-    it runs (vLLM's CPU backend declares MultipleOf(32); the steps' batches use 16)."""
-    import dataclasses
-
-    if backend.supports_block_size(case.block_size):
-        return case
-    return dataclasses.replace(case, block_size=backend.get_preferred_block_size(case.block_size))
 
 
 def _backend(ctx: CheckContext, unit: Unit):
@@ -210,7 +200,7 @@ def forward(ctx: CheckContext, unit: Unit) -> Verdict:
     case = case_named(name, seed, backend)
     if case is None:
         return not_supported(f"case {name}: the backend declares none of the head sizes and block sizes drawn from")
-    case = ordered_for(backend, case)
+    case = declared_block(backend, ordered_for(backend, case))
     where = _where(unit, case, kv, seed, ctx)
     native = _native(case, dtype, kv, seed, ctx.device)
     batch = make_batch(case, dtype, kv, seed, ctx.device)
@@ -265,7 +255,8 @@ def cache_write(ctx: CheckContext, unit: Unit) -> Verdict:
         return verdict
     backend = _backend(ctx, unit)
     name, kv = split_case(unit.case)
-    case, dtype, seed = ordered_for(backend, CASES_BY_NAME[name]), unit_dtype(unit), _seed(ctx, unit)
+    case, dtype, seed = declared_block(backend, ordered_for(backend, CASES_BY_NAME[name])), unit_dtype(unit), \
+        _seed(ctx, unit)
     where = _where(unit, case, kv, seed, ctx)
     batch = make_batch(case, dtype, kv, seed, ctx.device)
     run = BackendRun(backend, batch, call=call_impl)
@@ -317,7 +308,8 @@ def aliasing(ctx: CheckContext, unit: Unit) -> Verdict:
         return verdict
     backend = _backend(ctx, unit)
     name, kv = split_case(unit.case)
-    case, dtype, seed = ordered_for(backend, CASES_BY_NAME[name]), unit_dtype(unit), _seed(ctx, unit)
+    case, dtype, seed = declared_block(backend, ordered_for(backend, CASES_BY_NAME[name])), unit_dtype(unit), \
+        _seed(ctx, unit)
     where = _where(unit, case, kv, seed, ctx)
     batch = make_batch(case, dtype, kv, seed, ctx.device)
     inputs = batch.tensors()

@@ -82,10 +82,26 @@ def _per_backend(inventory, family, check, make):
     return units
 
 
+def declared_block(backend, case):
+    """The case at a block size the backend declares (its preferred one) when the case's is not, as vLLM's runner
+    picks a kernel block size the backend supports: a case grades its batch mix and features, which do not
+    depend on the block size (vLLM's CPU backend declares MultipleOf(32); most cases use 16). A case whose shared
+    prefix blocks would no longer be context of both requests keeps its own (and is not admitted)."""
+    import dataclasses
+
+    if backend.supports_block_size(case.block_size):
+        return case
+    block = backend.get_preferred_block_size(case.block_size)
+    shared = case.shared_prefix_blocks * block
+    if shared and min(case.seq_lens[i] - case.query_lens[i] for i in (0, 1)) < shared:
+        return case
+    return dataclasses.replace(case, block_size=block)
+
+
 def _admitted(backend, case, dtype, kv) -> bool:
     from reference_impl.attention.cases import admits
 
-    return backend.supports_kv_cache_dtype(kv) and not admits(backend, case, dtype, kv)
+    return backend.supports_kv_cache_dtype(kv) and not admits(backend, declared_block(backend, case), dtype, kv)
 
 
 def _case_units(inventory, family, check, level, names=None):
