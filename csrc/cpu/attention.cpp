@@ -639,14 +639,20 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), n_tasks);
   std::atomic<int64_t> next{0};
+  // Scratch sized to the largest task (a decode batch needs a few KB, not the prefill's ~1 MB: glibc maps
+  // allocations above 128 KB afresh, and faulting their pages in cost a small decode more than its math).
+  int64_t max_rows = 1;
+  for (const Task& t : tasks) max_rows = std::max(max_rows, t.row1 - t.row0);
+  const int64_t lanes = max_rows * G, padded = (lanes + kLanes - 1) / kLanes * kLanes;
+  const bool fp8 = cache.format != KvFormat::kAuto;
+  const bool may_transpose = lanes >= kTransposeLanes;
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
-    const int64_t lanes = chunk * G;
-    std::vector<float> q((lanes + kLanes) * D), acc(lanes * D), kbuf(N * D), vbuf(N * D), kt(D * (N + kF)), m(lanes),
-        l(lanes);
-    const int64_t padded = (lanes + kLanes - 1) / kLanes * kLanes;
-    acc.resize(padded * D);
-    std::vector<float> s_all(padded * (N + kF)), qi(padded * D), pi(padded * N);
-    std::vector<int64_t> ra(chunk), re(chunk);
+    std::vector<float> q(padded * D), acc(padded * D), m(padded), l(padded), s_all(padded * (N + kF)),
+        qi(padded * D), pi(padded * N);
+    std::vector<float> kbuf(fp8 || (may_transpose && !std::is_same_v<T, float>) ? N * D : 0);
+    std::vector<float> vbuf(fp8 ? N * D : 0);
+    std::vector<float> kt(may_transpose ? D * (N + kF) : 0);
+    std::vector<int64_t> ra(max_rows), re(max_rows);
     ForwardTask<T, kD> runner{out, query, cache, batch, f, G, q, acc, kbuf, vbuf, kt, s_all, m, l, qi, pi, ra, re};
     for (int64_t w = begin; w < end; ++w) {
       for (int64_t i = next.fetch_add(1); i < n_tasks; i = next.fetch_add(1)) runner.run(tasks[order[i]]);
