@@ -434,6 +434,11 @@ def compile(ctx: CheckContext, unit: Unit) -> Verdict:  # noqa: A001 - the check
         return verdict
     if (reason := availability()) is not None:
         return Verdict(Outcome.SKIP, reason)
+    bridged = getattr(ctx.platform, "conformance_class", None)
+    if isinstance(bridged, str) and call_impl("the platform's opaque_attention_op", ctx.platform.opaque_attention_op):
+        return Verdict(Outcome.SKIP, f"not traced: {bridged}.opaque_attention_op() is True, so vLLM runs attention "
+                       f"as one opaque custom op and torch.compile never traces {unit.provider}'s code (compiled and "
+                       "eager run the same calls); nothing of the backend is graded here")
     backend = _backend(ctx, unit)
     dtype, seed = unit_dtype(unit), _seed(ctx, unit)
     sequence = step_cases()
@@ -442,11 +447,6 @@ def compile(ctx: CheckContext, unit: Unit) -> Verdict:  # noqa: A001 - the check
     first = BackendRun(backend, batches[0], call=call_impl)
     layer = first.layer
     opaque = bool(call_impl("the platform's opaque_attention_op", ctx.platform.opaque_attention_op))
-    bridged = getattr(ctx.platform, "conformance_class", None)
-    if opaque and isinstance(bridged, str):
-        return Verdict(Outcome.SKIP, f"not traced: {bridged}.opaque_attention_op() is True, so vLLM runs attention "
-                       f"as one opaque custom op and torch.compile never traces {unit.provider}'s code (compiled and "
-                       "eager run the same calls); nothing of the backend is graded here")
     graphs = []
 
     def counting(gm, example_inputs):
