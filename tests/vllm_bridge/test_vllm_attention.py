@@ -177,3 +177,48 @@ def test_a_plugin_on_its_own_worker_returning_vllms_backend_is_not_covered(bridg
     own = SimpleNamespace(distribution=vllm_distribution(), qualname="vllm.platforms.cpu.CpuPlatform")
     fake.parallel_config.worker_cls = "elsewhere.Worker"
     assert bridge.runner_attention(own, CPUAttentionBackend) is None
+
+
+def test_vendor_hooks_supply_the_metadata_and_the_cache_the_backend_takes(bridge):
+    """A backend's `conformance_attention_hooks`: its builder gets what `common_metadata` returns, its writer and
+    forward what `kv_cache` returns; the output is still graded against the oracle."""
+    import dataclasses
+
+    import torch
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from conformance.vllm.attention_bridge import AttentionHooks, vllm_common_metadata
+    from reference_impl.attention.batch import BackendRun, make_batch
+    from reference_impl.attention.cases import CASES_BY_NAME
+    from reference_impl.attention.oracle import oracle
+
+    seen = {"metadata": 0, "cache": 0}
+
+    def metadata(ours, vllm_layer):
+        seen["metadata"] += 1
+        return vllm_common_metadata(ours, vllm_layer)
+
+    def cache(tensor, vllm_layer):
+        seen["cache"] += 1
+        return tensor.view(tensor.shape)     # a view of the harness's tensor, as the hook must give
+
+    class HookedBackend(CPUAttentionBackend):
+        conformance_attention_hooks = AttentionHooks(common_metadata=metadata, kv_cache=cache)
+
+    backend = bridge.adapter(HookedBackend)
+    assert backend.conformance_code is HookedBackend
+    bridge_case = dataclasses.replace(CASES_BY_NAME["chunked_prefill"], block_size=32)   # CPU_ATTN: MultipleOf(32)
+    batch = make_batch(bridge_case, torch.float32, "auto", 7)
+    out, _, _ = BackendRun(backend, batch).run()
+    assert seen == {"metadata": 1, "cache": 3}      # build; context write, new-token write, forward
+    tokens = batch.num_actual_tokens
+    assert torch.allclose(out[:tokens].double(), oracle(batch.problem), atol=1e-4, rtol=1e-4)
+
+    def broken(ours, vllm_layer):
+        raise ValueError("this backend needs its own metadata class")
+
+    class BrokenHooks(CPUAttentionBackend):
+        conformance_attention_hooks = AttentionHooks(common_metadata=broken)
+
+    with pytest.raises(ValueError, match="needs its own metadata class"):
+        BackendRun(bridge.adapter(BrokenHooks), make_batch(bridge_case, torch.float32, "auto", 7)).run()
