@@ -222,3 +222,34 @@ def test_vendor_hooks_supply_the_metadata_and_the_cache_the_backend_takes(bridge
 
     with pytest.raises(ValueError, match="needs its own metadata class"):
         BackendRun(bridge.adapter(BrokenHooks), make_batch(bridge_case, torch.float32, "auto", 7)).run()
+
+
+def test_a_runner_attending_plugin_gets_not_covered_units_never_a_pass(bridge, monkeypatch):
+    """Through the bridged platform: the plugin's selection becomes the reference backend (so the family's units are
+    the 'no backend' ones) and each is a SKIP naming why, not a NOT_IMPLEMENTED or a PASS."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.platforms import current_platform
+
+    from conformance.checks.attention import _not_brought
+    from conformance.checks.attention_units import NONE, OP, brought_backends
+    from conformance.collect.units import Unit
+    from conformance.results.result import Outcome
+    from conformance.vllm import worker_setup
+    from conformance.vllm.platform import VllmPlatform
+    from reference_impl.attention.backend import AttentionSelectorConfig
+    from reference_impl.attention.registry import REFERENCE_BACKEND
+
+    resolved = SimpleNamespace(platform=current_platform, qualname="vllm_metal_like.platform.MetalPlatform",
+                               distribution={"distribution": "vllm-metal-like", "version": "1"})
+    fake = SimpleNamespace(parallel_config=SimpleNamespace(worker_cls="vllm_metal_like.worker.MetalWorker"))
+    monkeypatch.setattr(worker_setup, "vllm_config", lambda: fake)
+    platform = VllmPlatform(resolved)
+    assert platform.get_attn_backend_cls(None, AttentionSelectorConfig(64, torch.float32, "auto", None)) == \
+        REFERENCE_BACKEND
+    assert brought_backends(platform) == []
+    verdict = _not_brought(SimpleNamespace(platform=platform), Unit("attention", "forward", OP, NONE))
+    assert verdict.outcome is Outcome.SKIP
+    assert verdict.message.startswith("not covered: the attention backend of vllm_metal_like.platform.MetalPlatform")
+    assert "runs its own worker (vllm_metal_like.worker.MetalWorker)" in verdict.message
