@@ -85,17 +85,18 @@ def _per_backend(inventory, family, check, make):
 def declared_block(backend, case):
     """The case at a block size the backend declares (its preferred one) when the case's is not, as vLLM's runner
     picks a kernel block size the backend supports: a case grades its batch mix and features, which do not
-    depend on the block size (vLLM's CPU backend declares MultipleOf(32); most cases use 16). A case whose shared
-    prefix blocks would no longer be context of both requests keeps its own (and is not admitted)."""
+    depend on the block size (vLLM's CPU backend declares MultipleOf(32); most cases use 16). Shared prefix blocks
+    become as many of the larger blocks as are context of both requests; with none the case keeps its own block
+    size (and is not admitted)."""
     import dataclasses
 
     if backend.supports_block_size(case.block_size):
         return case
     block = backend.get_preferred_block_size(case.block_size)
-    shared = case.shared_prefix_blocks * block
-    if shared and min(case.seq_lens[i] - case.query_lens[i] for i in (0, 1)) < shared:
-        return case
-    return dataclasses.replace(case, block_size=block)
+    if not case.shared_prefix_blocks:
+        return dataclasses.replace(case, block_size=block)
+    shared = min(case.shared_prefix_blocks, min(case.seq_lens[i] - case.query_lens[i] for i in (0, 1)) // block)
+    return dataclasses.replace(case, block_size=block, shared_prefix_blocks=shared) if shared else case
 
 
 def _admitted(backend, case, dtype, kv) -> bool:
