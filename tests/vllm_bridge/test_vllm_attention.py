@@ -253,3 +253,27 @@ def test_a_runner_attending_plugin_gets_not_covered_units_never_a_pass(bridge, m
     assert verdict.outcome is Outcome.SKIP
     assert verdict.message.startswith("not covered: the attention backend of vllm_metal_like.platform.MetalPlatform")
     assert "runs its own worker (vllm_metal_like.worker.MetalWorker)" in verdict.message
+
+
+def test_cases_move_to_a_declared_block_size_keeping_what_fits_of_a_shared_prefix():
+    from conformance.checks.attention_units import declared_block
+    from reference_impl.attention.backend import AttentionBackend, MultipleOf
+    from reference_impl.attention.cases import CASES_BY_NAME
+
+    class Blocks32(AttentionBackend):
+        @staticmethod
+        def get_supported_kernel_block_sizes(kv_cache_spec=None):
+            return [MultipleOf(32)]
+
+    class Blocks64(Blocks32):
+        @staticmethod
+        def get_supported_kernel_block_sizes(kv_cache_spec=None):
+            return [64]
+
+    decode = CASES_BY_NAME["decode"]
+    assert decode.block_size == 16 and declared_block(Blocks32, decode).block_size == 32
+    assert declared_block(AttentionBackend, decode) is decode          # MultipleOf(1): unchanged
+    shared = CASES_BY_NAME["shared_prefix"]                            # contexts 37 and 35, two shared blocks of 16
+    moved = declared_block(Blocks32, shared)
+    assert (moved.block_size, moved.shared_prefix_blocks) == (32, 1)
+    assert declared_block(Blocks64, shared) is shared                  # no block of 64 is context of both
