@@ -245,20 +245,27 @@ def _describe_blocks(blocks: list[int], num_blocks: int) -> str:
     return ", ".join(parts)
 
 
+def _named_case_batch(ctx: CheckContext, unit: Unit, backend):
+    """(case, where, batch) of a unit naming one declared case: the case at a block size the backend declares, in
+    the order its builder wants, and the batch built from it with the unit's dtype, KV dtype and seed."""
+    from reference_impl.attention.batch import make_batch
+    from reference_impl.attention.cases import CASES_BY_NAME, ordered_for
+
+    name, kv = split_case(unit.case)
+    case, dtype, seed = declared_block(backend, ordered_for(backend, CASES_BY_NAME[name])), unit_dtype(unit), \
+        _seed(ctx, unit)
+    return case, _where(unit, case, kv, seed, ctx), make_batch(case, dtype, kv, seed, ctx.device)
+
+
 @check("attention", "cache_write", units=cache_write_units)
 @attention_errors
 def cache_write(ctx: CheckContext, unit: Unit) -> Verdict:
-    from reference_impl.attention.batch import BackendRun, make_batch
-    from reference_impl.attention.cases import CASES_BY_NAME, ordered_for
+    from reference_impl.attention.batch import BackendRun
 
     if (verdict := _not_brought(ctx, unit)) is not None:
         return verdict
     backend = _backend(ctx, unit)
-    name, kv = split_case(unit.case)
-    case, dtype, seed = declared_block(backend, ordered_for(backend, CASES_BY_NAME[name])), unit_dtype(unit), \
-        _seed(ctx, unit)
-    where = _where(unit, case, kv, seed, ctx)
-    batch = make_batch(case, dtype, kv, seed, ctx.device)
+    case, where, batch = _named_case_batch(ctx, unit, backend)
     run = BackendRun(backend, batch, call=call_impl)
     n = batch.num_blocks
     unaddressed = sorted(set(range(n)) - set(batch.addressed_blocks))
@@ -301,17 +308,12 @@ METADATA_FIELDS = ("num_reqs", "num_actual_tokens", "max_query_len", "max_seq_le
 @attention_errors
 def aliasing(ctx: CheckContext, unit: Unit) -> Verdict:
     from conformance.checks.common import storage_bytes
-    from reference_impl.attention.batch import BackendRun, make_batch
-    from reference_impl.attention.cases import CASES_BY_NAME, ordered_for
+    from reference_impl.attention.batch import BackendRun
 
     if (verdict := _not_brought(ctx, unit)) is not None:
         return verdict
     backend = _backend(ctx, unit)
-    name, kv = split_case(unit.case)
-    case, dtype, seed = declared_block(backend, ordered_for(backend, CASES_BY_NAME[name])), unit_dtype(unit), \
-        _seed(ctx, unit)
-    where = _where(unit, case, kv, seed, ctx)
-    batch = make_batch(case, dtype, kv, seed, ctx.device)
+    case, where, batch = _named_case_batch(ctx, unit, backend)
     inputs = batch.tensors()
     values = {n: t.clone() for n, t in inputs}
     storages = {n: storage_bytes(t) for n, t in inputs}

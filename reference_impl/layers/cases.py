@@ -89,6 +89,14 @@ def from_op_cases(op, form: Callable[[tuple], tuple[dict[str, Any], tuple[Any, .
 
 
 def _op_form_kwargs(case: OpCase, form, dtype: torch.dtype) -> dict[str, Any]:
+    """The layer's constructor kwargs for `case`, read from the op case's arguments. A case with a memory need (past
+    2^31 elements) builds them as fake tensors, sizes without data: the kwargs read shapes, dtypes and flags only,
+    and constructing the layer (or listing its kwargs) must not allocate gigabytes."""
+    if case.memory_bytes:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            return form(case.make_args(dtype, "cpu", torch.Generator().manual_seed(0)))[0]
     return form(case.make_args(dtype, "cpu", torch.Generator().manual_seed(0)))[0]
 
 

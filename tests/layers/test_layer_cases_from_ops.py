@@ -111,3 +111,18 @@ def test_a_derived_name_that_collides_is_refused_by_the_declaration():
     with pytest.raises(LayerCaseError, match="case 'same' declared twice"):
         declare_cases(Layer, tolerances={torch.float32: (0.0, 0.0)},
                       cases=from_op_cases(fake, lambda a: ({}, a), name=lambda n: "same"))
+
+
+def test_a_size_case_past_int32_lists_its_constructor_kwargs_without_allocating_its_inputs():
+    """RMSNorm's case past 2^31 elements gives the kwargs of the 4,097-row case (8 wide) from fake tensors: a check
+    that only constructs the layer (or a test listing kwargs) does not allocate its 4 GiB of inputs."""
+    import resource
+
+    cases = conformance_of(CustomOp.op_registry["rms_norm"]).cases
+    [big] = [c for c in cases if "elements_past_int32" in c.name and "residual" not in c.name]
+    [small] = [c for c in cases if c.name.startswith("tokens=4097,") and "residual" not in c.name]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kwargs = big.make_kwargs(torch.bfloat16)
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert kwargs == small.make_kwargs(torch.bfloat16)
+    assert grown_kib < (1 << 20), f"peak memory grew by {grown_kib} KiB"   # far below the 4 GiB of inputs

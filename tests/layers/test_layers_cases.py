@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from reference_impl.custom_op import CustomOp, PluggableLayer
+from reference_impl.ir.size_cases import INT32_FLAG, ROWS_FLAG
 from reference_impl.layers.cases import LayerCase, LayerCaseError, conformance_of, declare_cases
 from reference_impl.layers import (activation, attention, clamped_glu, conv, fused_moe, fused_norm_gate, layernorm,
                                    mamba, minimax_rms_norm, mm_input_norm, nemotron, quantization, rotary_embedding)
@@ -38,6 +39,8 @@ LAYERS = sorted({cls for module in MODULES for cls in vars(module).values()
 def _params():
     for cls in LAYERS:
         for case in conformance_of(cls).cases:
+            if case.level == "full" and (ROWS_FLAG in case.name or INT32_FLAG in case.name):
+                continue   # 1,048,577 rows and past 2^31 elements: the harness's full level runs them, memory allowing
             for dtype in case.dtypes or DTYPES:
                 yield pytest.param(cls, case, dtype, id=f"{cls.__name__}::{case.name}::{str(dtype)[6:]}")
 
