@@ -22,8 +22,9 @@ class ExitCode(enum.IntEnum):
 
 
 MEANINGS = {
-    ExitCode.OK: "success: the run is CONFORMANT (for its selection), the file is valid, the check held, "
-                 "the report was written",
+    ExitCode.OK: "success: the run is CONFORMANT (for its selection; failures of upstream code, shown apart, do "
+                 "not count unless `--conformance-gate-upstream`: [checks.md](checks.md#outcomes)), the file is "
+                 "valid, the check held, the report was written",
     ExitCode.FAILED: "a verdict against the platform or the file: NOT_CONFORMANT, a baseline regression, a "
                      "results file that breaks the schema or comes from an INCOMPLETE run, a repro whose outcome "
                      "blocks conformance",

@@ -51,7 +51,8 @@ def brought_backends(platform) -> list[str]:
         if qualname == REFERENCE_BACKEND:
             continue
         seen.setdefault(name_of(cls) or qualname, None)
-    package = type(platform).__module__.split(".")[0]
+    # backends the platform's own package registered (a bridged platform's is the vendor's, not the bridge's)
+    package = (getattr(platform, "conformance_class", None) or type(platform).__module__).split(".")[0]
     for member in AttentionBackendEnum:
         path = _OVERRIDES.get(member.name, member.value)
         if path and path != REFERENCE_BACKEND and path.split(".")[0] == package:

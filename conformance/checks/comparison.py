@@ -117,7 +117,7 @@ def golden_errors(a: torch.Tensor, b: torch.Tensor, gold: torch.Tensor, mask: to
         return GoldenErrors(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     # Elements outside `m` are zeroed rather than indexed out (errors are >= 0, so the maxima are the same): a
     # boolean index copies, which made this the costliest step of judging a million-element output.
-    zero = torch.zeros((), dtype=gold.dtype)
+    zero = torch.zeros((), dtype=gold.dtype, device=gold.device)
     g_abs = torch.where(m, gold.abs(), zero)
     ea = torch.where(m, (a - gold).abs(), zero)
     ea = torch.where(torch.isnan(ea), math.inf, ea)

@@ -81,7 +81,7 @@ def test_a_plugin_written_against_the_reference_is_under_test_and_the_references
 
     (tmp_path / "acme_ref").mkdir()
     (tmp_path / "acme_ref" / "__init__.py").write_text(
-        "class Platform:\n    device_type = 'cpu'\n\ndef kernel(x):\n    return x\n")
+        "class Platform:\n    device_type = 'cpu'\n    supported_dtypes = []\n\ndef kernel(x):\n    return x\n")
     info = tmp_path / "acme_ref-3.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-ref\nVersion: 3.0\n")
@@ -109,7 +109,8 @@ def test_a_plugin_written_against_the_reference_is_under_test_and_the_references
         assert table.of_result("rms_norm", Replacement.__qualname__, "numerics").upstream is False
         assert table.of_result(None, None, "model").code == "acme_ref.Platform"
         inventory.name = "cpu"
-        inventory.platform = type("CpuPlatform", (), {"__module__": "reference_impl.platforms.builtin"})()
+        inventory.platform = type("CpuPlatform", (), {"__module__": "reference_impl.platforms.builtin",
+                                                      "supported_dtypes": []})()
         built_in = attribution(inventory)
         assert built_in.under_test == "reference-impl-conformance"
         assert built_in.of_result("rms_norm", "cpp", "numerics").upstream is False

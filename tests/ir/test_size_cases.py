@@ -86,7 +86,10 @@ def test_the_memory_estimate_covers_a_measured_judgement():
     out = subprocess.run([sys.executable, str(script), "rms_norm", str(1 << 19), "8"], capture_output=True,
                          text=True, timeout=120, check=True).stdout
     per_element = float(out.split()[0])
-    assert 20 < per_element < JUDGE_BYTES_PER_ELEMENT, out
+    # the floor says the measurement saw the judgement at all: it holds at least one float64 copy of the output (8
+    # bytes an element); what the peak reaches above that varies with what the allocator already holds (15.9 was
+    # seen inside a loaded full test run, 92-104 alone)
+    assert 8 <= per_element < JUDGE_BYTES_PER_ELEMENT, out
 
 
 @pytest.fixture(scope="module")
