@@ -14,7 +14,7 @@ from conformance.results.result import Outcome
 def records() -> dict[str, CheckRecord]:
     """'family.name' -> record, for every check the harness has (importing the family modules registers them)."""
     from conformance.checks import (  # noqa: F401
-        aliasing, attention, compile, dispatch, layer_compile, model, numerics, oot, repeat,
+        aliasing, attention, compile, dispatch, engine, layer_compile, model, numerics, oot, repeat,
     )
 
     return declared()

@@ -1,0 +1,203 @@
+"""Engine family: the whole platform through vLLM's own `LLM` engine (its worker, model runner, KV-cache manager,
+attention backend, sampler and kernels together), against the reference runtime as the oracle.
+
+Under `--platform=vllm` a unit is one dtype and one mode (eager; compiled at the full level): tiny random
+checkpoints of every model in `engine_models.MODELS` are written by transformers' `save_pretrained`, and one engine
+process (conformance/vllm/engine_process.py) runs each model's fixed requests through an engine with chunked
+prefill forced (a token budget below the longest prompt) and prefix caching on, greedily, asking for logprobs. The
+oracle (engine_oracle.py) is the reference decoder on native everything in float64, teacher-forced on the engine's
+tokens. A divergence is located (model, request, step) and then explained: the same engine process reruns that
+request alone, and the batch without chunked prefill and without prefix caching, and the verdict says which of
+them makes it match. The family has no units on other platforms (`model.decoder` runs the reference decoder on
+them) and none at the quick level: an engine costs tens of seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+from conformance.checks.common import CheckContext, Verdict, failed, passed, unit_dtype
+from conformance.checks.record import check
+from conformance.collect.inventory import Inventory
+from conformance.collect.units import Unit, dtype_name
+from conformance.results.result import Outcome
+
+CASES = ("eager", "compiled")
+STANDARD_DTYPES = ("float32", "bfloat16")     # the full level: every dtype the platform supports
+JOB_TIMEOUT_S = 300.0                          # one job of the engine process; the per-check limit usually ends first
+
+
+def is_vllm_platform(platform) -> bool:
+    from conformance.vllm.platform import VllmPlatform
+
+    return isinstance(platform, VllmPlatform)
+
+
+def engine_units(inventory: Inventory, family: str, check_name: str, level: str) -> list[Unit]:
+    """Under the vLLM bridge: standard, float32 and bfloat16 eager; full, every dtype eager and compiled."""
+    from conformance.checks.engine_oracle import tolerances
+
+    if level == "quick" or not is_vllm_platform(inventory.platform):
+        return []
+    dtypes = [dtype_name(d) for d in inventory.dtypes_for(tolerances())]
+    if level == "standard":
+        dtypes = [d for d in dtypes if d in STANDARD_DTYPES]
+    cases = CASES if level == "full" else ("eager",)
+    return [Unit(family, check_name, None, None, d, case) for d in dtypes for case in cases]
+
+
+def base_run(name: str, checkpoint: Path, dtype: str, compiled: bool, **changes) -> dict:
+    """The engine_runner run dict of the family's configuration: chunked prefill and prefix caching on."""
+    from conformance.checks.engine_models import MAX_MODEL_LEN, TOKEN_BUDGET
+
+    run = dict(name=name, model=str(checkpoint), dtype=dtype, compiled=compiled, chunked_prefill=True,
+               prefix_caching=True, token_budget=TOKEN_BUDGET, max_model_len=MAX_MODEL_LEN, max_num_seqs=8,
+               waves="fixed")
+    run.update(changes)
+    return run
+
+
+@dataclasses.dataclass
+class ModelResult:
+    """One model's engine run graded: the grade or the engine's error, and what the run exercised."""
+
+    model: str
+    facts: dict
+    grade: object | None = None
+    error: str | None = None
+    explanation: str | None = None
+    prefix_hits: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
+@check("engine", "generate", units=engine_units)
+def generate(ctx: CheckContext, unit: Unit) -> Verdict:
+    from conformance.checks import engine_models
+    from conformance.vllm.engine_process import EngineFailed, EngineProcess
+
+    if unit.case not in CASES:
+        return Verdict(Outcome.ERROR, f"engine case {unit.case!r} is not one of {CASES}")
+    dtype = unit_dtype(unit)
+    compiled = unit.case == "compiled"
+    with tempfile.TemporaryDirectory(prefix="conformance-engine-") as tmp:
+        work = Path(tmp)
+        checkpoints = {name: engine_models.write_checkpoint(model, dtype, work / name)
+                       for name, model in engine_models.MODELS.items()}
+        try:
+            with EngineProcess(work) as engine:
+                runs = [base_run(name, path, unit.dtype, compiled) for name, path in checkpoints.items()]
+                doc = engine.run(runs, JOB_TIMEOUT_S)
+                results = [_grade_run(run, checkpoints[run["name"]], dtype) for run in doc["runs"]]
+                first = next((r for r in results if r.grade is not None and r.grade.divergences), None)
+                if first is not None:
+                    first.explanation = _explain(engine, first, checkpoints[first.model], unit.dtype, compiled, dtype)
+        except EngineFailed as exc:
+            outcome = Outcome.CRASH if exc.crashed else Outcome.TIMEOUT
+            return Verdict(outcome, f"{exc} [{_where(unit)}]")
+    return _verdict(results, doc, dtype, unit)
+
+
+def _grade_run(run: dict, checkpoint: Path, dtype) -> ModelResult:
+    from conformance.checks import engine_models
+    from conformance.checks.engine_oracle import grade, logprob_tolerance, oracle_logprobs
+
+    if "error" in run:
+        return ModelResult(run["name"], {}, error=f"{run['error']}\n{run.get('traceback', '')}")
+    reqs = engine_models.from_json(run["waves"])
+    outputs = {o["id"]: o for o in run["outputs"]}
+    oracle = oracle_logprobs(checkpoint, reqs, outputs)
+    result = ModelResult(run["name"], run["facts"], grade(reqs, outputs, oracle, logprob_tolerance(dtype)))
+    result.prefix_hits = {o["id"]: o["cached_tokens"] for o in run["outputs"] if o["cached_tokens"]}
+    return result
+
+
+# ----- explaining a divergence ----------------------------------------------------------------------
+VARIANTS = (  # name, what the rerun changes, how the verdict says it changes the result
+    ("alone", "the request alone in a fresh engine", "the batch composition"),
+    ("no_chunked_prefill", "the batch without chunked prefill", "chunked prefill"),
+    ("no_prefix_caching", "the batch without prefix caching", "prefix caching"),
+)
+
+
+def _explain(engine, result: ModelResult, checkpoint: Path, dtype_text: str, compiled: bool, dtype) -> str:
+    """Rerun the diverging request alone and the batch without each feature; which rerun matches the oracle."""
+    from conformance.checks import engine_models
+    from conformance.checks.engine_oracle import grade, logprob_tolerance, oracle_logprobs
+    from conformance.vllm.engine_process import EngineFailed
+
+    div = result.grade.divergences[0]
+    req = div.request
+    alone = [[{"id": req.id, "prompt": list(req.prompt), "max_tokens": req.max_tokens}]]
+    runs = [base_run("alone", checkpoint, dtype_text, compiled, waves=alone),
+            base_run("no_chunked_prefill", checkpoint, dtype_text, compiled, chunked_prefill=False),
+            base_run("no_prefix_caching", checkpoint, dtype_text, compiled, prefix_caching=False)]
+    try:
+        doc = engine.run(runs, JOB_TIMEOUT_S)
+    except EngineFailed as exc:
+        return f"the reruns that would say which feature is involved did not finish: {exc}"
+    said, changed = [], []
+    for (name, what, feature), run in zip(VARIANTS, doc["runs"]):
+        if "error" in run:
+            said.append(f"{what}: the engine raised {run['error'].splitlines()[0]}")
+            continue
+        reqs = [r for r in engine_models.from_json(run["waves"]) if r.id == req.id]
+        outputs = {o["id"]: o for o in run["outputs"]}
+        g = grade(reqs, outputs, oracle_logprobs(checkpoint, reqs, outputs), logprob_tolerance(dtype))
+        if g.divergences:
+            said.append(f"{what}: still diverges at step {g.divergences[0].step}")
+        else:
+            said.append(f"{what}: matches the oracle")
+            changed.append(feature)
+    if changed:
+        verdict = f"involved: {' and '.join(changed)} (without it the request matches)"
+    else:
+        verdict = ("no feature changes it: the request diverges alone, without chunked prefill and without prefix "
+                   "caching (the model path itself)")
+    return f"{verdict}; reruns: {'; '.join(said)}"
+
+
+# ----- the verdict ----------------------------------------------------------------------------------
+def _where(unit: Unit) -> str:
+    from conformance.checks.engine_models import MODELS, TOKEN_BUDGET
+
+    models = ", ".join(f"{m.name} ({m.exercises})" for m in MODELS.values())
+    return (f"vLLM LLM engine, {unit.dtype}, {unit.case}, chunked prefill at {TOKEN_BUDGET} tokens a step and "
+            f"prefix caching; models {models}")
+
+
+def _verdict(results: list[ModelResult], doc: dict, dtype, unit: Unit) -> Verdict:
+    from conformance.checks.engine_oracle import logprob_tolerance
+
+    tol = logprob_tolerance(dtype)
+    facts = next((r.facts for r in results if r.facts), {})
+    engine = (f"vLLM {doc.get('vllm')} on {facts.get('platform', 'its platform')}, KV block "
+              f"{facts.get('block_size', '?')}; {_where(unit)}")
+    worst = max((r.grade.worst_err for r in results if r.grade is not None), default=0.0)
+    errs = {"max_abs_err": worst, "err_to_tol": worst / tol if tol else None}
+    errors = [r for r in results if r.error is not None]
+    diverged = [r for r in results if r.grade is not None and r.grade.divergences]
+    if diverged:
+        r = diverged[0]
+        lines = [f"{r.model}: {d.line()}" for d in r.grade.divergences]
+        others = [f"{o.model}: {len(o.grade.divergences)} request(s) diverge" for o in diverged[1:]]
+        return failed(f"the engine leaves the float64 reference (teacher-forced on the engine's tokens, logprob "
+                      f"tolerance {tol:.3g}): {lines[0]}; {r.explanation}"
+                      + (f"; other requests of {r.model}: {' | '.join(lines[1:])}" if len(lines) > 1 else "")
+                      + (f"; also {'; '.join(others)}" if others else "")
+                      + (f"; the engine raised for {', '.join(e.model for e in errors)}" if errors else "")
+                      + f" [{engine}]", **errs)
+    if errors:
+        first = errors[0].error.strip().splitlines()
+        return Verdict(Outcome.ERROR, f"vLLM's engine raised on model {errors[0].model}: {first[0]}"
+                       + (f" (also on {', '.join(e.model for e in errors[1:])})" if len(errors) > 1 else "")
+                       + f" [{engine}]\n" + "\n".join(first[1:]))
+    graded = sum(r.grade.positions for r in results)
+    binding = sum(r.grade.greedy_positions for r in results)
+    hits = "; ".join(f"{r.model} " + ", ".join(f"request {i} {n} tokens" for i, n in sorted(r.prefix_hits.items()))
+                     for r in results if r.prefix_hits)
+    note = (f"prefix cache hits: {hits}" if hits else
+            "the engine served no request from the prefix cache, so prefix caching was not exercised")
+    return passed(f"{graded} generated positions of {len(results)} models within logprob tolerance {tol:.3g} of the "
+                  f"float64 reference (worst {worst:.3g}); greedy tokens binding at {binding} of them; {note} "
+                  f"[{engine}]", **errs)
