@@ -37,6 +37,7 @@ from conformance.checks.common import (
     compare_outputs,
     exception_line,
     failed,
+    memory_skip,
     not_supported,
     passed,
     unit_dtype,
@@ -76,7 +77,9 @@ def _backend(ctx: CheckContext, unit: Unit):
     from conformance.checks.attention_units import brought_backends
     from reference_impl.attention.registry import AttentionBackendEnum, resolve
 
-    if unit.provider not in AttentionBackendEnum and "." not in unit.provider:
+    known = unit.provider in AttentionBackendEnum and (AttentionBackendEnum[unit.provider].value is not None
+                                                       or AttentionBackendEnum[unit.provider].is_overridden())
+    if not known and "." not in unit.provider:   # e.g. CUSTOM, a placeholder until the platform registers it
         brought_backends(ctx.platform)
     return call_impl(f"resolving attention backend {unit.provider!r}", resolve, unit.provider)
 
@@ -121,12 +124,50 @@ def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
 
 def _native(case, dtype, kv, seed, device) -> torch.Tensor:
     """The reference backend's output rows `[:num_actual_tokens]` for the batch (on the CPU)."""
-    from reference_impl.attention.batch import BackendRun, make_batch
+    from reference_impl.attention.batch import make_batch
+
+    return _native_on(make_batch(case, dtype, kv, seed, device))
+
+
+def _native_on(batch) -> torch.Tensor:
+    """The reference backend's output rows `[:num_actual_tokens]` on `batch` (its own cache; the batch's tensors are
+    only read), on the CPU."""
+    from reference_impl.attention.batch import BackendRun
     from reference_impl.attention.reference import ReferenceAttentionBackend
 
-    batch = make_batch(case, dtype, kv, seed, device)
     out, _, _ = BackendRun(ReferenceAttentionBackend, batch).run()
     return out[: batch.num_actual_tokens].cpu()
+
+
+# At most this many runs of consecutive requests with a wrong token are spelled out; the rest are counted.
+SHOWN_REQUEST_RUNS = 3
+
+
+def bad_requests(got: torch.Tensor, native: torch.Tensor, query_lens, atol: float, rtol: float) -> str:
+    """Which tokens and requests of the batch hold an element outside atol + rtol*|native| (or NaN where native is
+    not): how many of each, the first bad token as a request's token, and the runs of bad requests. A kernel whose
+    grid covers a fixed number of requests or tokens shows as one run from the limit to the last request ("requests
+    4096..65536"). Empty when no token is bad."""
+    a, b = got.to(torch.float64), native.to(torch.float64)
+    bad = ((a - b).abs() > atol + rtol * b.abs()) | (torch.isnan(a) != torch.isnan(b))
+    tokens = bad.reshape(bad.shape[0], -1).any(dim=1).nonzero().flatten()
+    if tokens.numel() == 0:
+        return ""
+    lens = torch.tensor(list(query_lens), dtype=torch.int64)
+    ends = lens.cumsum(0)
+    requests = torch.searchsorted(ends, tokens, right=True)
+    first_t, first_r = int(tokens[0]), int(requests[0])
+    distinct = requests.unique_consecutive()
+    breaks = (distinct[1:] != distinct[:-1] + 1).nonzero().flatten()
+    starts = [int(distinct[0])] + [int(distinct[i + 1]) for i in breaks]
+    stops = [int(distinct[i]) for i in breaks] + [int(distinct[-1])]
+    runs = [f"request {lo}" if lo == hi else f"requests {lo}..{hi}" for lo, hi in
+            zip(starts[:SHOWN_REQUEST_RUNS], stops[:SHOWN_REQUEST_RUNS])]
+    more = len(starts) - len(runs)
+    shown = ", ".join(runs) + (f" and {more} more run{'s' if more > 1 else ''}" if more else "")
+    return (f"; by request: {tokens.numel()} of {int(ends[-1])} tokens in {distinct.numel()} of {len(lens)} requests "
+            f"are wrong, first bad request {first_r} (its token {first_t - int(ends[first_r] - lens[first_r])}, token "
+            f"{first_t} of the batch; bad: {shown})")
 
 
 def grade(got: torch.Tensor, native: torch.Tensor, problem, case, dtype: torch.dtype):
@@ -200,10 +241,12 @@ def forward(ctx: CheckContext, unit: Unit) -> Verdict:
     case = case_named(name, seed, backend)
     if case is None:
         return not_supported(f"case {name}: the backend declares none of the head sizes and block sizes drawn from")
+    if (skip := memory_skip(case, ctx.device)) is not None:
+        return skip
     case = declared_block(backend, ordered_for(backend, case))
     where = _where(unit, case, kv, seed, ctx)
-    native = _native(case, dtype, kv, seed, ctx.device)
     batch = make_batch(case, dtype, kv, seed, ctx.device)
+    native = _native_on(batch)
     out, returned, _ = BackendRun(backend, batch, call=call_impl).run()
     got = out[: batch.num_actual_tokens].cpu()
     if (message := _returned_elsewhere(out, returned, batch.num_actual_tokens)) is not None:
@@ -217,7 +260,8 @@ def forward(ctx: CheckContext, unit: Unit) -> Verdict:
             return Verdict(Outcome.QUALITY_WARNING, f"{truncation}{where}", **errs)
         named = cmp.advice is not None and cmp.advice.startswith("The output is the oracle's")
         note = "" if named else _reads_unwritten(ctx, backend, case, dtype, kv, seed, got)
-        return failed(cmp.message + note + where, **errs)
+        requests = bad_requests(got, native, case.query_lens, atol, rtol)
+        return failed(cmp.message + note + requests + where, **errs)
     return Verdict(cmp.outcome, cmp.message + (where if cmp.outcome is not Outcome.PASS else ""), **errs)
 
 
@@ -295,7 +339,9 @@ def cache_write(ctx: CheckContext, unit: Unit) -> Verdict:
         return failed(f"forward wrote the cache ({_describe_blocks(changed, n)}) although the backend declares "
                       "forward_includes_kv_cache_update=False: the layer writes it through do_kv_cache_update, and "
                       f"forward must only read it{where}")
-    return passed(f"{len(unaddressed)} unaddressed blocks (null block 0 and {len(unaddressed) - 1} spare) "
+    below = f", {case.first_block - 1} below the batch's first block" if case.first_block > 1 else ""
+    return passed(f"{len(unaddressed)} unaddressed blocks (null block 0{below} and "
+                  f"{len(unaddressed) - case.first_block} spare) "
                   f"byte-identical through an all-padding write, the context and new tokens ({case.padding} padded), "
                   "and forward")
 

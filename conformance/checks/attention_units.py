@@ -107,13 +107,14 @@ def _admitted(backend, case, dtype, kv) -> bool:
 
 
 def _case_units(inventory, family, check, level, names=None):
-    from reference_impl.attention.cases import CASES_BY_NAME, cases_at
+    from reference_impl.attention.cases import CASES_BY_NAME, case_dtypes, cases_at
 
     def make(name, backend):
         cases = cases_at(level) if names is None else [CASES_BY_NAME[n] for n in names(level)]
+        dtypes = backend_dtypes(inventory.platform, backend)
         return [Unit(family, check, OP, name, dtype_name(d), join_case(c.name, kv))
-                for d in backend_dtypes(inventory.platform, backend) for c in cases for kv in c.kv_dtypes
-                if _admitted(backend, c, d, kv)]
+                for d in dtypes for c in cases for kv in c.kv_dtypes
+                if d in case_dtypes(c, dtypes) and _admitted(backend, c, d, kv)]
 
     return _per_backend(inventory, family, check, make)
 
@@ -134,7 +135,8 @@ def forward_units(inventory, family, check, level):
     return units + [u for u in extra if u.provider != NONE]
 
 
-CACHE_WRITE_CASES = {"quick": ("decode", "chunked_prefill"), "standard": ("decode", "chunked_prefill", "shared_prefix")}
+CACHE_WRITE_CASES = {"quick": ("decode", "chunked_prefill"),
+                     "standard": ("decode", "chunked_prefill", "shared_prefix", "blocks_past_65535")}
 ALIASING_CASES = {"quick": ("chunked_prefill",), "standard": ("chunked_prefill", "fused_qkv_views", "decode")}
 
 

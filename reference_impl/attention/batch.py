@@ -1,7 +1,8 @@
 """A paged batch for one attention case: the tensors, block table, slot mappings and metadata a runner would
 hand a backend, the logical problem the oracle computes, and the driver that runs a backend on it.
 
-Blocks are a random permutation of 1..N (block 0 is the null block, never addressed), the block table is
+Blocks are a random permutation of 1..N (block 0 is the null block, never addressed; a case's `first_block` moves
+them up, leaving every block below unaddressed), the block table is
 wider than needed with 0 padding, and the cache's last blocks are never addressed (a write through a slot
 of -1 as a Python index lands there). The cache starts filled with random finite values, not zeros, so a
 backend that reads a slot it was not given reads something that changes its result.
@@ -22,6 +23,7 @@ from reference_impl.attention.cases import AttentionCase
 from reference_impl.attention.oracle import AttentionProblem, alibi_slopes
 
 SPARE_BLOCKS = 2     # never addressed, after the used ones
+BULK_REQUESTS = 64   # a batch of more requests draws its keys and values in one call each (the size cases)
 
 
 def _plain_call(where: str, fn: Callable, *args):
@@ -100,39 +102,44 @@ def make_batch(case: AttentionCase, dtype: torch.dtype, kv_cache_dtype: str, see
         return torch.randn(*shape, generator=gen).to(dtype)
 
     # every request's keys and values, context then new; shared prefix blocks copy request 0's
-    keys = [randn(s, kvh, d) for s in c.seq_lens]
-    values = [randn(s, kvh, d) for s in c.seq_lens]
+    if n > BULK_REQUESTS:        # one draw each, split per request (a size case's 65,537 draws took seconds)
+        keys = list(randn(sum(c.seq_lens), kvh, d).split(list(c.seq_lens)))
+        values = list(randn(sum(c.seq_lens), kvh, d).split(list(c.seq_lens)))
+    else:
+        keys = [randn(s, kvh, d) for s in c.seq_lens]
+        values = [randn(s, kvh, d) for s in c.seq_lens]
     shared = c.shared_prefix_blocks * bs
     if shared:
         if min(c.seq_lens[0] - c.query_lens[0], c.seq_lens[1] - c.query_lens[1]) < shared:
             raise ValueError(f"case {c.name}: the shared prefix blocks must be context of both requests")
         keys[1][:shared], values[1][:shared] = keys[0][:shared], values[0][:shared]
 
-    # blocks: a permutation of 1..used, the spare ones after; the table is 2 wider than needed, 0-padded
+    # blocks: a permutation of first_block..first_block+used-1 (1..used unless the case moves them up), the spare ones
+    # after; the table is 2 wider than needed, 0-padded. Python lists, not tensor indexing: a size case has 65,537
+    # requests and a million slots.
     per_request = [math.ceil(s / bs) for s in c.seq_lens]
     used = sum(per_request) - (c.shared_prefix_blocks if shared else 0)
-    num_blocks = 1 + used + SPARE_BLOCKS
-    perm = (torch.randperm(used, generator=gen) + 1).tolist()
+    num_blocks = c.first_block + used + SPARE_BLOCKS
+    perm = (torch.randperm(used, generator=gen) + c.first_block).tolist()
     width = max(per_request) + 2
-    table = torch.zeros(n, width, dtype=torch.int32)
+    rows = [[0] * width for _ in range(n)]
     for i, nb in enumerate(per_request):
         start = 0
         if i == 1 and shared:
-            table[1, : c.shared_prefix_blocks] = table[0, : c.shared_prefix_blocks]
+            rows[1][: c.shared_prefix_blocks] = rows[0][: c.shared_prefix_blocks]
             start = c.shared_prefix_blocks
         for b in range(start, nb):
-            table[i, b] = perm.pop()
-
-    def slot(i: int, pos: int) -> int:
-        return int(table[i, pos // bs]) * bs + pos % bs
+            rows[i][b] = perm.pop()
+    table = torch.tensor(rows, dtype=torch.int32)
 
     ctx_k, ctx_v, ctx_slots, new_slots = [], [], [], []
     for i, (ql, s) in enumerate(zip(c.query_lens, c.seq_lens)):
         first = shared if (i == 1 and shared) else 0
+        row = rows[i]
         ctx_k.append(keys[i][first: s - ql])
         ctx_v.append(values[i][first: s - ql])
-        ctx_slots += [slot(i, p) for p in range(first, s - ql)]
-        new_slots += [slot(i, p) for p in range(s - ql, s)]
+        ctx_slots += [row[p // bs] * bs + p % bs for p in range(first, s - ql)]
+        new_slots += [row[p // bs] * bs + p % bs for p in range(s - ql, s)]
     if c.encoder:
         ctx_k, ctx_v, ctx_slots = [], [], []
 
@@ -160,7 +167,7 @@ def make_batch(case: AttentionCase, dtype: torch.dtype, kv_cache_dtype: str, see
                                c.softmax_scale, c.sliding_window, c.logits_soft_cap, slopes, sinks, c.causal,
                                c.attn_type, kv_cache_dtype, k_scale, v_scale)
     empty = torch.empty(0, kvh, d, dtype=dtype)
-    addressed = sorted({int(b) for i, nb in enumerate(per_request) for b in table[i, :nb]})
+    addressed = sorted({b for row, nb in zip(rows, per_request) for b in row[:nb]})
     return PagedBatch(c, dtype, kv_cache_dtype, query.to(device), key.to(device), value.to(device),
                       (torch.cat(ctx_k) if ctx_k else empty).to(device), (torch.cat(ctx_v) if ctx_v else empty).to(device),
                       torch.tensor(ctx_slots, dtype=torch.int64, device=device), metadata, num_blocks, addressed, problem,

@@ -2,7 +2,9 @@
 dimensions of the spec (docs/attention.md, "Cases"); each says what bug it catches.
 
 A case runs at its level and above (quick ⊂ standard ⊂ full) with the KV-cache dtypes it lists, for every
-backend whose declarations admit it (`admits`). Batches are small: a case is milliseconds on a CPU.
+backend whose declarations admit it (`admits`). Batches are small: a case is milliseconds on a CPU, except the
+size cases (reference_impl.attention.size_cases: 4,097 to 1,048,577 tokens or requests, a cache past 65,535 blocks),
+which keep one tiny head and run in one dtype.
 """
 
 from __future__ import annotations
@@ -11,9 +13,14 @@ import dataclasses
 
 import torch
 
+from reference_impl.attention import size_cases
 from reference_impl.attention.backend import AttentionSelectorConfig, AttentionType
 
 LEVEL_ORDER = ("quick", "standard", "full")
+SPELLED_REQUESTS = 16     # a batch of more requests is described by its counts and ranges
+# A case about size alone (the size cases: a limit on tokens, requests or blocks, whatever the element type) runs in
+# one dtype, the first of these the backend declares, so the standard run stays cheap.
+ONE_DTYPE_ORDER = (torch.bfloat16, torch.float16, torch.float32)
 FP8 = ("fp8_e4m3", "fp8_e5m2")
 
 
@@ -42,6 +49,9 @@ class AttentionCase:
     k_scale: float = 0.5                  # fp8 only (1.0 for "auto")
     v_scale: float = 0.25
     level: str = "quick"
+    first_block: int = 1                  # the smallest block the batch's requests use (below it: never addressed)
+    memory_bytes: int | None = None       # free host (and device) bytes running and judging it needs; None: small
+    one_dtype: bool = False               # graded in one dtype: the first of ONE_DTYPE_ORDER the backend declares
 
     def __post_init__(self):
         if len(self.query_lens) != len(self.seq_lens):
@@ -52,6 +62,9 @@ class AttentionCase:
             raise ValueError(f"case {self.name}: num_heads {self.num_heads} not a multiple of {self.num_kv_heads}")
         if self.level not in LEVEL_ORDER:
             raise ValueError(f"case {self.name}: level {self.level!r} is not one of {LEVEL_ORDER}")
+        if self.first_block < 1:
+            raise ValueError(f"case {self.name}: first_block {self.first_block} must be >= 1 (block 0 is the null "
+                             "block)")
 
     def runs_at(self, level: str) -> bool:
         return LEVEL_ORDER.index(self.level) <= LEVEL_ORDER.index(level)
@@ -79,8 +92,7 @@ class AttentionCase:
         return [n for n, on in named if on]
 
     def describe(self, kv_cache_dtype: str = "auto") -> str:
-        parts = [f"query_lens={list(self.query_lens)} seq_lens={list(self.seq_lens)}",
-                 f"H={self.num_heads} KVH={self.num_kv_heads} D={self.head_size} block={self.block_size}"]
+        parts = [self._batch_text(), f"H={self.num_heads} KVH={self.num_kv_heads} D={self.head_size} block={self.block_size}"]
         if self.sliding_window is not None:
             parts.append(f"sliding_window={self.sliding_window}")
         if self.logits_soft_cap:
@@ -104,9 +116,18 @@ class AttentionCase:
             parts.append(f"requests 0 and 1 share {self.shared_prefix_blocks} prefix block(s)")
         if self.fused_qkv:
             parts.append("q/k/v strided views of one fused qkv tensor")
+        if self.first_block > 1:
+            parts.append(f"the batch's blocks numbered from {self.first_block} up")
         if self.padding:
             parts.append(f"{self.padding} padded tokens (slot -1)")
         return ", ".join(parts)
+
+    def _batch_text(self) -> str:
+        """The lengths, spelled out for a small batch and summarised for a large one (a size case)."""
+        if len(self.query_lens) <= SPELLED_REQUESTS:
+            return f"query_lens={list(self.query_lens)} seq_lens={list(self.seq_lens)}"
+        return (f"{len(self.query_lens)} requests, {sum(self.query_lens)} tokens (query_lens "
+                f"{min(self.query_lens)}..{max(self.query_lens)}, seq_lens {min(self.seq_lens)}..{max(self.seq_lens)})")
 
 
 CASES: list[AttentionCase] = [
@@ -168,11 +189,49 @@ CASES: list[AttentionCase] = [
                   block_size=128, level="full"),
 ]
 
+# ----- size cases: token, request and block counts just past common kernel limits (issue 33) --------------------
+SIZE_FLAG = "past_limit"                  # in the names of the token and request cases (`-k past_limit`)
+_SIZE_LAYOUT = {"num_heads": 1, "num_kv_heads": 1, "head_size": 32, "one_dtype": True}
+
+
+def _size_cases() -> list[AttentionCase]:
+    """The cases of reference_impl.attention.size_cases: forward only (cache_write also on the blocks case)."""
+    cases = []
+    for limit, level in size_cases.TOKEN_LIMITS:
+        q, s = size_cases.mixed(limit + 1)
+        cases.append(AttentionCase(
+            f"tokens_{limit + 1}_{SIZE_FLAG}", q, s, f"{limit + 1} tokens in one prefill/mixed batch ({len(q)} "
+            f"requests): a launch grid, an index or a buffer over tokens that stops at {limit}", level=level,
+            memory_bytes=(limit + 1) * size_cases.BYTES_PER_TOKEN if level == "full" else None, **_SIZE_LAYOUT))
+    for limit, level in size_cases.REQUEST_LIMITS:
+        q, s = size_cases.decodes(limit + 1)
+        cases.append(AttentionCase(
+            f"seqs_{limit + 1}_{SIZE_FLAG}", q, s, f"a decode batch of {limit + 1} requests (a cache of {len(q) + 3} "
+            f"blocks): "
+            f"a grid over sequences or a per-batch buffer sized for {limit}", level=level, **_SIZE_LAYOUT))
+    q, s = size_cases.high_blocks()
+    cases.append(AttentionCase(
+        f"blocks_past_{size_cases.BLOCK_LIMIT}", q, s, f"a cache of more than {size_cases.BLOCK_LIMIT} "
+        f"blocks whose batch uses blocks {size_cases.BLOCK_LIMIT} and up (block-table entries past 2^16): a block "
+        "index held in 16 bits, a grid over the cache's blocks", first_block=size_cases.BLOCK_LIMIT,
+        level="standard", **_SIZE_LAYOUT))
+    return cases
+
+
+CASES += _size_cases()
 CASES_BY_NAME = {c.name: c for c in CASES}
 
 
 def cases_at(level: str) -> list[AttentionCase]:
     return [c for c in CASES if c.runs_at(level)]
+
+
+def case_dtypes(case: AttentionCase, dtypes: list) -> list:
+    """The dtypes among `dtypes` (those the backend declares) the case runs in: all, or for a `one_dtype` case the
+    first of ONE_DTYPE_ORDER among them."""
+    if not case.one_dtype:
+        return list(dtypes)
+    return next(([d] for d in ONE_DTYPE_ORDER if d in dtypes), list(dtypes[:1]))
 
 
 def admits(backend, case: AttentionCase, dtype, kv_cache_dtype: str) -> list[str]:

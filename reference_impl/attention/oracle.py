@@ -79,48 +79,71 @@ def _cached(x: torch.Tensor, problem: AttentionProblem, scale: float, rounding: 
 
 def oracle(problem: AttentionProblem, *, gqa: str = "interleave", fp8_rounding: str = "rne",
            dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """The attention output `[T, H, D]` in float64 (or `dtype`: the oracle's arithmetic in another precision)."""
+    """The attention output `[T, H, D]` in float64 (or `dtype`: the oracle's arithmetic in another precision).
+
+    Requests of the same (query_len, seq_len) share their mask and positions and are computed as one batch: a
+    batch of 65,537 short requests (the size cases) is a few dozen tensor programs, not 65,537."""
     q_all = problem.query.to(dtype)
     num_heads = q_all.shape[1]
     out = torch.zeros(q_all.shape, dtype=dtype)
-    start = 0
+    starts = [0]
+    for ql in problem.query_lens:
+        starts.append(starts[-1] + ql)
+    key_starts = [0]
+    for seq_len in problem.seq_lens:
+        key_starts.append(key_starts[-1] + seq_len)
+    groups: dict[tuple[int, int], list[int]] = {}
     for i, (ql, seq_len) in enumerate(zip(problem.query_lens, problem.seq_lens)):
-        if ql == 0:
-            continue
-        heads = kv_head_of(num_heads, problem.keys[i].shape[1], gqa)
-        k = _cached(problem.keys[i], problem, problem.k_scale, fp8_rounding).to(dtype)[:, heads]
-        v = _cached(problem.values[i], problem, problem.v_scale, fp8_rounding).to(dtype)[:, heads]
-        if problem.encoder:
-            k = problem.keys[i].to(dtype)[:, heads]
-            v = problem.values[i].to(dtype)[:, heads]
-        q = q_all[start:start + ql]
-        s = torch.einsum("qhd,khd->hqk", q, k) * problem.scale
-        if problem.logits_soft_cap:
-            s = problem.logits_soft_cap * torch.tanh(s / problem.logits_soft_cap)
-        p = torch.arange(seq_len - ql, seq_len).view(ql, 1)
-        j = torch.arange(seq_len).view(1, seq_len)
-        if problem.alibi_slopes is not None:
-            slopes = torch.tensor(problem.alibi_slopes, dtype=dtype).view(-1, 1, 1)
-            s = s - slopes * (p - j).to(dtype)
-        allowed = torch.ones(ql, seq_len, dtype=torch.bool)
-        causal = problem.causal and not problem.encoder
-        if causal:
-            allowed &= j <= p
-        if problem.sliding_window is not None:
-            w = problem.sliding_window
-            allowed &= (j > p - w) if causal else ((p - j).abs() < w)
-        s = s.masked_fill(~allowed, -math.inf)
-        m = s.amax(dim=-1, keepdim=True)
-        if problem.sinks is not None:
-            sink = problem.sinks.to(dtype).view(-1, 1, 1)
-            m = torch.maximum(m, sink)
-        e = torch.exp(s - m)
-        denom = e.sum(dim=-1, keepdim=True)
-        if problem.sinks is not None:
-            denom = denom + torch.exp(sink - m)
-        out[start:start + ql] = torch.einsum("hqk,khd->qhd", e / denom, v)
-        start += ql
+        if ql:
+            groups.setdefault((ql, seq_len), []).append(i)
+    if not groups:
+        return out
+    # every request's keys and values as the oracle reads them, packed (one conversion, not one per request)
+    keys = _keys(problem, torch.cat(problem.keys), problem.k_scale, fp8_rounding, dtype)
+    values = _keys(problem, torch.cat(problem.values), problem.v_scale, fp8_rounding, dtype)
+    heads = kv_head_of(num_heads, keys.shape[1], gqa)
+    for (ql, seq_len), members in groups.items():
+        rows = (torch.tensor([starts[i] for i in members]).view(-1, 1) + torch.arange(ql)).flatten()
+        q = q_all[rows].view(len(members), ql, num_heads, -1)
+        at = (torch.tensor([key_starts[i] for i in members]).view(-1, 1) + torch.arange(seq_len)).flatten()
+        k = keys[at].view(len(members), seq_len, *keys.shape[1:])
+        v = values[at].view(len(members), seq_len, *values.shape[1:])
+        out[rows] = _attend(problem, q, k[:, :, heads], v[:, :, heads], ql, seq_len, dtype).flatten(0, 1)
     return out
+
+
+def _keys(problem: AttentionProblem, x: torch.Tensor, scale: float, rounding: str, dtype) -> torch.Tensor:
+    """Keys or values as the oracle reads them: through the fp8 cache round trip, except an encoder's."""
+    return (x.to(dtype) if problem.encoder else _cached(x, problem, scale, rounding).to(dtype))
+
+
+def _attend(problem: AttentionProblem, q, k, v, ql: int, seq_len: int, dtype) -> torch.Tensor:
+    """Steps 1-5 for G requests of one (query_len, seq_len): q `[G, ql, H, D]`, k and v `[G, seq_len, H, D]`."""
+    s = torch.einsum("gqhd,gkhd->ghqk", q, k) * problem.scale
+    if problem.logits_soft_cap:
+        s = problem.logits_soft_cap * torch.tanh(s / problem.logits_soft_cap)
+    p = torch.arange(seq_len - ql, seq_len).view(ql, 1)
+    j = torch.arange(seq_len).view(1, seq_len)
+    if problem.alibi_slopes is not None:
+        slopes = torch.tensor(problem.alibi_slopes, dtype=dtype).view(-1, 1, 1)
+        s = s - slopes * (p - j).to(dtype)
+    allowed = torch.ones(ql, seq_len, dtype=torch.bool)
+    causal = problem.causal and not problem.encoder
+    if causal:
+        allowed &= j <= p
+    if problem.sliding_window is not None:
+        w = problem.sliding_window
+        allowed &= (j > p - w) if causal else ((p - j).abs() < w)
+    s = s.masked_fill(~allowed, -math.inf)
+    m = s.amax(dim=-1, keepdim=True)
+    if problem.sinks is not None:
+        sink = problem.sinks.to(dtype).view(-1, 1, 1)
+        m = torch.maximum(m, sink)
+    e = torch.exp(s - m)
+    denom = e.sum(dim=-1, keepdim=True)
+    if problem.sinks is not None:
+        denom = denom + torch.exp(sink - m)
+    return torch.einsum("ghqk,gkhd->gqhd", e / denom, v)
 
 
 def alibi_slopes(num_heads: int) -> list[float]:

@@ -117,30 +117,43 @@ class ReferenceAttentionImpl(AttentionImpl):
             return output
         m = attn_metadata
         d = self.head_size
-        for i, start in enumerate(m.query_start_loc[:-1]):
-            end = m.query_start_loc[i + 1]
-            if end == start:
-                continue
-            seq_len = m.seq_lens[i]
-            if self.attn_type in ENCODER_TYPES:
-                k, v = key[start:end].to(torch.float32), value[start:end].to(torch.float32)
+        encoder = self.attn_type in ENCODER_TYPES
+        qsl = m.query_start_loc
+        # requests of one (query_len, seq_len) share their mask: computed as one batch (many short requests)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, (start, end) in enumerate(zip(qsl[:-1], qsl[1:])):
+            if end > start:
+                groups.setdefault((end - start, m.seq_lens[i]), []).append(i)
+        for (ql, seq_len), members in groups.items():
+            rows = (torch.tensor([qsl[i] for i in members], device=query.device).view(-1, 1)
+                    + torch.arange(ql, device=query.device)).flatten()
+            if encoder:
+                k = key[rows].view(len(members), ql, *key.shape[1:]).to(torch.float32)
+                v = value[rows].view(len(members), ql, *value.shape[1:]).to(torch.float32)
                 causal = False
             else:
-                k, v = self._gather(kv_cache, m.block_table[i], seq_len, d, layer)
+                k, v = self._gather_group(kv_cache, m.block_table[members], seq_len, d, layer)
                 causal = m.causal
-            output[start:end] = self._attend(query[start:end].to(torch.float32), k, v, seq_len, causal,
-                                             encoder=self.attn_type in ENCODER_TYPES).to(output.dtype)
+            q = query[rows].view(len(members), ql, *query.shape[1:]).to(torch.float32)
+            output[rows] = self._attend_group(q, k, v, seq_len, causal, encoder).flatten(0, 1).to(output.dtype)
         return output
 
     def _gather(self, kv_cache, block_row, seq_len, d, layer):
         """Keys and values `[seq_len, num_kv_heads, head_size]` (float32) of one request, through its blocks."""
+        k, v = self._gather_group(kv_cache, block_row.view(1, -1), seq_len, d, layer)
+        return k[0], v[0]
+
+    def _gather_group(self, kv_cache, block_rows, seq_len, d, layer):
+        """Keys and values `[G, seq_len, num_kv_heads, head_size]` (float32) of G requests of one seq_len, through
+        their block-table rows `[G, width]`."""
         block_size = kv_cache.shape[2]
         needed = math.ceil(seq_len / block_size)
-        if needed > block_row.shape[0]:
+        if needed > block_rows.shape[1]:
             raise ValueError(f"a request of seq_len {seq_len} needs {needed} blocks of {block_size}; its block-table "
-                             f"row has {block_row.shape[0]}")
-        blocks = block_row[:needed].to(torch.long)
-        kv = kv_cache[blocks].transpose(1, 2).reshape(-1, self.num_kv_heads, 2 * d)[:seq_len]
+                             f"row has {block_rows.shape[1]}")
+        blocks = block_rows[:, :needed].to(torch.long)
+        g = blocks.shape[0]
+        kv = kv_cache[blocks].transpose(2, 3).reshape(g, -1, self.num_kv_heads, 2 * d)[:, :seq_len]
         return self._read(kv[..., :d], layer._k_scale_float), self._read(kv[..., d:], layer._v_scale_float)
 
     def _per_query_head(self, x: torch.Tensor) -> torch.Tensor:
@@ -149,16 +162,21 @@ class ReferenceAttentionImpl(AttentionImpl):
 
     def _attend(self, q, k, v, seq_len, causal, encoder):
         """Softmax attention of one request's queries `[ql, H, D]` over its keys `[seq_len, KVH, D]`, float32."""
-        ql = q.shape[0]
-        k, v = self._per_query_head(k), self._per_query_head(v)
-        s = torch.einsum("qhd,khd->hqk", q, k) * self.scale
+        return self._attend_group(q[None], k[None], v[None], seq_len, causal, encoder)[0]
+
+    def _attend_group(self, q, k, v, seq_len, causal, encoder):
+        """`_attend` for G requests of one (query_len, seq_len): q `[G, ql, H, D]`, k and v `[G, seq_len, KVH, D]`."""
+        g, ql = q.shape[0], q.shape[1]
+        k = self._per_query_head(k.flatten(0, 1)).view(g, seq_len, self.num_heads, -1)
+        v = self._per_query_head(v.flatten(0, 1)).view(g, seq_len, self.num_heads, -1)
+        s = torch.einsum("gqhd,gkhd->ghqk", q, k) * self.scale
         if self.logits_soft_cap is not None:
             s = self.logits_soft_cap * torch.tanh(s / self.logits_soft_cap)
-        p = torch.arange(seq_len - ql, seq_len).view(ql, 1)     # the queries' positions
-        j = torch.arange(seq_len).view(1, seq_len)
+        p = torch.arange(seq_len - ql, seq_len, device=q.device).view(ql, 1)     # the queries' positions
+        j = torch.arange(seq_len, device=q.device).view(1, seq_len)
         if self.alibi_slopes is not None:
             s = s - self.alibi_slopes.view(-1, 1, 1) * (p - j).to(torch.float32)
-        allowed = torch.ones(ql, seq_len, dtype=torch.bool)
+        allowed = torch.ones(ql, seq_len, dtype=torch.bool, device=q.device)
         if causal:
             allowed &= j <= p
         if self.sliding_window is not None:
@@ -166,10 +184,10 @@ class ReferenceAttentionImpl(AttentionImpl):
             allowed &= ((p - j).abs() < w) if (encoder or not causal) else (j > p - w)
         s = s.masked_fill(~allowed, float("-inf"))
         if self.sinks is not None:
-            sink = self.sinks.to(torch.float32).view(-1, 1, 1).expand(-1, ql, 1)
+            sink = self.sinks.to(torch.float32).view(1, -1, 1, 1).expand(g, -1, ql, 1)
             s = torch.cat([s, sink], dim=-1)
         probs = torch.softmax(s, dim=-1)[..., :seq_len]
-        return torch.einsum("hqk,khd->qhd", probs, v)
+        return torch.einsum("ghqk,gkhd->gqhd", probs, v)
 
 
 class ReferenceAttentionBackend(AttentionBackend):
