@@ -1,11 +1,12 @@
 """Model family: a small decoder built from the reference layers, the platform's implementations against native,
 at the shapes a runtime uses: a prefill of packed prompts of different lengths, then decode steps of one
-token per sequence against the KV cache.
+token per sequence against the paged KV cache.
 
 The reference run builds the decoder with no CustomOp replacement, every CustomOp on
-`forward_native` (custom_ops none) and every IR op forced to native. The platform run builds the
-same decoder (same checkpoint) under the platform: its replacements are constructed and its IR
-priorities select. Both prefill `PROMPT_LENS` prompts and decode greedily for `NEW_TOKENS` tokens;
+`forward_native` (custom_ops none), every IR op forced to native and its attention on the REFERENCE
+backend. The platform run builds the same decoder (same checkpoint) under the platform: its replacements
+are constructed, its IR priorities select, and its attention runs on the backend its
+`get_attn_backend_cls` selects, writing and reading the paged cache end to end. Both prefill `PROMPT_LENS` prompts and decode greedily for `NEW_TOKENS` tokens;
 the logits of every position computed on a common prefix must be within `MODEL_TOLERANCES` of
 native's (graded against a float64 full recompute for QUALITY_WARNING), and the tokens must be
 identical. The `compiled` case runs the platform's model through `compile_module`
@@ -90,30 +91,38 @@ def without_replacements():
         CustomOp.op_registry_oot.update(saved)
 
 
+NATIVE_ATTENTION = "REFERENCE"   # the reference run's attention backend: the pure-torch paged one
+
+
 def build_reference(config, dtype: torch.dtype, checkpoint, device="cpu"):
-    """The decoder on native everything, on `device` (call it inside `native_only()`)."""
+    """The decoder on native everything (attention on the REFERENCE backend), on `device` (call it inside
+    `native_only()`)."""
     from reference_impl.config import CompilationConfig, RuntimeConfig, set_current_config
     from reference_impl.models import build_model
 
     with without_replacements(), set_current_config(RuntimeConfig(CompilationConfig(custom_ops=["none"]))):
-        return build_model(config, dtype, checkpoint=checkpoint, device=device)
+        return build_model(config, dtype, checkpoint=checkpoint, device=device, attn_backend=NATIVE_ATTENTION)
 
 
 @dataclasses.dataclass
 class Exercised:
-    """What of the platform the decoder ran: IR op -> providers selected, and replacement classes."""
+    """What of the platform the decoder ran: IR op -> providers selected, replacement classes, and the attention
+    backends its layers selected (over the paged cache)."""
 
     providers: dict[str, set[str]]
     layers: set[str]
+    attention: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def anything(self) -> bool:
-        return bool(self.layers) or any(p != "native" for ps in self.providers.values() for p in ps)
+        return (bool(self.layers) or any(p != "native" for ps in self.providers.values() for p in ps)
+                or any(name != NATIVE_ATTENTION for name in self.attention))
 
     def describe(self) -> str:
         ops = ", ".join(f"{op}: {'/'.join(sorted(ps))}" for op, ps in sorted(self.providers.items()))
         layers = ", ".join(sorted(self.layers)) or "none"
-        return f"IR providers selected: {ops or 'none'}; CustomOp replacements: {layers}"
+        attention = ", ".join(self.attention) or "none"
+        return f"IR providers selected: {ops or 'none'}; CustomOp replacements: {layers}; attention backend: {attention}"
 
 
 def exercised(model, batch: list[list[int]], device) -> Exercised:
@@ -126,7 +135,7 @@ def exercised(model, batch: list[list[int]], device) -> Exercised:
     providers = probe_providers(lambda: generate(model, batch, 2, cache=cache, device=device))
     replacements = set(CustomOp.op_registry_oot.values())
     layers = {f"{type(m).__qualname__}" for m in model.modules() if type(m) in replacements}
-    return Exercised(providers, layers)
+    return Exercised(providers, layers, model.attention_backends)
 
 
 # ----- the check ------------------------------------------------------------------------------------
@@ -184,7 +193,7 @@ def decoder(ctx: CheckContext, unit: Unit) -> Verdict:
     atol, rtol = model_tolerances()[dtype]
     where = (f" [decoder hidden={config.hidden_size} layers={config.num_layers} vocab={config.vocab_size}, "
              f"{unit.case}, {unit.dtype}, model seed {MODEL_SEED}, prompts of {list(PROMPT_LENS)} tokens + "
-             f"{NEW_TOKENS - 1} decode steps]")
+             f"{NEW_TOKENS - 1} decode steps over the paged KV cache]")
 
     reference = build_reference(config, dtype, checkpoint, ctx.device)
     with native_only():
@@ -196,7 +205,7 @@ def decoder(ctx: CheckContext, unit: Unit) -> Verdict:
     used = call_impl("the decoder on the platform (probing prefill and decode)", exercised, model, batch, ctx.device)
     if not used.anything:
         return Verdict(Outcome.NOT_IMPLEMENTED, "the decoder ran entirely on native implementations: the platform "
-                       f"brings none of the IR ops or layers it uses ({used.describe()}){where}")
+                       f"brings none of the IR ops, layers or attention backend it uses ({used.describe()}){where}")
     runner = model
     if unit.case == "compiled":
         from conformance.checks.compile import availability

@@ -2,8 +2,9 @@
 
 `greedy_generate` recomputes the whole sequence at every step with `model(input_ids, positions)`.
 `generate` prefills a batch of prompts of different lengths as packed tokens (`cu_seqlens`), then
-decodes one token per sequence per step against the KV cache, sampling greedily or with a seeded
-temperature / top-k sampler. The LM head runs on the sampled rows only (each sequence's last
+decodes one token per sequence per step against the paged KV cache, sampling greedily or with a seeded
+temperature / top-k sampler. A sequence that ends (a stop token) leaves the batch and its cache blocks are
+freed; at the end every sequence's are. The LM head runs on the sampled rows only (each sequence's last
 token) unless the prompt's logits are asked for.
 """
 
@@ -98,8 +99,8 @@ class BatchGeneration:
     """`tokens[s]`: sequence s's generated ids (up to and including its first stop token);
     `prompt_logits[s]`: `[len(prompt s), vocab]` (empty unless `generate(prompt_logits=True)`);
     `step_logits[i]`: `[seqs, vocab]`, the logits that chose every sequence's token i (step 0 is
-    the prompt's last position; a batch runs until its last sequence stops); times in seconds
-    (device synchronized)."""
+    the prompt's last position; a batch runs until its last sequence stops; the rows of a sequence that
+    has ended are NaN); times in seconds (device synchronized)."""
 
     tokens: list[list[int]]
     prompt_logits: list[torch.Tensor]
@@ -149,11 +150,11 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
              stop_token_ids: Collection[int] = (), prompt_logits: bool = False) -> BatchGeneration:
     """Prefill `prompts` (packed, varlen) then decode up to `max_new_tokens - 1` steps of one token each.
 
-    `model(input_ids, positions, cu_seqlens, seq_lens, logits_indices)` runs against `cache` (rows
-    0..seqs-1 are overwritten); the LM head runs on each sequence's last token, or on every prompt
-    token with `prompt_logits` (kept in the result). `on_step(i)` is called after every step
-    (progress bars). A sequence that samples one of `stop_token_ids` (end of sequence) ends there,
-    that token included; the batch keeps its shape (one compiled graph) and stops early once every
+    `model(input_ids, positions, cu_seqlens, seq_lens, logits_indices)` runs against `cache` (every
+    sequence it held is freed first; sequence s is its row s); the LM head runs on each sequence's last
+    token, or on every prompt token with `prompt_logits` (kept in the result). `on_step(i)` is called after
+    every step (progress bars). A sequence that samples one of `stop_token_ids` (end of sequence) ends
+    there, that token included: it leaves the batch and its blocks are freed; generation stops once every
     sequence has ended.
     """
     prompts_ = _as_prompts(prompts)
@@ -163,6 +164,10 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
     if seqs > cache.max_seqs or longest > cache.max_len:
         raise ValueError(f"{seqs} sequences of up to {longest} tokens do not fit the KV cache "
                          f"({cache.max_seqs} sequences of {cache.max_len})")
+    blocks = sum(cache.blocks_for(len(p) + max_new_tokens - 1) for p in prompts_)
+    if blocks > cache.num_blocks - 1:
+        raise ValueError(f"{seqs} sequences of up to {longest} tokens need {blocks} blocks of "
+                         f"{cache.block_size} tokens; the KV cache has {cache.num_blocks - 1}")
     device = torch.device(device)
     sampler = sampler or Sampler()
     lens = torch.tensor([len(p) for p in prompts_], dtype=torch.int64, device=device)
@@ -173,6 +178,7 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
     last_rows = cu_seqlens[1:] - 1    # each sequence's last token; in a decode step, every row
     steps = []
     with torch.no_grad(), using_kv_cache(cache):
+        cache.reset()
         _synchronize(device)
         start = time.perf_counter()
         if prompt_logits:
@@ -190,25 +196,34 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
         if on_step is not None:
             on_step(0)
         stop = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.int64, device=device)
-        ended = torch.isin(next_ids, stop)
-        decode_cu = torch.arange(seqs + 1, dtype=torch.int64, device=device)
-        decode_rows = decode_cu[:-1]
+        live = torch.arange(seqs, device=device)        # the sequences still running, in cache-row order
         start = time.perf_counter()
         for i in range(1, max_new_tokens):
-            if stop.numel() and bool(ended.all()):
-                break
+            if stop.numel():
+                running = ~torch.isin(next_ids, stop)
+                if not bool(running.all()):
+                    cache.release((~running).nonzero().flatten().tolist())
+                    live, next_ids, lens = live[running], next_ids[running], lens[running]
+                    if live.numel() == 0:
+                        break
+            n = live.numel()
+            decode_cu = torch.arange(n + 1, dtype=torch.int64, device=device)
             positions = lens
             lens = lens + 1
-            logits = model(next_ids, positions, decode_cu, lens, decode_rows)
+            logits = model(next_ids, positions, decode_cu, lens, decode_cu[:-1])
             next_ids = sampler(logits)
-            steps.append(logits)
-            generated.append(next_ids)
-            if stop.numel():
-                ended |= torch.isin(next_ids, stop)
+            if n < seqs:    # ended sequences' rows: NaN logits, no token
+                logits = logits.new_full((seqs, logits.shape[-1]), float("nan")).index_copy_(0, live, logits)
+                steps.append(logits)
+                generated.append(next_ids.new_full((seqs,), -1).index_copy_(0, live, next_ids))
+            else:
+                steps.append(logits)
+                generated.append(next_ids)
             if on_step is not None:
                 on_step(i)
         _synchronize(device)
         decode_seconds = time.perf_counter() - start
+        cache.reset()
     tokens = [_up_to_stop(row, stop_token_ids) for row in torch.stack(generated, dim=1).tolist()]
     return BatchGeneration(tokens, kept, torch.stack(steps), prefill_seconds, decode_seconds,
                            [len(p) for p in prompts_])

@@ -11,7 +11,9 @@ window, a gelu-gated MLP).
 
 `forward(input_ids, positions)` is one sequence recomputed whole (causal SDPA, no cache).
 `forward(input_ids, positions, cu_seqlens, seq_lens)` runs packed tokens of several sequences
-against the current KV cache (`kv_cache.using_kv_cache`): prefill or one decode step.
+against the current paged KV cache (`kv_cache.using_kv_cache`): prompts, chunks of prompts after their
+context, decode steps, or a mix. That attention runs on the attention backend the current platform selects
+(or `attn_backend`), through `Attention` layers (models/paged_attention.py).
 `logits_indices` keeps the LM head to the rows that are sampled (each sequence's last token).
 Weights come from a full (unsharded) checkpoint dict with Hugging Face Llama / Mixtral names
 (models/weights.py: `random_checkpoint` makes a seeded one): `load_weights` checks every tensor's shape
@@ -27,6 +29,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from reference_impl.attention.layer import Attention
+from reference_impl.attention.registry import resolve
 from reference_impl.distributed import divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from reference_impl.distributed import tensor_model_parallel_all_reduce
 from reference_impl.layers.fused_moe import FusedMoE
@@ -40,15 +44,18 @@ from reference_impl.layers.linear import (
 from reference_impl.layers.logits_processor import LogitsProcessor
 from reference_impl.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from reference_impl.models.decoder_config import GATED_ACTIVATIONS, DecoderConfig
-from reference_impl.models.kv_cache import CachedBatch, KVCache, attend_cached, plan_batch
+from reference_impl.models.kv_cache import KVCache, current_kv_cache
+from reference_impl.models.paged_attention import DecoderAttention, DecoderStep
 from reference_impl.models.rope import build_rotary
 from reference_impl.models.weights import expected_shapes, random_checkpoint
 
 
 class LlamaAttention(nn.Module):
-    """Causal self-attention of one sequence; this rank's heads, output projection all-reduced."""
+    """Causal self-attention; this rank's heads, output projection all-reduced. Against the KV cache through
+    `self.attn` (the platform's attention backend); one sequence without a cache through SDPA."""
 
-    def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = "", layer_index: int = 0):
+    def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = "", layer_index: int = 0,
+                 attn_backend: type | str | None = None):
         super().__init__()
         self.layer_index = layer_index
         self.head_dim = config.head_dim
@@ -63,18 +70,24 @@ class LlamaAttention(nn.Module):
                                         bias=config.o_proj_bias, params_dtype=dtype, prefix=f"{prefix}.o_proj")
         self.rotary_emb = build_rotary(config.head_dim, config.max_position_embeddings, config.rope_theta,
                                        config.rope_scaling, dtype)
+        if isinstance(attn_backend, str):
+            attn_backend = resolve(attn_backend)
+        self.attn = Attention(self.num_heads, self.head_dim, self.head_dim ** -0.5, self.num_kv_heads,
+                              per_layer_sliding_window=self.window, prefix=f"{prefix}.attn",
+                              attn_backend=attn_backend, dtype=dtype)
+        self.decoder_key = ""   # the DecoderAttention holding self.attn (set by LlamaModel)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-                batch: CachedBatch | tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                batch: DecoderStep | tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
-        if batch is not None:   # packed sequences against the current KV cache
-            args = (self.layer_index, self.num_heads, self.num_kv_heads, self.head_dim ** -0.5, self.window or 0)
-            if isinstance(batch, CachedBatch):    # eager: planned once for all layers
-                attn = attend_cached(q, k, v, batch, *args)
+        if batch is not None:   # packed sequences against the current KV cache, through the attention backend
+            if isinstance(batch, DecoderStep):    # eager: planned once for all layers
+                attn = batch.attend(self.layer_index, q, k, v)
             else:                                 # compiled: one opaque op per layer
-                attn = torch.ops.reference_model.cached_attention(q, k, v, positions, *batch, *args)
+                attn = torch.ops.reference_model.paged_attention(q, k, v, positions, *batch, self.decoder_key,
+                                                                 self.layer_index)
             out, _ = self.o_proj(attn)
             return out
         n = hidden_states.shape[0]
@@ -161,10 +174,11 @@ class MixtralMoE(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = "", layer_index: int = 0):
+    def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = "", layer_index: int = 0,
+                 attn_backend: type | str | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
-        self.self_attn = LlamaAttention(config, dtype, f"{prefix}.self_attn", layer_index)
+        self.self_attn = LlamaAttention(config, dtype, f"{prefix}.self_attn", layer_index, attn_backend)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
         if config.num_experts:
             self.block_sparse_moe = MixtralMoE(config, dtype, f"{prefix}.block_sparse_moe")
@@ -185,19 +199,23 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: DecoderConfig, dtype: torch.dtype):
+    def __init__(self, config: DecoderConfig, dtype: torch.dtype, attn_backend: type | str | None = None,
+                 block_size: int | None = None):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, params_dtype=dtype,
                                                    padding_size=config.padding_size, prefix="model.embed_tokens")
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, f"model.layers.{i}", i)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, f"model.layers.{i}", i, attn_backend)
                                     for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.attention = DecoderAttention([layer.self_attn.attn for layer in self.layers], block_size)
+        for layer in self.layers:
+            layer.self_attn.decoder_key = self.attention.key
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         hidden_states = self.embed_tokens(input_ids)
         if batch is not None and not torch.compiler.is_compiling():
-            batch = plan_batch(positions, *batch, num_layers=len(self.layers))
+            batch = self.attention.step(current_kv_cache(), positions, *batch)
         residual = None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual, batch)
@@ -210,15 +228,18 @@ class LlamaForCausalLM(nn.Module):
 
     Without `cu_seqlens` the tokens are one sequence, recomputed whole. With them they are packed
     sequences (`cu_seqlens` `[seqs + 1]` int64 offsets; `seq_lens` `[seqs]` each sequence's length
-    once these tokens are in) run against the current KV cache (see `kv_cache`). The logits are
-    those of every token, or of the tokens `logits_indices` names (the LM head runs on those only).
+    once these tokens are in) run against the current KV cache (see `kv_cache`); sequence s is the
+    cache's row s. The logits are those of every token, or of the tokens `logits_indices` names (the LM
+    head runs on those only). `attn_backend` (a backend class or registry name) overrides the platform's
+    choice; `block_size` the KV cache's (default 16, or what the backends declare).
     """
 
-    def __init__(self, config: DecoderConfig, dtype: torch.dtype = torch.float32):
+    def __init__(self, config: DecoderConfig, dtype: torch.dtype = torch.float32, *,
+                 attn_backend: type | str | None = None, block_size: int | None = None):
         super().__init__()
         self.config = config
         self.dtype = dtype
-        self.model = LlamaModel(config, dtype)
+        self.model = LlamaModel(config, dtype, attn_backend, block_size)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, params_dtype=dtype,
                                       padding_size=config.padding_size, prefix="lm_head")
         if config.tie_word_embeddings:
@@ -236,14 +257,22 @@ class LlamaForCausalLM(nn.Module):
             hidden_states = hidden_states.index_select(0, logits_indices)
         return self.compute_logits(hidden_states)
 
-    def allocate_kv_cache(self, max_seqs: int, max_len: int) -> KVCache:
-        """A zeroed cache for this rank's KV heads, in the model's dtype and on its device."""
+    def allocate_kv_cache(self, max_seqs: int, max_len: int, *, num_blocks: int | None = None) -> KVCache:
+        """A zeroed paged cache for `max_seqs` sequences of up to `max_len` tokens, this rank's KV heads, in the
+        model's dtype, on its device, in blocks its attention backends take; `num_blocks` (the null block
+        included) defaults to enough for every sequence at `max_len`."""
         attn = self.model.layers[0].self_attn
         if max_len > self.config.max_position_embeddings:
             raise ValueError(f"max_len={max_len} exceeds max_position_embeddings="
                              f"{self.config.max_position_embeddings}")
         return KVCache.allocate(self.config.num_layers, max_seqs, max_len, attn.num_kv_heads, attn.head_dim,
-                                self.dtype, self.lm_head.weight.device)
+                                self.dtype, self.lm_head.weight.device, block_size=self.model.attention.block_size,
+                                num_blocks=num_blocks)
+
+    @property
+    def attention_backends(self) -> list[str]:
+        """The names of the attention backends the decoder's layers run on."""
+        return self.model.attention.backend_names()
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.logits_processor(self.lm_head, hidden_states)
@@ -307,12 +336,14 @@ class LlamaForCausalLM(nn.Module):
 
 def build_model(config: DecoderConfig, dtype: torch.dtype = torch.float32, seed: int = 0,
                 checkpoint: dict[str, torch.Tensor] | None = None,
-                device: torch.device | str = "cpu") -> LlamaForCausalLM:
-    """A decoder with the seeded random checkpoint (or `checkpoint`) loaded for this rank.
+                device: torch.device | str = "cpu", *, attn_backend: type | str | None = None,
+                block_size: int | None = None) -> LlamaForCausalLM:
+    """A decoder with the seeded random checkpoint (or `checkpoint`) loaded for this rank; its attention on the
+    platform's backend unless `attn_backend` names one.
 
     Parameters and buffers are created directly on `device` (never on the process default device).
     """
     with torch.device(device):
-        model = LlamaForCausalLM(config, dtype)
+        model = LlamaForCausalLM(config, dtype, attn_backend=attn_backend, block_size=block_size)
     model.load_weights(checkpoint if checkpoint is not None else random_checkpoint(config, seed, dtype))
     return model.eval()

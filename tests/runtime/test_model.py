@@ -17,6 +17,7 @@ from reference_impl import ir
 from reference_impl.compilation import compile_module
 from reference_impl.config import CompilationConfig, CompilationMode, RuntimeConfig
 from reference_impl.ir.tolerances import MODEL_TOLERANCES
+from reference_impl.attention.reference import ReferenceAttentionBackend, ReferenceAttentionMetadataBuilder
 from reference_impl.models import DecoderConfig, LlamaForCausalLM, build_model, greedy_generate, random_checkpoint
 from reference_impl.platforms import activate_platform
 
@@ -179,13 +180,14 @@ def test_fixed_model_greedy_margins_exceed_twice_the_tolerance(dtype):
         assert bool(((top[:, 0] - top[:, 1]) > 2 * flip_needs).all()), (s, top, flip_needs)
 
 
-def _run(dtype: str, case: str):
-    """The model family's unit on the built-in cpu platform, activated whatever this machine's default is."""
+def _run(dtype: str, case: str, platform=None):
+    """The model family's unit on the built-in cpu platform (or `platform`), activated whatever this machine's
+    default is."""
     from conformance.checks import CheckContext, run_unit
     from conformance.collect.units import Unit
     from reference_impl.platforms import CpuPlatform, activate_platform
 
-    with activate_platform(CpuPlatform()) as platform:
+    with activate_platform(platform or CpuPlatform()) as platform:
         ctx = CheckContext("cpu", platform)
         verdict, _ = run_unit(ctx, Unit("model", "decoder", model_check.MODEL_NAME, None, dtype, case))
     return verdict
@@ -247,15 +249,72 @@ def test_model_family_passes_on_the_cpu_platform(dtype, case):
     verdict = _run(dtype, case)
     assert verdict.outcome.value == "PASS", verdict.message
     assert "rms_norm: cpp" in verdict.message and "fused_add_rms_norm: cpp" in verdict.message
+    assert "attention backend: CPP" in verdict.message
     assert verdict.max_abs_err is not None and verdict.max_abs_err < MODEL_TOLERANCES[
         getattr(torch, dtype)][0]
 
 
+# ----- the decoder's attention through the platform's backend -----------------------------------------
+class NoDecodeContextBuilder(ReferenceAttentionMetadataBuilder):
+    """The planted bug: in a decode batch every request attends as if it had no context (seq_len = 1)."""
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        md = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        if md.max_query_len == 1:
+            md.seq_lens = [1] * len(md.seq_lens)
+        return md
+
+
+class NoDecodeContextBackend(ReferenceAttentionBackend):
+    @staticmethod
+    def get_name():
+        return "NO_DECODE_CONTEXT"
+
+    @staticmethod
+    def get_builder_cls():
+        return NoDecodeContextBuilder
+
+
+def _platform_with_attention(backend: str):
+    from reference_impl.platforms import CpuPlatform
+
+    class WithBackend(CpuPlatform):
+        def get_attn_backend_cls(self, selected_backend, selector_config, num_heads=None):
+            return backend
+
+    return WithBackend()
+
+
 def test_model_family_is_not_implemented_when_everything_runs_native():
     with native_only():
-        verdict = _run("float32", "eager")
+        verdict = _run("float32", "eager", _platform_with_attention("REFERENCE"))
     assert verdict.outcome.value == "NOT_IMPLEMENTED", verdict.message
-    assert "ran entirely on native" in verdict.message
+    assert "ran entirely on native" in verdict.message and "attention backend: REFERENCE" in verdict.message
+
+
+@pytest.mark.parametrize("case", ["eager", "compiled"])
+def test_model_family_fails_a_backend_that_ignores_the_context_in_decode(case):
+    """Every IR op native, so the planted backend is all the platform brings: the decoder check runs it end to end
+    over the paged cache (prefill right, decode wrong) and fails on the logits; the reference run stays on
+    REFERENCE under the same platform."""
+    platform = _platform_with_attention(f"{__name__}.NoDecodeContextBackend")
+    with native_only():
+        verdict = _run("float32", case, platform)
+    assert verdict.outcome.value == "FAIL", verdict.message
+    assert verdict.message.startswith("logits of sequence") and "attention backend: NO_DECODE_CONTEXT" in verdict.message
+    assert "over the paged KV cache" in verdict.message
+    with activate_platform(platform):
+        cfg = model_check.model_config()
+        native = model_check.build_reference(cfg, torch.float32, random_checkpoint(cfg, model_check.MODEL_SEED))
+        assert native.attention_backends == ["REFERENCE"]
+        assert build_model(cfg, torch.float32).attention_backends == ["NO_DECODE_CONTEXT"]
+
+
+def test_model_family_passes_the_cpu_platforms_attention_backend_alone():
+    with native_only():
+        verdict = _run("float32", "eager")
+    assert verdict.outcome.value == "PASS", verdict.message
+    assert "attention backend: CPP" in verdict.message and "rms_norm: native" in verdict.message
 
 
 @pytest.fixture

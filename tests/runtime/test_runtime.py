@@ -71,8 +71,10 @@ def test_cached_attention_errors_are_named():
         model(ids, torch.tensor([4, 5]), torch.tensor([0, 2]), torch.tensor([6]))
     with pytest.raises(ValueError, match="exceeds max_position_embeddings=256"):
         model.allocate_kv_cache(1, 300)
-    cache = KVCache.allocate(2, 3, 8, 2, 16, torch.float16, "cpu")
-    assert (cache.max_seqs, cache.max_len, cache.nbytes()) == (3, 8, 2 * 2 * 3 * 8 * 2 * 16 * 2)
+    cache = KVCache.allocate(2, 3, 8, 2, 16, torch.float16, "cpu", block_size=4)
+    # 2 layers x (the null block + 3 sequences x 2 blocks) x 2 kv heads x 4 tokens x (key + value) x 16 x 2 bytes
+    assert (cache.max_seqs, cache.max_len, cache.num_blocks, cache.nbytes()) == (3, 8, 7, 2 * 7 * 2 * 4 * 2 * 16 * 2)
+    assert cache.layers[0].shape == (7, 2, 4, 32) and cache.layers[0].dtype == torch.float16
 
 
 # ----- sampling -----------------------------------------------------------------------------------
@@ -285,7 +287,7 @@ def test_compiled_decode_does_not_recompile_as_batch_and_lengths_change():
     generate(compiled, [[3, 4, 5], [10, 11]], 3, cache=model.allocate_kv_cache(4, 24))
     assert compiled.backend.num_compilations == graphs
     lowered = str(list(compiled.backend.graph_snapshots.values())[-1])
-    assert "reference_ir" not in lowered and "reference_model.cached_attention" in lowered
+    assert "reference_ir" not in lowered and "reference_model.paged_attention" in lowered
 
 
 # ----- the command --------------------------------------------------------------------------------
