@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import itertools
 import json
 import tempfile
@@ -327,15 +328,38 @@ class BridgedBackend(AttentionBackend):
             use_per_head_quant_scales, device_capability, str(getattr(attn_type, "value", attn_type)), **flags))
 
 
+def _registered_as(vllm_backend: type) -> bool:
+    """Whether vLLM's registry holds `vllm_backend` itself under its name (vLLM's own backends, and a plugin's
+    registered with `register_backend`); a plugin's platform may return any class path without registering it."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    name = vllm_backend.get_name()
+    if name not in AttentionBackendEnum.__members__:
+        return False
+    try:
+        return AttentionBackendEnum[name].get_class() is vllm_backend
+    except (ValueError, ImportError, AttributeError):   # a CUSTOM placeholder nobody registered
+        return False
+
+
+def _attribute(vllm_backend: type) -> str:
+    """The name the adapter is importable as under MODULE: vLLM's registry name where the registry holds this very
+    class, else the class's own path with ':' for '.' (a vendor's `CUSTOM`, or its subclass keeping `CPU_ATTN`,
+    must resolve to the vendor's class in every process, never to whatever vLLM registers under that name)."""
+    if _registered_as(vllm_backend):
+        return vllm_backend.get_name()
+    return f"{vllm_backend.__module__}.{vllm_backend.__qualname__}".replace(".", ":")
+
+
 @functools.cache
 def adapter(vllm_backend: type) -> type:
-    """The adapter backend class for one vLLM backend class (one per class, importable as MODULE.<name>)."""
+    """The adapter backend class for one vLLM backend class (one per class, importable as MODULE.<attribute>)."""
     name = vllm_backend.get_name()
     attrs = {"vllm_backend": vllm_backend, "conformance_code": vllm_backend,
              "supported_dtypes": list(vllm_backend.supported_dtypes),
              "supported_kv_cache_dtypes": list(vllm_backend.supported_kv_cache_dtypes),
              "forward_includes_kv_cache_update": bool(vllm_backend.forward_includes_kv_cache_update),
-             "__module__": MODULE, "__qualname__": name,
+             "__module__": MODULE, "__qualname__": _attribute(vllm_backend),
              "__doc__": f"vLLM's {vllm_backend.__module__}.{vllm_backend.__qualname__} as our attention contract."}
     backend = type(name, (BridgedBackend,), attrs)
     vllm_builder = vllm_backend.get_builder_cls()
@@ -355,7 +379,7 @@ def adapter_path(vllm_backend: type) -> str:
 
     cls = adapter(vllm_backend)
     path = f"{MODULE}.{cls.__qualname__}"
-    name = cls.__qualname__
+    name = vllm_backend.get_name()
     if name in AttentionBackendEnum:
         if _OVERRIDES.get(name, AttentionBackendEnum[name].value) != path:
             register_backend(AttentionBackendEnum[name], path)
@@ -369,6 +393,12 @@ def __getattr__(name: str) -> type:
     process, e.g. a worker that imports them from a results file)."""
     if name.startswith("__"):
         raise AttributeError(name)
+    if ":" in name:     # a class vLLM's registry does not hold under its name (see _attribute)
+        module, _, qualname = name.replace(":", ".").rpartition(".")
+        try:
+            return adapter(getattr(importlib.import_module(module), qualname))
+        except (ImportError, AttributeError) as exc:
+            raise AttributeError(f"no attention backend class {module}.{qualname}: {exc}") from exc
     try:
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
     except ImportError as exc:

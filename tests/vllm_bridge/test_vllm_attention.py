@@ -277,3 +277,31 @@ def test_cases_move_to_a_declared_block_size_keeping_what_fits_of_a_shared_prefi
     moved = declared_block(Blocks32, shared)
     assert (moved.block_size, moved.shared_prefix_blocks) == (32, 1)
     assert declared_block(Blocks64, shared) is shared                  # no block of 64 is context of both
+
+
+@needs_vllm
+def test_a_vendor_class_resolves_to_itself_whatever_name_it_keeps(bridge, monkeypatch):
+    """A plugin's platform may return any class path without registering it with vLLM, and vendors subclass vLLM's
+    backends keeping `get_name()`: the adapter must name the vendor's class, not what vLLM registers under that
+    name (which would grade vLLM's code as the vendor's), in this process and in a worker that resolves the path."""
+    import sys
+    import types
+
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from reference_impl.attention import registry
+    from reference_impl.attention.registry import import_qualname
+
+    monkeypatch.setattr(registry, "_OVERRIDES", dict(registry._OVERRIDES))  # adapter_path registers CPU_ATTN's path
+    module = types.ModuleType("acme_vendor_attention")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    vendor = type("AcmeCpuAttention", (CPUAttentionBackend,), {"__module__": module.__name__})
+    module.AcmeCpuAttention = vendor
+    assert vendor.get_name() == "CPU_ATTN"
+    path = bridge.adapter_path(vendor)
+    assert path == f"{bridge.MODULE}.acme_vendor_attention:AcmeCpuAttention"
+    assert import_qualname(path).vllm_backend is vendor and bridge.adapter(vendor).get_name() == "CPU_ATTN"
+    # vLLM's own class keeps its registry name
+    assert bridge.adapter_path(CPUAttentionBackend) == f"{bridge.MODULE}.CPU_ATTN"
+    with pytest.raises(AttributeError, match="no attention backend class acme_vendor_attention.Missing"):
+        getattr(bridge, "acme_vendor_attention:Missing")

@@ -1,0 +1,15 @@
+"""vLLM's CPU platform as an out-of-tree device that selects the vendor's attention backend."""
+
+from vllm.platforms import PlatformEnum
+from vllm.platforms.cpu import CpuPlatform
+
+
+class AcmeAttnCpuPlatform(CpuPlatform):
+    _enum = PlatformEnum.OOT
+    device_name = "acme_attn_cpu"
+
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
+        if attn_selector_config.use_mla or attn_selector_config.use_sparse:
+            return super().get_attn_backend_cls(selected_backend, attn_selector_config, num_heads)
+        return "conformance_vllm_attention.backend.AcmeAttentionBackend"
