@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -22,6 +23,9 @@ from conformance.vllm.engine_runner import PARENT_ENV
 
 START_TIMEOUT_S = 120.0
 LOG_TAIL_LINES = 12
+# vLLM's log prefix "(EngineCore pid=123) ERROR 11-27 20:31:15 [core.py:42] " and torch's "[rank0]: ": a process id
+# and a time that would make the message differ from run to run; the level and the text are kept
+_LOG_PREFIX = re.compile(r"^(\[rank\d+\]:\s*)?(\(\w+ pid=\d+\)\s*)?(?:(\w+) \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] )?")
 _NOT_PASSED_ON = ("CONFORMANCE_RUNNING_NOTE", "CONFORMANCE_FAULT_FILE")
 
 
@@ -34,9 +38,12 @@ class EngineFailed(Exception):
 
 
 class EngineProcess:
-    """One engine process in `workdir` (its log goes to workdir/engine.log); use as a context manager."""
+    """One engine process in `workdir` (its log goes to workdir/engine.log); use as a context manager. `command`
+    replaces the engine runner (tests hand it processes that die or hang)."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, command: list[str] | None = None, start_timeout: float = START_TIMEOUT_S):
+        self.start_timeout = start_timeout
+        self.command = command or [sys.executable, "-m", "conformance.vllm.engine_runner"]
         self.workdir = Path(workdir)
         self.log_path = self.workdir / "engine.log"
         self.proc: subprocess.Popen | None = None
@@ -46,9 +53,8 @@ class EngineProcess:
         env = {k: v for k, v in os.environ.items() if k not in _NOT_PASSED_ON}
         env[PARENT_ENV] = str(os.getpid())
         self._log = open(self.log_path, "wb")   # noqa: SIM115 - closed in __exit__
-        self.proc = subprocess.Popen([sys.executable, "-m", "conformance.vllm.engine_runner"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env)
-        self._expect("ready", START_TIMEOUT_S, "starting (importing vLLM)")
+        self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env)
+        self._expect("ready", self.start_timeout, "starting (importing vLLM)")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -102,7 +108,8 @@ class EngineProcess:
             lines = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return "(no log)"
-        kept = [ln.strip() for ln in lines if ln.strip() and "WARNING" not in ln and "it/s]" not in ln]
+        kept = [_LOG_PREFIX.sub(lambda m: f"{m.group(3)} " if m.group(3) else "", ln).strip() for ln in lines
+                if ln.strip() and "WARNING" not in ln and "it/s]" not in ln]
         return " | ".join(kept[-LOG_TAIL_LINES:]) or "(nothing)"
 
 

@@ -1,0 +1,82 @@
+"""The engine family through vLLM's real engine on tests/plugins/vllm_engine: `stale_cpu`, whose attention builder
+keeps the previous batch's seq_lens on decode steps, FAILs naming the model, request, step and the batch
+composition; its twin `fresh_cpu` passes with prefix-cache hits. The check body runs in this process (it needs no
+platform: its engine process resolves vLLM's, from VLLM_PLUGINS), on the Llama model only (the fault is the
+attention builder's, whatever the model), with no time limit on the reruns that explain a divergence (the harness's
+limit is for a loaded machine's per-check timeout); one engine process per plugin, under a minute each on an idle
+2-core machine."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tomllib
+
+import pytest
+
+from conformance.checks import engine, engine_models
+from conformance.checks.common import CheckContext
+from conformance.collect.units import Unit
+from conformance.results.result import Outcome
+from harness_runner import PLUGINS, entry_points_of
+
+FIXTURE = PLUGINS / "vllm_engine"
+pytestmark = [pytest.mark.engine,
+              pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                 reason="vLLM is not installed here (bash scripts/setup.sh --vllm installs it)")]
+UNIT = Unit("engine", "generate", None, None, "float32", "eager")
+
+
+def test_committed_dist_info_matches_pyproject():
+    project = tomllib.loads((FIXTURE / "pyproject.toml").read_text())["project"]
+    (info,) = FIXTURE.glob("*.dist-info")
+    assert info.name == f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    assert entry_points_of(info) == project["entry-points"]
+
+
+def _verdict(plugin: str):
+    mp = pytest.MonkeyPatch()
+    mp.setattr(engine_models, "MODELS", {"llama": engine_models.MODELS["llama"]})
+    mp.setattr(engine, "EXPLAIN_WITHIN_S", float("inf"))
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "VLLM_PLUGINS")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FIXTURE), saved["PYTHONPATH"]]))
+    os.environ["VLLM_PLUGINS"] = plugin
+    try:
+        return engine.generate(CheckContext("vllm", None), UNIT)
+    finally:
+        mp.undo()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def stale():
+    return _verdict("stale_cpu")
+
+
+@pytest.fixture(scope="module")
+def fresh():
+    return _verdict("fresh_cpu")
+
+
+def test_the_stale_builder_fails_naming_request_step_and_the_batch(stale):
+    assert stale.outcome is Outcome.FAIL, stale.message
+    message = stale.message
+    assert message.startswith("the engine leaves the float64 reference (teacher-forced on the engine's tokens, "
+                              "logprob tolerance 0.0018): llama: request "), message
+    assert ", step " in message and "generated)" in message
+    assert "involved: the batch composition (without it the request matches)" in message
+    assert "the request alone in a fresh engine: matches the oracle" in message
+    assert "on conformance_vllm_engine.platform.StaleCpuPlatform" in message
+    assert stale.err_to_tol > 1
+
+
+def test_the_fresh_twin_passes_with_prefix_cache_hits(fresh):
+    assert fresh.outcome is Outcome.PASS, fresh.message
+    assert fresh.message.startswith("44 generated positions (llama) within logprob tolerance 0.0018 of the float64 reference")
+    assert "prefix cache hits: llama request 4 256 tokens, request 5 128 tokens" in fresh.message
+    assert "on conformance_vllm_engine.platform.FreshCpuPlatform, KV block 128" in fresh.message
+    assert fresh.err_to_tol < 1

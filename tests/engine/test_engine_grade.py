@@ -1,0 +1,204 @@
+"""The engine family without an engine: its units, requests, checkpoints, oracle and grade, and how its engine
+process's death or silence is reported (conformance/checks/engine*.py, conformance/vllm/engine_process.py)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from conformance.checks import engine, engine_models
+from conformance.checks.engine_oracle import grade, logprob_tolerance, oracle_logprobs
+from conformance.collect.inventory import Inventory
+from conformance.results.result import Outcome
+from conformance.vllm.engine_process import EngineFailed, EngineProcess
+
+
+def _inventory(platform) -> Inventory:
+    return Inventory("x", platform, {}, {}, {})
+
+
+def _bridged(dtypes):
+    from conformance.vllm.platform import VllmPlatform
+
+    vp = types.SimpleNamespace(device_name="cpu", device_type="cpu", dispatch_key="CPU", supported_dtypes=dtypes)
+    return VllmPlatform(types.SimpleNamespace(platform=vp))
+
+
+def test_units_only_under_the_vllm_bridge_and_above_quick():
+    every = [torch.bfloat16, torch.float16, torch.float32]
+    bridged = _inventory(_bridged(every))
+    assert engine.engine_units(bridged, "engine", "generate", "quick") == []
+    assert [u.id for u in engine.engine_units(bridged, "engine", "generate", "standard")] == [
+        "float32-eager", "bfloat16-eager"]
+    assert [u.id for u in engine.engine_units(bridged, "engine", "generate", "full")] == [
+        "float32-eager", "float32-compiled", "float16-eager", "float16-compiled", "bfloat16-eager",
+        "bfloat16-compiled"]
+    only32 = _inventory(_bridged([torch.float32]))
+    assert [u.id for u in engine.engine_units(only32, "engine", "generate", "standard")] == ["float32-eager"]
+    from reference_impl.platforms.builtin import CpuPlatform
+
+    assert engine.engine_units(_inventory(CpuPlatform()), "engine", "generate", "full") == []
+
+
+@pytest.mark.parametrize("block", [16, 32, 128, 256])
+def test_requests_chunk_share_whole_blocks_and_fit(block):
+    reqs = engine_models.requests(block)
+    first = [r for r in reqs if r.wave == 0]
+    second = [r for r in reqs if r.wave == 1]
+    assert max(len(r.prompt) for r in first) > engine_models.TOKEN_BUDGET           # the prefill is chunked
+    assert len({r.max_tokens for r in first}) == len(first)                       # the batch shrinks as it decodes
+    for r in second:                                                               # whole blocks of a first prompt
+        assert any(len(r.prompt) > block and r.prompt[:block] == f.prompt[:block] for f in first)
+    assert max(len(r.prompt) + r.max_tokens for r in reqs) <= engine_models.MAX_MODEL_LEN
+    assert engine_models.from_json(engine_models.to_json(reqs)) == reqs
+    assert engine_models.requests(block) == reqs                                   # fixed, not drawn per run
+
+
+def _fake_run(reqs, oracle, perturb=None):
+    """What a perfect engine answers (the oracle's argmax and its top-5 logprobs), then `perturb(outputs)`."""
+    outputs = {}
+    for r in reqs:
+        lp = oracle[r.id]
+        tokens = [int(t) for t in lp.argmax(-1)]
+        steps = [[[int(t), float(lp[i, t])] for t in torch.topk(lp[i], 5).indices] for i in range(len(tokens))]
+        outputs[r.id] = {"id": r.id, "tokens": tokens, "logprobs": steps, "cached_tokens": 0}
+    if perturb:
+        perturb(outputs)
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    reqs = engine_models.requests(16)[:3]
+    gen = torch.Generator().manual_seed(0)
+    oracle = {r.id: torch.log_softmax(3 * torch.randn(r.max_tokens, 64, generator=gen, dtype=torch.float64), -1)
+              for r in reqs}
+    return reqs, oracle
+
+
+def test_a_perfect_engine_passes_and_every_position_is_graded(synthetic):
+    reqs, oracle = synthetic
+    g = grade(reqs, _fake_run(reqs, oracle), oracle, logprob_tolerance(torch.float32))
+    assert g.divergences == [] and g.positions == sum(r.max_tokens for r in reqs) and g.worst_err < 1e-12
+
+
+def test_a_logprob_off_by_more_than_the_tolerance_names_request_and_step(synthetic):
+    reqs, oracle = synthetic
+    tol = logprob_tolerance(torch.bfloat16)
+
+    def off(outputs):
+        outputs[reqs[1].id]["logprobs"][2][0][1] -= 2 * tol
+
+    g = grade(reqs, _fake_run(reqs, oracle, off), oracle, tol)
+    [d] = g.divergences
+    assert (d.request.id, d.step) == (reqs[1].id, 2)
+    assert d.line().startswith(f"request {reqs[1].id} (wave 0, prompt of {len(reqs[1].prompt)} tokens, "
+                               f"{reqs[1].max_tokens} generated), step 2: the engine's logprob of token")
+    within = _fake_run(reqs, oracle, lambda o: o[reqs[1].id]["logprobs"][2][0].__setitem__(
+        1, o[reqs[1].id]["logprobs"][2][0][1] - tol / 2))
+    assert grade(reqs, within, oracle, tol).divergences == []
+
+
+def test_a_wrong_greedy_token_fails_only_where_the_margin_binds(synthetic):
+    reqs, oracle = synthetic
+    tol = 0.01
+    r = reqs[0]
+    lp = oracle[r.id]
+    top2 = torch.topk(lp, 2, dim=-1)
+    margins = top2.values[:, 0] - top2.values[:, 1]
+    wide = int(margins.argmax())
+    second = int(top2.indices[wide, 1])
+
+    def swap(outputs):   # the engine picks the runner-up (its logprob right) where the oracle's margin is wide
+        outputs[r.id]["tokens"][wide] = second
+
+    [d] = grade(reqs, _fake_run(reqs, oracle, swap), oracle, tol).divergences
+    assert d.step == wide and f"chose token {second} where the oracle's greedy token is" in d.what
+    loose = float(margins[wide]) / 2 + 1e-9     # a tolerance under which that margin could flip: no greedy verdict
+    assert grade(reqs, _fake_run(reqs, oracle, swap), oracle, loose).divergences == []
+
+
+def test_an_engine_that_stops_early_diverges(synthetic):
+    reqs, oracle = synthetic
+
+    def short(outputs):
+        outputs[reqs[2].id]["tokens"].pop()
+        outputs[reqs[2].id]["logprobs"].pop()
+
+    [d] = grade(reqs, _fake_run(reqs, oracle, short), oracle, 0.01).divergences
+    assert d.request.id == reqs[2].id and "generated" in d.what and "ignore_eos" in d.what
+
+
+@pytest.mark.parametrize("name", list(engine_models.MODELS))
+def test_the_oracle_is_transformers_on_the_same_checkpoint(name, tmp_path):
+    """Our reference runtime reads each family checkpoint as transformers computes it (float64, every position; within
+    1e-5: transformers keeps its rotary cos/sin in float32, a misread config is off by whole units)."""
+    import transformers
+
+    path = engine_models.write_checkpoint(engine_models.MODELS[name], torch.float32, tmp_path / name)
+    reqs = engine_models.requests(32)[:3]
+    gen = torch.Generator().manual_seed(1)
+    outputs = {r.id: {"tokens": torch.randint(0, engine_models.VOCAB, (r.max_tokens,), generator=gen).tolist()}
+               for r in reqs}
+    ours = oracle_logprobs(path, reqs, outputs)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float64)
+    with torch.no_grad():
+        for r in reqs:
+            ids = torch.tensor([list(r.prompt) + outputs[r.id]["tokens"][:-1]])
+            theirs = torch.log_softmax(hf(ids).logits[0, len(r.prompt) - 1:], -1)
+            torch.testing.assert_close(ours[r.id], theirs, atol=1e-5, rtol=0)
+
+
+def test_the_sliding_window_is_shorter_than_the_prompts_it_must_cut():
+    window = engine_models.MODELS["mistral"].kwargs["sliding_window"]
+    assert max(len(r.prompt) for r in engine_models.requests(32)) > window
+
+
+# ----- the engine process: death and silence --------------------------------------------------------
+def _script(body: str) -> list[str]:
+    return [sys.executable, "-c", body]
+
+
+def test_an_engine_process_that_dies_is_a_crash_naming_the_signal_and_its_output(tmp_path):
+    body = ("import os, sys, signal; print('ready', flush=True); sys.stdin.readline(); "
+            "print('(EngineCore pid=77) ERROR 11-27 20:31:15 [core.py:42] abort in kernel foo', file=sys.stderr, "
+            "flush=True); os.kill(os.getpid(), signal.SIGSEGV)")
+    with EngineProcess(tmp_path, _script(body)) as proc:
+        with pytest.raises(EngineFailed) as info:
+            proc.run([{"name": "llama"}], timeout=30)
+    assert info.value.crashed
+    assert str(info.value) == ("the engine process was killed by SIGSEGV while running llama; its last output: "
+                               "ERROR abort in kernel foo")      # vLLM's pid and time left out: deterministic
+
+
+def test_an_engine_process_that_goes_silent_is_killed_and_reported(tmp_path):
+    body = "import sys, time; print('ready', flush=True); sys.stdin.readline(); time.sleep(60)"
+    with EngineProcess(tmp_path, _script(body)) as proc:
+        with pytest.raises(EngineFailed) as info:
+            proc.run([{"name": "qwen2"}, {"name": "mistral"}], timeout=1)
+        assert proc.proc.poll() is not None            # killed, not left behind
+    assert not info.value.crashed
+    assert str(info.value).startswith("the engine process was silent for 1 s while running qwen2, mistral and was "
+                                      "killed")
+
+
+def test_an_engine_process_that_cannot_start_says_so(tmp_path):
+    body = "import sys; print('ModuleNotFoundError: vllm', file=sys.stderr); sys.exit(3)"
+    with pytest.raises(EngineFailed) as info:
+        with EngineProcess(tmp_path, _script(body)):
+            pass
+    assert str(info.value) == ("the engine process exited with status 3 while starting (importing vLLM); its last "
+                               "output: ModuleNotFoundError: vllm")
+
+
+def test_an_engine_error_is_an_error_naming_the_model():
+    results = [engine.ModelResult("qwen2", {}, error="RuntimeError: no kernel for head 32\n  File x"),
+               engine.ModelResult("mistral", {}, error="RuntimeError: same")]
+    unit = engine.Unit("engine", "generate", None, None, "float32", "eager")
+    verdict = engine._verdict(results, {"vllm": "0.32.0"}, torch.float32, unit)
+    assert verdict.outcome is Outcome.ERROR
+    assert verdict.message.startswith("vLLM's engine raised on model qwen2: RuntimeError: no kernel for head 32 "
+                                      "(also on mistral) [vLLM 0.32.0 on its platform")
