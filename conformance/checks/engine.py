@@ -1,10 +1,10 @@
 """Engine family: the whole platform through vLLM's own `LLM` engine (its worker, model runner, KV-cache manager,
 attention backend, sampler and kernels together), against the reference runtime as the oracle.
 
-Under `--platform=vllm` a unit is one dtype and one mode (eager; compiled at the full level): tiny random
-checkpoints of every model in `engine_models.MODELS` are written by transformers' `save_pretrained`, and one engine
-process (conformance/vllm/engine_process.py) runs each model's fixed requests through an engine with chunked
-prefill forced (a token budget below the longest prompt) and prefix caching on, greedily, asking for logprobs. The
+Under `--platform=vllm` a unit is one dtype and one mode (eager, every model; compiled, at the full level, one
+model a unit): tiny random checkpoints of the models in `engine_models.MODELS` are written by transformers'
+`save_pretrained`, and one engine process (conformance/vllm/engine_process.py) runs each model's fixed requests
+through an engine with chunked prefill forced (a token budget below the longest prompt) and prefix caching on, greedily, asking for logprobs. The
 oracle (engine_oracle.py) is the reference decoder on native everything in float64, teacher-forced on the engine's
 tokens. A divergence is located (model, request, step) and then explained: the same engine process reruns that
 request alone, and the batch without chunked prefill and without prefix caching, and the verdict says which of
@@ -41,7 +41,8 @@ def is_vllm_platform(platform) -> bool:
 
 
 def engine_units(inventory: Inventory, family: str, check_name: str, level: str) -> list[Unit]:
-    """Under the vLLM bridge: standard, float32 and bfloat16 eager; full, every dtype eager and compiled."""
+    """Under the vLLM bridge: standard, float32 and bfloat16 eager (every model in one unit); full, every dtype eager,
+    and compiled per model (op = the model)."""
     from conformance.checks.engine_oracle import tolerances
 
     if level == "quick" or not is_vllm_platform(inventory.platform):
@@ -49,8 +50,16 @@ def engine_units(inventory: Inventory, family: str, check_name: str, level: str)
     dtypes = [dtype_name(d) for d in inventory.dtypes_for(tolerances())]
     if level == "standard":
         dtypes = [d for d in dtypes if d in STANDARD_DTYPES]
-    cases = CASES if level == "full" else ("eager",)
-    return [Unit(family, check_name, None, None, d, case) for d in dtypes for case in cases]
+    units = [Unit(family, check_name, None, None, d, "eager") for d in dtypes]
+    if level == "full":   # vLLM compiles each model for a minute or more on 2 cores: one unit per model
+        units += [Unit(family, check_name, m, None, d, "compiled") for d in dtypes for m in _models()]
+    return units
+
+
+def _models() -> list[str]:
+    from conformance.checks.engine_models import MODELS
+
+    return list(MODELS)
 
 
 def base_run(name: str, checkpoint: Path, dtype: str, compiled: bool, **changes) -> dict:
@@ -88,8 +97,10 @@ def generate(ctx: CheckContext, unit: Unit) -> Verdict:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="conformance-engine-") as tmp:
         work = Path(tmp)
+        if unit.op is not None and unit.op not in engine_models.MODELS:
+            return Verdict(Outcome.ERROR, f"engine model {unit.op!r} is not one of {tuple(engine_models.MODELS)}")
         checkpoints = {name: engine_models.write_checkpoint(model, dtype, work / name)
-                       for name, model in engine_models.MODELS.items()}
+                       for name, model in engine_models.MODELS.items() if unit.op in (None, name)}
         try:
             with EngineProcess(work) as engine:
                 runs = [base_run(name, path, unit.dtype, compiled) for name, path in checkpoints.items()]
@@ -171,7 +182,7 @@ def _explain(engine, result: ModelResult, checkpoint: Path, dtype_text: str, com
 def _where(unit: Unit) -> str:
     from conformance.checks.engine_models import MODELS, TOKEN_BUDGET
 
-    models = ", ".join(f"{m.name} ({m.exercises})" for m in MODELS.values())
+    models = ", ".join(f"{m.name} ({m.exercises})" for m in MODELS.values() if unit.op in (None, m.name))
     return (f"vLLM LLM engine, {unit.dtype}, {unit.case}, chunked prefill at {TOKEN_BUDGET} tokens a step and "
             f"prefix caching; models {models}")
 

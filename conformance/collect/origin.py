@@ -101,7 +101,7 @@ class Attribution:
 
     def of_result(self, op: str | None, provider: str | None, family: str) -> Origin | None:
         """The origin of a result's code: its IR provider's, its layer replacement's, or for a platform-wide
-        check (the model, a default naming a provider nobody registered) the platform's; None where no code of
+        check (the model, the engine, a default naming a provider nobody registered) the platform's; None where no code of
         anyone ran (an op left to native, a name nobody can grade)."""
         if provider is not None and op is not None and (op, provider) in self.ir:
             return self.ir[(op, provider)]
@@ -109,7 +109,7 @@ class Attribution:
             return self.layers[provider]
         if op == "attention" and provider in self.attention:
             return self.attention[provider]
-        if provider is not None or family == "model":
+        if provider is not None or family in ("model", "engine"):   # the platform's whole path: its own code
             return self.platform
         return None
 

