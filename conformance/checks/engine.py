@@ -99,8 +99,9 @@ def generate(ctx: CheckContext, unit: Unit) -> Verdict:
         work = Path(tmp)
         if unit.op is not None and unit.op not in engine_models.MODELS:
             return Verdict(Outcome.ERROR, f"engine model {unit.op!r} is not one of {tuple(engine_models.MODELS)}")
-        checkpoints = {name: engine_models.write_checkpoint(model, dtype, work / name)
-                       for name, model in engine_models.MODELS.items() if unit.op in (None, name)}
+        names = [unit.op] if unit.op is not None else engine_models.models_at(ctx.level)
+        checkpoints = {name: engine_models.write_checkpoint(engine_models.MODELS[name], dtype, work / name)
+                       for name in names}
         try:
             with EngineProcess(work) as engine:
                 runs = [base_run(name, path, unit.dtype, compiled) for name, path in checkpoints.items()]
@@ -115,8 +116,8 @@ def generate(ctx: CheckContext, unit: Unit) -> Verdict:
                     first.explanation = _explain(engine, first, checkpoints[first.model], unit.dtype, compiled, dtype)
         except EngineFailed as exc:
             outcome = Outcome.CRASH if exc.crashed else Outcome.TIMEOUT
-            return Verdict(outcome, f"{exc} [{_where(unit)}]")
-    return _verdict(results, doc, dtype, unit)
+            return Verdict(outcome, f"{exc} [{_where(unit, names)}]")
+    return _verdict(results, doc, dtype, unit, names)
 
 
 def _grade_run(run: dict, checkpoint: Path, dtype) -> ModelResult:
@@ -179,21 +180,22 @@ def _explain(engine, result: ModelResult, checkpoint: Path, dtype_text: str, com
 
 
 # ----- the verdict ----------------------------------------------------------------------------------
-def _where(unit: Unit) -> str:
+def _where(unit: Unit, names: list[str]) -> str:
     from conformance.checks.engine_models import MODELS, TOKEN_BUDGET
 
-    models = ", ".join(f"{m.name} ({m.exercises})" for m in MODELS.values() if unit.op in (None, m.name))
+    models = ", ".join(f"{m.name} ({m.exercises})" for m in MODELS.values()
+                       if (unit.op is None and m.name in names) or unit.op == m.name)
     return (f"vLLM LLM engine, {unit.dtype}, {unit.case}, chunked prefill at {TOKEN_BUDGET} tokens a step and "
             f"prefix caching; models {models}")
 
 
-def _verdict(results: list[ModelResult], doc: dict, dtype, unit: Unit) -> Verdict:
+def _verdict(results: list[ModelResult], doc: dict, dtype, unit: Unit, names: list[str]) -> Verdict:
     from conformance.checks.engine_oracle import logprob_tolerance
 
     tol = logprob_tolerance(dtype)
     facts = next((r.facts for r in results if r.facts), {})
     engine = (f"vLLM {doc.get('vllm')} on {facts.get('platform', 'its platform')}, KV block "
-              f"{facts.get('block_size', '?')}; {_where(unit)}")
+              f"{facts.get('block_size', '?')}; {_where(unit, names)}")
     worst = max((r.grade.worst_err for r in results if r.grade is not None), default=0.0)
     errs = {"max_abs_err": worst, "err_to_tol": worst / tol if tol else None}
     errors = [r for r in results if r.error is not None]

@@ -33,6 +33,7 @@ class EngineModel:
     config_class: str
     kwargs: dict[str, Any]
     exercises: str
+    level: str = "standard"     # the first level whose eager units run it
 
 
 MODELS = {
@@ -41,9 +42,18 @@ MODELS = {
                          "q/k/v biases, tied embeddings"),
     "mistral": EngineModel("mistral", "MistralConfig", {"sliding_window": 48},
                            "a 48-token sliding window, shorter than the prompts"),
+    "mixtral": EngineModel("mixtral", "MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                                        "sliding_window": None},
+                           "MoE, 4 experts, top 2", level="full"),
 }
 # not in the family: Gemma-2 (soft cap, alternating windows) and gpt-oss (sinks) have no oracle in the reference
-# runtime (reference_impl.models reads Llama, Mistral, Qwen2 and Mixtral checkpoints); Mixtral is left for later
+# runtime (reference_impl.models reads Llama, Mistral, Qwen2 and Mixtral checkpoints)
+
+
+def models_at(level: str) -> list[str]:
+    """The models an eager unit runs at `level` (Mixtral's MoE engine costs the most: full only)."""
+    order = ("quick", "standard", "full")
+    return [name for name, m in MODELS.items() if order.index(m.level) <= order.index(level)]
 
 
 def write_checkpoint(model: EngineModel, dtype: torch.dtype, directory: Path) -> Path:

@@ -35,7 +35,10 @@ def test_units_only_under_the_vllm_bridge_and_above_quick():
         "float32-eager", "bfloat16-eager"]
     assert [u.id for u in engine.engine_units(bridged, "engine", "generate", "full")] == [
         "float32-eager", "float16-eager", "bfloat16-eager"] + [
-        f"{m}-{d}-compiled" for d in ("float32", "float16", "bfloat16") for m in ("llama", "qwen2", "mistral")]
+        f"{m}-{d}-compiled" for d in ("float32", "float16", "bfloat16")
+        for m in ("llama", "qwen2", "mistral", "mixtral")]
+    assert engine_models.models_at("standard") == ["llama", "qwen2", "mistral"]     # an eager unit's models
+    assert engine_models.models_at("full") == ["llama", "qwen2", "mistral", "mixtral"]
     only32 = _inventory(_bridged([torch.float32]))
     assert [u.id for u in engine.engine_units(only32, "engine", "generate", "standard")] == ["float32-eager"]
     from reference_impl.platforms.builtin import CpuPlatform
@@ -144,7 +147,8 @@ def test_the_oracle_is_transformers_on_the_same_checkpoint(name, tmp_path):
     outputs = {r.id: {"tokens": torch.randint(0, engine_models.VOCAB, (r.max_tokens,), generator=gen).tolist()}
                for r in reqs}
     ours = oracle_logprobs(path, reqs, outputs)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float64)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float64,
+                                                      experts_implementation="eager")   # grouped_mm: no float64
     with torch.no_grad():
         for r in reqs:
             ids = torch.tensor([list(r.prompt) + outputs[r.id]["tokens"][:-1]])
@@ -198,7 +202,7 @@ def test_an_engine_error_is_an_error_naming_the_model():
     results = [engine.ModelResult("qwen2", {}, error="RuntimeError: no kernel for head 32\n  File x"),
                engine.ModelResult("mistral", {}, error="RuntimeError: same")]
     unit = engine.Unit("engine", "generate", None, None, "float32", "eager")
-    verdict = engine._verdict(results, {"vllm": "0.32.0"}, torch.float32, unit)
+    verdict = engine._verdict(results, {"vllm": "0.32.0"}, torch.float32, unit, ["qwen2", "mistral"])
     assert verdict.outcome is Outcome.ERROR
     assert verdict.message.startswith("vLLM's engine raised on model qwen2: RuntimeError: no kernel for head 32 "
                                       "(also on mistral) [vLLM 0.32.0 on its platform")
