@@ -4,8 +4,9 @@
         (--prompt TEXT | --prompt-ids 1,2,3 | --batch-file prompts.jsonl) --max-new-tokens N
         [--compile] [--tp N] [--dtype float32|float16|bfloat16] [--temperature T --top-k K --seed S]
 
-Prints the generated tokens (and text, for text prompts), the provider selected for each IR op and
-the forward each CustomOp layer class runs, and prefill / decode tokens per second; a progress bar
+Prints the generated tokens (and text, for text prompts), the provider selected for each IR op,
+the forward each CustomOp layer class runs, the attention backend the platform selected (it reads and
+writes the paged KV cache), and prefill / decode tokens per second; a progress bar
 (stderr) for long runs. Text prompts go through the checkpoint's tokenizer.json (the `[text]`
 extra, models/tokenizer.py). `--dtype` defaults to the checkpoint config's dtype (float32 for
 --random). `--tp N` spawns N ranks on torch.distributed (gloo on the CPU, nccl on CUDA) that each
@@ -264,6 +265,7 @@ def run(args: argparse.Namespace, prompts: list[list[int]], rank: int = 0) -> di
         "decode_tokens": decode_tokens, "decode_seconds": result.decode_seconds,
         "graphs_compiled": backend.num_compilations if backend is not None else None,
         "cpu_gemm_layers": packed,
+        "attention_backends": model.attention_backends, "kv_cache_block_size": cache.block_size,
     }
     if rank == 0:
         _print(args, model.config, prompts, report, providers, paths)
@@ -304,6 +306,8 @@ def _print(args, config: DecoderConfig, prompts, report, providers, paths) -> No
           f"tp {args.tp}, {mode}")
     print(f"IR providers selected: {describe(providers)}")
     print(f"CustomOp paths: {describe(paths)}")
+    print(f"attention: {', '.join(report['attention_backends'])} backend over a paged KV cache (blocks of "
+          f"{report['kv_cache_block_size']} tokens)")
     if report["cpu_gemm_layers"]:
         print(f"CPU GEMM: prepacked oneDNN weights in {report['cpu_gemm_layers']} layers (layers/cpu_gemm.py)")
     for i, (prompt, tokens) in enumerate(zip(prompts, report["tokens"])):

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from reference_impl.attention import forward_context
 from reference_impl.attention.backend import CommonAttentionMetadata
 from reference_impl.attention.layer import Attention
 from reference_impl.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, current_kv_cache
@@ -101,11 +102,12 @@ class DecoderAttention:
         key = (layer.attn_backend, spec, device)
         builder = self._builders.get(key)
         if builder is None:
-            from reference_impl.config import get_current_config
-
             names = [lay.layer_name for lay in self.layers
                      if (lay.attn_backend, lay.get_kv_cache_spec()) == (layer.attn_backend, spec)]
-            builder = layer.attn_backend.get_builder_cls()(spec, names, get_current_config(), device)
+            for lay in self.layers:   # a builder may look its layers up by name: this model's, not a later one's
+                forward_context.register_layer(lay.layer_name, lay)
+            # no config, as the attention family drives builders (docs/attention.md: "our runtime config or None")
+            builder = layer.attn_backend.get_builder_cls()(spec, names, None, device)
             self._builders[key] = builder
         return builder
 

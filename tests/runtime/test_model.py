@@ -310,6 +310,30 @@ def test_model_family_fails_a_backend_that_ignores_the_context_in_decode(case):
         assert build_model(cfg, torch.float32).attention_backends == ["NO_DECODE_CONTEXT"]
 
 
+class Head64OnlyBackend(ReferenceAttentionBackend):
+    @staticmethod
+    def get_name():
+        return "HEAD64_ONLY"
+
+    @classmethod
+    def get_supported_head_sizes(cls):
+        return [64]
+
+
+def test_model_family_leaves_a_backend_refusing_the_decoder_to_the_attention_family():
+    """As vLLM's CPU_ATTN declares head size 16 unsupported: the rest of the platform is still graded, the
+    message says why its backend did not run; with nothing else brought, the unit is NOT_IMPLEMENTED."""
+    platform = _platform_with_attention(f"{__name__}.Head64OnlyBackend")
+    verdict = _run("float32", "eager", platform)
+    assert verdict.outcome.value == "PASS", verdict.message
+    assert ("attention backend: REFERENCE (the platform's HEAD64_ONLY declares this decoder's attention (head size "
+            "16, block 16, float32) unsupported: head_size not supported, so the decoder attended on REFERENCE)"
+            in verdict.message) and "rms_norm: cpp" in verdict.message
+    with native_only():
+        verdict = _run("float32", "eager", platform)
+    assert verdict.outcome.value == "NOT_IMPLEMENTED", verdict.message
+
+
 def test_model_family_passes_the_cpu_platforms_attention_backend_alone():
     with native_only():
         verdict = _run("float32", "eager")

@@ -313,6 +313,8 @@ def test_command_end_to_end(tmp_path):
         assert f"sequence {s}: prompt {prompt} -> {tokens}" in run.stdout
     assert "IR providers selected: fused_add_rms_norm: cpp, rms_norm: cpp" in run.stdout
     assert "RMSNorm: forward_cpu" in run.stdout and report["custom_op_paths"]["RMSNorm"] == ["forward_cpu"]
+    assert report["attention_backends"] == ["CPP"] and report["kv_cache_block_size"] == 16
+    assert "attention: CPP backend over a paged KV cache (blocks of 16 tokens)" in run.stdout
     assert "prefill: 14 tokens in" in run.stdout and "decode: 9 tokens of 3 sequences (up to 3 steps) in" in run.stdout
     assert report["stop_token_ids"] == [] and "stop tokens" not in run.stdout
     assert report["prefill_tokens"] == 14 and report["decode_tokens"] == 9 and report["decode_seconds"] > 0
