@@ -42,6 +42,7 @@ CHECK_COST_S = {
     "attention.dispatch": 0.02,
     "attention.cache_write": 0.007,
     "attention.aliasing": 0.005,
+    "engine.generate": 60.0,   # vLLM's engine process, an engine per model (--platform=vllm only; docs/vllm.md)
 }
 DEFAULT_CHECK_COST_S = 0.002
 SCHED_CHUNK = 4   # items the xdist controller sends a worker at a time (its --maxschedchunk), see longest_first
