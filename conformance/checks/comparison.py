@@ -60,6 +60,11 @@ class Comparison:
     max_rel_err: float | None = None
     advice: str | None = None
     err_to_tol: float | None = None   # the worst element's error / its tolerance (conformance.judge.tolerances)
+    # What a FAIL's message is made of, and for a PASS that cleared elements outside the tolerance (as close to float64
+    # as native) how many of how many per output label: what merging the comparisons of row chunks needs
+    # (conformance.judge.oracle.judge_in_chunks).
+    failure: FailureParts | None = None
+    cleared: tuple[tuple[str, int, int], ...] = ()
 
     def with_advice(self, advice: str) -> Comparison:
         """The same result with its advice replaced (the oracle's diagnosis of an ignored argument)."""
@@ -129,20 +134,51 @@ def golden_errors(a: torch.Tensor, b: torch.Tensor, gold: torch.Tensor, mask: to
     return GoldenErrors(float(ea.max()), float(eb.max()), ra, rb, ulp(out_dtype, float(g_abs.max())), eps)
 
 
+def output_golden_errors(out: Any, ref: Any, golden: Any, atol: float) -> tuple[GoldenErrors | None, ...]:
+    """Per output, the implementation's and native's errors against float64 as `compare_outputs` measures them (None
+    where there is no float64 result of that output's shape), whether or not the output equals native's."""
+    outs, refs = as_outputs(out), as_outputs(ref)
+    goldens = as_outputs(golden) if golden is not None else (None,) * len(refs)
+    errs = []
+    for o, r, g in zip(outs, refs, goldens):
+        if not (isinstance(o, torch.Tensor) and isinstance(r, torch.Tensor) and isinstance(g, torch.Tensor)
+                and tuple(g.shape) == tuple(r.shape) == tuple(o.shape)) or o.numel() == 0:
+            errs.append(None)
+            continue
+        a, b, gold = _as_f64(o).cpu(), _as_f64(r).cpu(), _as_f64(g).cpu()
+        b, _ = _specials_by_mathematics("", b, gold, o.dtype)
+        errs.append(golden_errors(a, b, gold, ~torch.isnan(b) & ~torch.isinf(b), atol, o.dtype))
+    return tuple(errs)
+
+
+def merge_golden_errors(parts: list[tuple[GoldenErrors | None, ...]]) -> tuple[GoldenErrors | None, ...]:
+    """The errors of a whole output from its row chunks' (`output_golden_errors` of each): every field the largest
+    (the ulp is at the largest magnitude)."""
+    merged = []
+    for per_output in zip(*parts):
+        present = [e for e in per_output if e is not None]
+        merged.append(None if not present else GoldenErrors(*(max(getattr(e, f.name) for e in present)
+                                                              for f in dataclasses.fields(GoldenErrors))))
+    return tuple(merged)
+
+
 def compare_outputs(out: Any, ref: Any, golden: Any | None, *, atol: float, rtol: float,
-                    compare_nan: bool, dtype: torch.dtype, tolerance_hint: str) -> Comparison:
+                    compare_nan: bool, dtype: torch.dtype, tolerance_hint: str,
+                    golden_errs: tuple[GoldenErrors | None, ...] | None = None) -> Comparison:
     """Structure, dtype and shape exactly; values within atol + rtol*|native|, or at least as close to the
     float64 result as native; golden grading of the rest.
 
     `tolerance_hint` is a format string taking atol and rtol, naming the override that would accept
     (offered only when plausible, see OVERRIDE_FACTOR); a hint without `{atol}` is a requirement.
+    `golden_errs` (one per output) replaces the errors against float64 measured here: a judgement in row chunks
+    grades each chunk by the whole output's (`output_golden_errors` of every chunk, `merge_golden_errors`).
     """
     outs, refs = as_outputs(out), as_outputs(ref)
     goldens = as_outputs(golden) if golden is not None else (None,) * len(refs)
     if isinstance(out, (tuple, list)) != isinstance(ref, (tuple, list)) or len(outs) != len(refs):
         return Comparison(Outcome.FAIL, f"returned {_structure(out)}, native returns {_structure(ref)}")
     worst_abs = worst_rel = worst_ratio = 0.0
-    quality_notes, cleared_notes = [], []
+    quality_notes, cleared_notes, cleared = [], [], []
     for k, (o, r, g) in enumerate(zip(outs, refs, goldens)):
         label = f"output {k}" if len(outs) > 1 else "output"
         if o is None and r is None:
@@ -157,9 +193,10 @@ def compare_outputs(out: Any, ref: Any, golden: Any | None, *, atol: float, rtol
         b, native_note = _specials_by_mathematics(label, b, gold, o.dtype)
         if native_note:
             cleared_notes.append(native_note)
-        problem = _special_value_problem(label, a, b, compare_nan)
-        if problem:
-            return Comparison(Outcome.FAIL, f"{problem} ({native_note})" if native_note else problem)
+        parts = _special_value_problem(label, a, b, compare_nan)
+        if parts:
+            parts = dataclasses.replace(parts, output=k, note=native_note)
+            return Comparison(Outcome.FAIL, parts.format(), failure=parts)
         finite = ~torch.isnan(b) & ~torch.isinf(b)
         diff = torch.where(finite, (a - b).abs(), torch.zeros_like(a))
         diff = torch.where(finite & torch.isnan(a), torch.full_like(a, math.inf), diff)
@@ -170,13 +207,17 @@ def compare_outputs(out: Any, ref: Any, golden: Any | None, *, atol: float, rtol
         worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, max_rel)
         worst_ratio = max(worst_ratio, error_to_tolerance(diff, b, atol, rtol, finite))
         outside = finite & (diff > allowed)
-        errs = golden_errors(a, b, gold, finite, atol, o.dtype) if gold is not None else None
+        if golden_errs is not None:
+            errs = golden_errs[k]
+        else:
+            errs = golden_errors(a, b, gold, finite, atol, o.dtype) if gold is not None else None
         if bool(outside.any()):
             if errs is not None and errs.as_close_as_native:
                 cleared_notes.append(_cleared_note(label, int(outside.sum()), a.numel(), errs))
+                cleared.append((label, int(outside.sum()), a.numel()))
                 continue
-            return _failure(label, a, b, gold, diff, allowed, outside, max_abs, max_rel, errs, atol=atol, rtol=rtol,
-                            dtype=dtype, tolerance_hint=tolerance_hint)
+            return _failure(k, label, a, b, gold, diff, allowed, outside, max_abs, max_rel, errs, atol=atol,
+                            rtol=rtol, dtype=dtype, tolerance_hint=tolerance_hint)
         if errs is not None:
             floor = QUALITY_FLOOR_OF_ATOL * atol
             if errs.impl_abs > QUALITY_FACTOR * errs.native_abs and errs.impl_abs > floor:
@@ -188,7 +229,8 @@ def compare_outputs(out: Any, ref: Any, golden: Any | None, *, atol: float, rtol
         return Comparison(Outcome.QUALITY_WARNING, "; ".join(quality_notes), worst_abs, worst_rel,
                           err_to_tol=worst_ratio)
     if cleared_notes:
-        return Comparison(Outcome.PASS, "; ".join(cleared_notes), worst_abs, worst_rel, err_to_tol=worst_ratio)
+        return Comparison(Outcome.PASS, "; ".join(cleared_notes), worst_abs, worst_rel, err_to_tol=worst_ratio,
+                          cleared=tuple(cleared))
     return Comparison(Outcome.PASS, f"within atol={atol:g} rtol={rtol:g}", worst_abs, worst_rel,
                       err_to_tol=worst_ratio)
 
@@ -238,19 +280,19 @@ def _specials_by_mathematics(label: str, b: torch.Tensor, gold: torch.Tensor | N
     return torch.where(differ, exact, b), note
 
 
-def _special_value_problem(label: str, a: torch.Tensor, b: torch.Tensor, compare_nan: bool) -> str | None:
+def _special_value_problem(label: str, a: torch.Tensor, b: torch.Tensor, compare_nan: bool) -> FailureParts | None:
     """NaN positions (when compared) and infinities must be native's exactly."""
     if compare_nan:
         nan_mismatch = torch.isnan(a) != torch.isnan(b)
         if bool(nan_mismatch.any()):
             idx = _unravel(int(nan_mismatch.flatten().nonzero()[0]), a.shape)
-            return (f"{label}: nan positions differ from native ({int(nan_mismatch.sum())} elements"
-                    f"{bad_rows(nan_mismatch, a, b)}); first at "
-                    f"index {idx}: got {_fmt(float(a[idx]))}, native {_fmt(float(b[idx]))}")
+            return FailureParts("nan", label, int(nan_mismatch.sum()), a.numel(), row_detail(nan_mismatch, a, b),
+                                idx, f"got {_fmt(float(a[idx]))}, native {_fmt(float(b[idx]))}")
     inf_mismatch = ~torch.isnan(b) & torch.isinf(b) & (a != b)
     if bool(inf_mismatch.any()):
         idx = _unravel(int(inf_mismatch.flatten().nonzero()[0]), a.shape)
-        return f"{label}: native gives {_fmt(float(b[idx]))} at index {idx}, got {_fmt(float(a[idx]))}"
+        return FailureParts("inf", label, int(inf_mismatch.sum()), a.numel(), None, idx,
+                            f"native gives {_fmt(float(b[idx]))} at index {{index}}, got {_fmt(float(a[idx]))}")
     return None
 
 
@@ -262,7 +304,7 @@ def _cleared_note(label: str, n_out: int, numel: int, errs: GoldenErrors) -> str
             "less precise one")
 
 
-def _failure(label, a, b, gold, diff, allowed, outside, max_abs, max_rel, errs, *, atol, rtol, dtype,
+def _failure(k, label, a, b, gold, diff, allowed, outside, max_abs, max_rel, errs, *, atol, rtol, dtype,
              tolerance_hint) -> Comparison:
     """The one FAIL template: count, the element with the largest error-to-tolerance ratio (its index, values
     and ratio), the maxima, the float64 grade, and the advice."""
@@ -280,11 +322,70 @@ def _failure(label, a, b, gold, diff, allowed, outside, max_abs, max_rel, errs, 
     err = (f"abs err {_fmt(float(diff[idx]))} = {ratio_text(ratio)}x the tolerance atol + rtol*|native| = "
            f"{_fmt(float(allowed[idx]))} there" if math.isfinite(ratio)
            else "a non-finite value where native's is finite")
-    msg = (f"{label}: {int(outside.sum())} of {a.numel()} elements outside atol={atol:g} rtol={rtol:g} "
-           f"({dtype_name(dtype)}){bad_rows(outside, a, b)}; "
-           f"worst at index {idx}: got {_fmt(float(a[idx]))}, native {_fmt(float(b[idx]))}"
-           f"{at_gold}, {err}; max abs err {_fmt(max_abs)}, max rel err {_fmt(max_rel)}{graded}. " + advice)
-    return Comparison(Outcome.FAIL, msg, max_abs, max_rel, advice=advice, err_to_tol=ratio)
+    parts = FailureParts("tolerance", label, int(outside.sum()), a.numel(), row_detail(outside, a, b), idx,
+                         f"got {_fmt(float(a[idx]))}, native {_fmt(float(b[idx]))}{at_gold}, {err}", output=k,
+                         criterion=f"outside atol={atol:g} rtol={rtol:g} ({dtype_name(dtype)})", max_abs=max_abs,
+                         max_rel=max_rel, graded=graded, advice=advice)
+    return Comparison(Outcome.FAIL, parts.format(), max_abs, max_rel, advice=advice, err_to_tol=ratio, failure=parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class FailureParts:
+    """What a FAIL message says, kept apart so that the comparisons of an output's row chunks merge into the message
+    of the whole output (`merged`): `kind` is "tolerance" (elements outside atol + rtol*|native|), "nan" (NaN
+    positions differ) or "inf" (an infinity of native's missed)."""
+
+    kind: str
+    label: str
+    elements: int                       # bad elements
+    numel: int
+    rows: RowDetail | None
+    index: tuple[int, ...]              # the worst (tolerance) or first (nan, inf) bad element
+    at_index: str                       # what is there ("got 0, native 0.5, ...")
+    output: int = 0                     # which output of the op
+    note: str | None = None             # native's special values judged by float64 (nan, inf)
+    criterion: str = ""
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    graded: str = ""
+    advice: str = ""
+
+    def format(self) -> str:
+        rows = describe_rows(self.rows) if self.rows is not None else ""
+        if self.kind == "nan":
+            text = (f"{self.label}: nan positions differ from native ({self.elements} elements{rows}); first at index "
+                    f"{self.index}: {self.at_index}")
+        elif self.kind == "inf":
+            text = f"{self.label}: {self.at_index.format(index=self.index)}"
+        else:
+            return (f"{self.label}: {self.elements} of {self.numel} elements {self.criterion}{rows}; worst at index "
+                    f"{self.index}: {self.at_index}; max abs err {_fmt(self.max_abs)}, max rel err "
+                    f"{_fmt(self.max_rel)}{self.graded}. " + self.advice)
+        return f"{text} ({self.note})" if self.note else text
+
+    def shifted(self, rows: int, row_elements: int) -> FailureParts:
+        """The same failure in a tensor whose first `rows` leading-dim rows come before this one's: indices and bad
+        rows rebased (`row_elements`: how many flattened rows one index of the first dim is)."""
+        return dataclasses.replace(self, index=(self.index[0] + rows, *self.index[1:]),
+                                   rows=None if self.rows is None else self.rows.shifted(rows * row_elements))
+
+
+def merged(parts: list[tuple[FailureParts, float]]) -> FailureParts:
+    """One failure of the whole output from its chunks' failures (already shifted, in row order, each with its
+    error-to-tolerance ratio): the kind the whole output's comparison reports first (nan, then inf, then tolerance,
+    of the first output that has one), the counts and bad rows summed, the worst element the one of the largest
+    ratio (nan, inf: the first), the maxima the largest."""
+    for kind in ("nan", "inf", "tolerance"):
+        same = [(p, r) for p, r in parts if p.kind == kind]
+        if same:
+            break
+    first_output = min(p.output for p, _ in same)
+    same = [(p, r) for p, r in same if p.output == first_output]
+    lead = max(same, key=lambda pr: pr[1])[0] if kind == "tolerance" else same[0][0]
+    rows = [p.rows for p, _ in same if p.rows is not None]
+    return dataclasses.replace(
+        lead, elements=sum(p.elements for p, _ in same), rows=RowDetail.joined(rows) if rows else None,
+        max_abs=max(p.max_abs for p, _ in same), max_rel=max(p.max_rel for p, _ in same))
 
 
 def _advice(ratio: float, errs: GoldenErrors | None, atol: float, tolerance_hint: str, need_atol: float,
@@ -310,39 +411,74 @@ def _advice(ratio: float, errs: GoldenErrors | None, atol: float, tolerance_hint
 SHOWN_ROW_RUNS = 3
 
 
-def bad_rows(bad: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> str:
-    """Which rows hold the elements `bad` marks (a row: one index of the leading dims, flattened; the last dim is a
-    row's elements): how many of how many, the first, and the runs of consecutive bad rows, each said to be all zero
-    or all nan where the implementation's output `a` is that on the whole run and native's `b` is not. A kernel that
-    stops at a row limit shows as one run from the limit to the last row ("rows 4096..65536 are all zero"). Empty for
-    outputs of fewer than two dims."""
+@dataclasses.dataclass(frozen=True)
+class RowDetail:
+    """The rows a set of bad elements is in (a row: one index of the leading dims, flattened; the last dim is a row's
+    elements): the bad rows' indices, and per bad row whether the implementation's output and native's are all zero
+    and all nan there, of `n_rows` rows."""
+
+    n_rows: int
+    index: torch.Tensor                 # int64 [k], ascending
+    got_zero: torch.Tensor              # bool [k]
+    want_zero: torch.Tensor
+    got_nan: torch.Tensor
+    want_nan: torch.Tensor
+
+    def shifted(self, rows: int) -> RowDetail:
+        return dataclasses.replace(self, index=self.index + rows)
+
+    @staticmethod
+    def joined(details: list[RowDetail]) -> RowDetail:
+        """The rows of consecutive chunks (shifted to their place) as one output's: bad rows and row counts added."""
+        return RowDetail(sum(d.n_rows for d in details), *(torch.cat([getattr(d, f) for d in details]) for f in
+                                                          ("index", "got_zero", "want_zero", "got_nan", "want_nan")))
+
+
+def row_detail(bad: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> RowDetail | None:
+    """The RowDetail of the elements `bad` marks, `a` the implementation's output and `b` native's; None for outputs
+    of fewer than two dims or without elements."""
     if a.ndim < 2 or a.numel() == 0:
-        return ""
+        return None
     width = a.shape[-1]
-    row_bad = bad.reshape(-1, width).any(dim=-1)
-    bad_idx = row_bad.nonzero().flatten()
+    index = bad.reshape(-1, width).any(dim=-1).nonzero().flatten()
+    got, want = a.reshape(-1, width)[index], b.reshape(-1, width)[index]
+    return RowDetail(bad.numel() // width, index, (got == 0).all(dim=-1), (want == 0).all(dim=-1),
+                     torch.isnan(got).all(dim=-1), torch.isnan(want).all(dim=-1))
+
+
+def bad_rows(bad: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> str:
+    """Which rows hold the elements `bad` marks (`describe_rows` of their `row_detail`). Empty for outputs of fewer
+    than two dims."""
+    detail = row_detail(bad, a, b)
+    return "" if detail is None else describe_rows(detail)
+
+
+def describe_rows(detail: RowDetail) -> str:
+    """How many of how many rows are bad, the first, and the runs of consecutive bad rows, each said to be all zero
+    or all nan where the implementation's output is that on the whole run and native's is not. A kernel that stops
+    at a row limit shows as one run from the limit to the last row ("rows 4096..65536 are all zero")."""
+    bad_idx = detail.index
     if bad_idx.numel() == 0:
         return ""
-    n_rows, first = row_bad.numel(), int(bad_idx[0])
+    first = int(bad_idx[0])
     breaks = (bad_idx[1:] != bad_idx[:-1] + 1).nonzero().flatten()
-    starts = [first] + [int(bad_idx[i + 1]) for i in breaks]
-    ends = [int(bad_idx[i]) for i in breaks] + [int(bad_idx[-1])]
-    runs = [_row_run(lo, hi, a.reshape(-1, width), b.reshape(-1, width)) for lo, hi in
-            zip(starts[:SHOWN_ROW_RUNS], ends[:SHOWN_ROW_RUNS])]
+    starts = [0] + [int(i) + 1 for i in breaks]
+    ends = [int(i) for i in breaks] + [bad_idx.numel() - 1]
+    runs = [_row_run(detail, lo, hi) for lo, hi in zip(starts[:SHOWN_ROW_RUNS], ends[:SHOWN_ROW_RUNS])]
     more = len(starts) - len(runs)
     shown = ", ".join(runs) + (f" and {more} more run{'s' if more > 1 else ''} of bad rows" if more else "")
-    return f" in {bad_idx.numel()} of {n_rows} rows, first bad row {first} ({shown})"
+    return f" in {bad_idx.numel()} of {detail.n_rows} rows, first bad row {first} ({shown})"
 
 
-def _row_run(lo: int, hi: int, a: torch.Tensor, b: torch.Tensor) -> str:
-    """`row 7`, `rows 4096..65536`, with ` are all zero` / ` are all nan` (` is` for one row) where `a` is that there
-    and `b` is not."""
-    text = f"row {lo}" if lo == hi else f"rows {lo}..{hi}"
-    got, want = a[lo:hi + 1], b[lo:hi + 1]
-    verb = "is" if lo == hi else "are"
-    if bool((got == 0).all()) and not bool((want == 0).all()):
+def _row_run(detail: RowDetail, lo: int, hi: int) -> str:
+    """`row 7`, `rows 4096..65536` (bad rows lo..hi of `detail`, consecutive), with ` are all zero` / ` are all nan`
+    (` is` for one row) where the implementation's output is that there and native's is not."""
+    first, last = int(detail.index[lo]), int(detail.index[hi])
+    text = f"row {first}" if first == last else f"rows {first}..{last}"
+    verb = "is" if first == last else "are"
+    if bool(detail.got_zero[lo:hi + 1].all()) and not bool(detail.want_zero[lo:hi + 1].all()):
         return f"{text} {verb} all zero"
-    if bool(torch.isnan(got).all()) and not bool(torch.isnan(want).all()):
+    if bool(detail.got_nan[lo:hi + 1].all()) and not bool(detail.want_nan[lo:hi + 1].all()):
         return f"{text} {verb} all nan"
     return text
 

@@ -61,12 +61,14 @@ def impl_args(impl, op, args) -> tuple:
     return args
 
 
-def compare_ir(ctx: CheckContext, op, impl, args, dtype: torch.dtype, compare_nan: bool) -> Comparison:
-    """Run the implementation on copies of `args` and judge it with the oracle (native, float64 golden)."""
+def compare_ir(ctx: CheckContext, op, impl, args, dtype: torch.dtype, compare_nan: bool, *,
+               chunk_elements: int | None = None) -> Comparison:
+    """Run the implementation on copies of `args` and judge it with the oracle (native, float64 golden); in row
+    chunks of `chunk_elements` where given (a case past 2^31 elements)."""
     from conformance.judge.oracle import judge
 
     out = call_impl(f"provider '{impl.provider}' of {op.name}", impl.impl_fn, *impl_args(impl, op, args))
-    return judge(op, args, out, dtype, compare_nan=compare_nan)
+    return judge(op, args, out, dtype, compare_nan=compare_nan, chunk_elements=chunk_elements)
 
 
 @check("numerics", "unsupported", units=Inventory.unsupported_units)
@@ -93,7 +95,10 @@ def _ir_case(ctx: CheckContext, unit: Unit) -> Verdict:
     ok, note = supports(impl, args)
     if not ok:
         return not_supported(f"{note} (case {unit.case}, {unit.dtype})")
-    cmp = compare_ir(ctx, op, impl, args, dtype, case.compare_nan)
+    from reference_impl.ir.size_cases import JUDGE_CHUNK_ELEMENTS
+
+    cmp = compare_ir(ctx, op, impl, args, dtype, case.compare_nan,
+                     chunk_elements=JUDGE_CHUNK_ELEMENTS if case.memory_bytes else None)
     suffix = (f" [op {op.name}, provider {impl.provider}, case {unit.case}, dtype {unit.dtype}, "
               f"seed {ctx.seed} (input seed {unit_seed(ctx.seed, unit.op, unit.case, unit.dtype)}); "
               f"args: {describe_args(op.param_names, args)}]")

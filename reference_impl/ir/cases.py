@@ -29,8 +29,10 @@ class OpCase:
     # may decline, raise or differ here: the harness reports NOT_SUPPORTED with this reason, never FAIL.
     beyond_vllm: str | None = None
     # Bytes the case needs free on the host and its device to run and be judged (a case past 2^31 elements,
-    # reference_impl.ir.size_cases); None for cases of ordinary size. Where they are not free it is skipped.
+    # reference_impl.ir.size_cases, judged in row chunks); None for cases of ordinary size. Where they are not free it
+    # is skipped. `whole_memory_bytes`: what judging it in one piece needs (a layer's judgement, not chunked).
     memory_bytes: int | None = None
+    whole_memory_bytes: int | None = None
     # A case about size alone (reference_impl.ir.size_cases): only the numerics family runs it; the aliasing
     # family's contracts (no input written, no output aliasing one, the schema, the fake) do not depend on size,
     # and the dispatch family probes supports_args at such row counts on fakes already.

@@ -21,13 +21,29 @@ ROWS_FLAG = "rows_past_limit"
 INT32_FLAG = "elements_past_int32"
 # The >2^31-element case runs in the smallest floating dtype the catalog's ops run in (2 bytes an element).
 SMALLEST_DTYPES = (torch.bfloat16,)
-# Host bytes per element that running and judging such a case takes at its peak: the inputs and the kernel's
-# output, native's float32 intermediates, the float64 golden run and the oracle's float64 comparison (outputs,
-# native, golden, differences, allowed error, masks). Measured: rms_norm's judgement of a failing bfloat16 output
-# peaks at 94 tensor bytes an element (profiler-counted, the same at 2^16 to 2^22 elements; RSS growth of 2^24
-# elements gave rotary_embedding 63 per element of each of query and key, silu_and_mul 51 per input element);
-# tests/ir/test_size_cases.py holds the estimate above a fresh measurement.
+# Host bytes per element that judging an output in one piece takes at its peak: native's float32 intermediates, the
+# float64 golden run and the oracle's float64 comparison (outputs, native, golden, differences, allowed error,
+# masks). Measured: rms_norm's judgement of a failing bfloat16 output peaks at 94 tensor bytes an element
+# (profiler-counted, the same at 2^16 to 2^22 elements; RSS growth of 2^24 elements gave rotary_embedding 63 per
+# element of each of query and key, silu_and_mul 51 per input element); tests/ir/test_size_cases.py holds the estimate
+# above a fresh measurement.
 JUDGE_BYTES_PER_ELEMENT = 128
+# The >2^31-element case of a row-parallel op is judged in row chunks of this many elements
+# (conformance.judge.oracle.judge_in_chunks): the judgement holds one chunk's float64 copies (2 GiB at 128 bytes an
+# element), not the whole output's (256 GiB in bfloat16). What the whole case holds besides, per element of each
+# activation: its inputs, the provider's copy of them and its output (2 bytes each in bfloat16), the bad rows a
+# failure names (at most 12 bytes a row of 8: 1.5), and up to 8.5 for a provider's own intermediates (a float32 copy
+# and a float32 result, as a provider written in torch makes).
+JUDGE_CHUNK_ELEMENTS = 1 << 24
+RUN_BYTES_PER_ELEMENT = 16
+
+
+def judge_memory(elements: int, tensors: int = 1, *, chunked: bool = True) -> int:
+    """Bytes free that running and judging a case of `tensors` activations of `elements` each needs: in row chunks
+    (a row-parallel op), or in one piece (`chunked=False`: a layer's judgement, an op that is not row by row)."""
+    if not chunked:
+        return tensors * elements * JUDGE_BYTES_PER_ELEMENT
+    return tensors * (elements * RUN_BYTES_PER_ELEMENT + min(elements, JUDGE_CHUNK_ELEMENTS) * JUDGE_BYTES_PER_ELEMENT)
 
 
 def size_rows(width: int, label: str, options: dict | None = None, *,
@@ -36,9 +52,10 @@ def size_rows(width: int, label: str, options: dict | None = None, *,
 
     `label` is how the op's case names spell the width (`hidden=8`, `d=4` for a gated op of width 8); `options`
     are the op's own case options, copied into every row, plus `numerics_only` (their contracts other than the
-    values do not depend on size). The >2^31-element row's options add `dtypes` (the smallest dtype) and
-    `memory_bytes` (what running and judging it needs free, see `memory_shortfall`), counted for `tensors`
-    activations of that shape (2 for a query and a key, an input and a residual)."""
+    values do not depend on size). The >2^31-element row's options add `dtypes` (the smallest dtype),
+    `memory_bytes` (what running and judging it in row chunks needs free, see `memory_shortfall`) and
+    `whole_memory_bytes` (judged in one piece), counted for `tensors` activations of that shape (2 for a query and a
+    key, an input and a residual)."""
     if width < 1:
         raise ValueError(f"size_rows: width {width} must be positive")
     base = {**(options or {}), "numerics_only": True}
@@ -46,14 +63,20 @@ def size_rows(width: int, label: str, options: dict | None = None, *,
             for limit, level in ROW_LIMITS]
     big = INT32_ELEMENTS // width + 1
     rows.append((f"tokens={big},{label},{INT32_FLAG}", (big, width), "full",
-                 {**base, "dtypes": SMALLEST_DTYPES, "memory_bytes": tensors * big * width * JUDGE_BYTES_PER_ELEMENT}))
+                 {**base, "dtypes": SMALLEST_DTYPES, "memory_bytes": judge_memory(big * width, tensors),
+                  "whole_memory_bytes": judge_memory(big * width, tensors, chunked=False)}))
     return rows
 
 
-def case_fields(options: dict) -> dict:
-    """The `OpCase` fields a `size_rows` row's options set (`dtypes`, `memory_bytes`, `numerics_only`), for
-    `OpCase(name, make_args, level=level, **case_fields(options))`; empty for an ordinary row."""
-    return {k: options[k] for k in ("dtypes", "memory_bytes", "numerics_only") if k in options}
+def case_fields(options: dict, *, row_parallel: bool = True) -> dict:
+    """The `OpCase` fields a `size_rows` row's options set (`dtypes`, `memory_bytes`, `whole_memory_bytes`,
+    `numerics_only`), for `OpCase(name, make_args, level=level, **case_fields(options))`; empty for an ordinary row.
+    `row_parallel=False` (an op whose result is not row by row, dynamic per-tensor quantization): judged in one
+    piece, so its memory need is the whole judgement's."""
+    fields = {k: options[k] for k in ("dtypes", "memory_bytes", "whole_memory_bytes", "numerics_only") if k in options}
+    if not row_parallel and "whole_memory_bytes" in fields:
+        fields["memory_bytes"] = fields["whole_memory_bytes"]
+    return fields
 
 
 def available_bytes(device: str | torch.device) -> tuple[int | None, str]:

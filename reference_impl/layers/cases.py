@@ -75,7 +75,8 @@ def from_op_cases(op, form: Callable[[tuple], tuple[dict[str, Any], tuple[Any, .
     to (constructor kwargs, forward arguments); the kwargs may depend on the arguments' shapes, dtypes and flags
     only, since they are read from arguments built once on the CPU with a fixed seed. Level, dtypes and
     beyond_vllm carry over, and so do the size cases (rows past common kernel limits, and at full one case past
-    2^31 elements with its memory need: the layer's kernel is row-parallel like the op's); `keep` selects; `name`
+    2^31 elements with its memory need judged in one piece: the layer's kernel is row-parallel like the op's, its
+    judgement is not chunked); `keep` selects; `name`
     turns the op case's name into the layer case's."""
     out = []
     for case in op.cases:
@@ -84,7 +85,7 @@ def from_op_cases(op, form: Callable[[tuple], tuple[dict[str, Any], tuple[Any, .
         out.append(LayerCase(name(case.name), functools.partial(_op_form_kwargs, case, form),
                              functools.partial(_op_form_inputs, case, form), init_params=init_params,
                              level=case.level, dtypes=case.dtypes, beyond_vllm=case.beyond_vllm,
-                             memory_bytes=case.memory_bytes))
+                             memory_bytes=case.whole_memory_bytes or case.memory_bytes))
     return out
 
 

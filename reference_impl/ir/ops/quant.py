@@ -157,7 +157,7 @@ def _dynamic_case(name, shape, level, opts, per_token, with_ub):
 
     suffix = ("per_token" if per_token else "per_tensor") + (",scale_ub" if with_ub else "")
     return OpCase(f"{name},{suffix}", make_args, level=level, beyond_vllm=_beyond_vllm(shape, per_token),
-                  **case_fields(opts))
+                  **case_fields(opts, row_parallel=per_token))     # a per-tensor scale reads every row
 
 
 for _per_token in (False, True):
