@@ -169,7 +169,9 @@ class KVCache:
                              f"{self.max_len}")
         device = positions.device
         qlens = torch.tensor(query_lens, dtype=torch.int64, device=device)
-        rows = torch.repeat_interleave(torch.arange(num_seqs, device=device), qlens, output_size=tokens)
+        rows = torch.arange(num_seqs, device=device)              # the sequence (cache row) of every token
+        if any(q != 1 for q in query_lens):                        # not a decode step of one token each
+            rows = torch.repeat_interleave(rows, qlens, output_size=tokens)
         # token t of sequence s sits at seq_lens[s] - (cu_seqlens[s + 1] - t)
         expected = seq_lens.to(device=device, dtype=torch.int64)[rows] - (
             cu_seqlens.to(device=device, dtype=torch.int64)[1:][rows] - torch.arange(tokens, device=device))

@@ -86,6 +86,9 @@ def test_plan_maps_every_token_to_its_block_and_offset():
     assert md.seq_lens.tolist() == [6, 5] and md.query_start_loc.tolist() == [0, 3, 4]
     assert (md.num_reqs, md.num_actual_tokens, md.max_query_len, md.max_seq_len) == (2, 4, 3, 6)
     assert 0 not in sum(tables, [])
+    # as many tokens as sequences, yet not a decode step: sequence 1 has no new token
+    md = cache.plan(torch.tensor([4, 5]), torch.tensor([0, 2, 2]), torch.tensor([6, 5]))
+    assert md.slot_mapping.tolist() == [tables[0][1] * 4 + 0, tables[0][1] * 4 + 1]
     with pytest.raises(ValueError, match="token 1 is at position 9, but .* must be at 4"):
         cache.plan(torch.tensor([3, 9, 5]), torch.tensor([0, 3]), torch.tensor([6]))
     with pytest.raises(ValueError, match=r"cu_seqlens has shape \(2,\), expected \(3,\)"):
