@@ -50,6 +50,9 @@ class PagedBatch:
     k_scale: float
     v_scale: float
     cache_seed: int
+    # caches made by new_cache, by (num_blocks, cache_seed): a second run on the batch (native's, then the backend's)
+    # gets a copy instead of drawing 67 million values again (the size cases' caches of 65,540 blocks)
+    _caches: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def num_actual_tokens(self) -> int:
@@ -61,14 +64,17 @@ class PagedBatch:
                              c.sliding_window)
 
     def new_cache(self, num_blocks: int | None = None) -> torch.Tensor:
-        """The cache tensor `[num_blocks, KVH, block, 2D]`, every element a random finite value of its dtype."""
-        spec = self.spec()
-        shape = spec.cache_shape(num_blocks or self.num_blocks)
-        gen = torch.Generator().manual_seed(self.cache_seed)
-        values = torch.randn(shape, generator=gen)
-        fp8 = kv_quant.fp8_dtype(self.kv_cache_dtype)
-        cache = kv_quant.quantize(values, fp8) if fp8 is not None else values.to(spec.cache_dtype)
-        return cache.to(self.query.device)
+        """The cache tensor `[num_blocks, KVH, block, 2D]`, every element a random finite value of its dtype (drawn
+        from `cache_seed`: every call with the same seed and size gives the same values, in a tensor of its own)."""
+        key = (num_blocks or self.num_blocks, self.cache_seed)
+        if key not in self._caches:
+            spec = self.spec()
+            gen = torch.Generator().manual_seed(self.cache_seed)
+            values = torch.randn(spec.cache_shape(key[0]), generator=gen)
+            fp8 = kv_quant.fp8_dtype(self.kv_cache_dtype)
+            cache = kv_quant.quantize(values, fp8) if fp8 is not None else values.to(spec.cache_dtype)
+            self._caches[key] = cache.to(self.query.device)
+        return self._caches[key].clone()
 
     def make_layer(self, backend: type, prefix: str = "layer.0"):
         """The case's `Attention` layer on `backend` (its impl constructed with vLLM's arguments)."""
@@ -102,9 +108,10 @@ def make_batch(case: AttentionCase, dtype: torch.dtype, kv_cache_dtype: str, see
         return torch.randn(*shape, generator=gen).to(dtype)
 
     # every request's keys and values, context then new; shared prefix blocks copy request 0's
-    if n > BULK_REQUESTS:        # one draw each, split per request (a size case's 65,537 draws took seconds)
-        keys = list(randn(sum(c.seq_lens), kvh, d).split(list(c.seq_lens)))
-        values = list(randn(sum(c.seq_lens), kvh, d).split(list(c.seq_lens)))
+    bulk = n > BULK_REQUESTS and not c.shared_prefix_blocks and not c.encoder
+    if bulk:        # one draw each, split per request (a size case's 65,537 draws took seconds)
+        all_keys, all_values = randn(sum(c.seq_lens), kvh, d), randn(sum(c.seq_lens), kvh, d)
+        keys, values = list(all_keys.split(list(c.seq_lens))), list(all_values.split(list(c.seq_lens)))
     else:
         keys = [randn(s, kvh, d) for s in c.seq_lens]
         values = [randn(s, kvh, d) for s in c.seq_lens]
@@ -134,6 +141,8 @@ def make_batch(case: AttentionCase, dtype: torch.dtype, kv_cache_dtype: str, see
 
     ctx_k, ctx_v, ctx_slots, new_slots = [], [], [], []
     for i, (ql, s) in enumerate(zip(c.query_lens, c.seq_lens)):
+        if bulk:
+            break               # the same slots and rows, computed as tensors below
         first = shared if (i == 1 and shared) else 0
         row = rows[i]
         ctx_k.append(keys[i][first: s - ql])
@@ -144,8 +153,18 @@ def make_batch(case: AttentionCase, dtype: torch.dtype, kv_cache_dtype: str, see
         ctx_k, ctx_v, ctx_slots = [], [], []
 
     query = randn(padded, h, d)
-    key = torch.cat([k[s - q:] for k, q, s in zip(keys, c.query_lens, c.seq_lens)] + [randn(c.padding, kvh, d)])
-    value = torch.cat([v[s - q:] for v, q, s in zip(values, c.query_lens, c.seq_lens)] + [randn(c.padding, kvh, d)])
+    if bulk:
+        lens, queries = torch.tensor(c.seq_lens), torch.tensor(c.query_lens)
+        ctx_rows, ctx_slot_t = _packed(table, lens - queries, torch.zeros_like(lens), lens, bs)
+        new_rows, new_slot_t = _packed(table, queries, lens - queries, lens, bs)
+        ctx_k, ctx_v, ctx_slots, new_slots = [all_keys[ctx_rows]], [all_values[ctx_rows]], ctx_slot_t.tolist(), \
+            new_slot_t.tolist()
+        key = torch.cat([all_keys[new_rows], randn(c.padding, kvh, d)])
+        value = torch.cat([all_values[new_rows], randn(c.padding, kvh, d)])
+    else:
+        key = torch.cat([k[s - q:] for k, q, s in zip(keys, c.query_lens, c.seq_lens)] + [randn(c.padding, kvh, d)])
+        value = torch.cat([v[s - q:] for v, q, s in zip(values, c.query_lens, c.seq_lens)] +
+                          [randn(c.padding, kvh, d)])
     if c.fused_qkv:
         qkv = torch.cat([query.reshape(padded, -1), key.reshape(padded, -1), value.reshape(padded, -1)], dim=1)
         query = qkv[:, : h * d].view(padded, h, d)
@@ -173,6 +192,19 @@ def make_batch(case: AttentionCase, dtype: torch.dtype, kv_cache_dtype: str, see
                       torch.tensor(ctx_slots, dtype=torch.int64, device=device), metadata, num_blocks, addressed, problem,
                       None if sinks is None else sinks.to(device), slopes, k_scale, v_scale,
                       cache_seed=int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+
+
+def _packed(table: torch.Tensor, counts: torch.Tensor, starts: torch.Tensor, seq_lens: torch.Tensor,
+            block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For positions `starts[i] .. starts[i] + counts[i] - 1` of every request i, in request order: their rows in the
+    requests' packed keys (request i's keys start at the sum of the earlier seq_lens) and their slots through the
+    block table (what the per-request loop computes, as tensors: a size case has a million positions)."""
+    request = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+    before = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(request.numel()) - before[request] + starts[request]
+    rows = (torch.cumsum(seq_lens, 0) - seq_lens)[request] + pos
+    slots = table[request, pos // block_size].to(torch.int64) * block_size + pos % block_size
+    return rows, slots
 
 
 @dataclasses.dataclass
