@@ -47,6 +47,11 @@ class DecoderAttention:
         self.layers = list(layers)
         self.key = f"decoder#{next(_NUMBERS)}"
         _DECODERS[self.key] = self
+        refusing = [backend_name(b) for b in self.backends if block_size and not b.supports_block_size(block_size)]
+        if refusing:
+            raise ValueError(f"block_size={block_size} is not a KV-cache block size the attention backend "
+                             f"{', '.join(refusing)} takes (declared: "
+                             f"{self.layers[0].attn_backend.get_supported_kernel_block_sizes()})")
         self.block_size = self._common_block_size(block_size or DEFAULT_BLOCK_SIZE)
         for layer in self.layers:
             layer.block_size = self.block_size

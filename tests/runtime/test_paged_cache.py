@@ -208,6 +208,10 @@ def test_the_runtime_attends_through_the_backend_the_platform_selects():
     assert model.model.attention.block_size == 32       # the backend's declared MultipleOf(32), not 16
     cache = model.allocate_kv_cache(3, 16)
     assert cache.block_size == 32 and cache.layers[0].shape[2] == 32
+    with activate_platform(CountingPlatform()), pytest.raises(
+            ValueError, match=r"block_size=16 is not a KV-cache block size the attention backend COUNTING takes "
+                              r"\(declared: \[MultipleOf\(32\)\]\)"):
+        build_model(DecoderConfig(num_layers=2), torch.float32, block_size=16)
     CALLS.clear()
     generate(model, PROMPTS, 3, cache=cache)
     per_forward = [f"{what} model.layers.{i}.self_attn.attn" for i in range(2) for what in ("write", "forward")]
