@@ -8,8 +8,9 @@ through an engine with chunked prefill forced (a token budget below the longest 
 oracle (engine_oracle.py) is the reference decoder on native everything in float64, teacher-forced on the engine's
 tokens. A divergence is located (model, request, step) and then explained: the same engine process reruns that
 request alone, and the batch without chunked prefill and without prefix caching, and the verdict says which of
-them makes it match. The family has no units on other platforms (`model.decoder` runs the reference decoder on
-them) and none at the quick level: an engine costs tens of seconds.
+them makes it match. On a platform written against our own API the units run the reference runtime
+(`reference_impl.models`) on the platform instead, graded by the same oracle (engine_runtime.py). The family
+has no units at the quick level: an engine costs tens of seconds.
 """
 
 from __future__ import annotations
@@ -41,16 +42,18 @@ def is_vllm_platform(platform) -> bool:
 
 
 def engine_units(inventory: Inventory, family: str, check_name: str, level: str) -> list[Unit]:
-    """Under the vLLM bridge: standard, float32 and bfloat16 eager (every model in one unit); full, every dtype eager,
-    and compiled per model (op = the model)."""
+    """Standard: float32 and bfloat16 eager (every model in one unit); full: every dtype eager, and under the vLLM
+    bridge compiled per model (op = the model). On other platforms the units run the reference runtime on them."""
     from conformance.checks.engine_oracle import tolerances
 
-    if level == "quick" or not is_vllm_platform(inventory.platform):
+    if level == "quick":
         return []
     dtypes = [dtype_name(d) for d in inventory.dtypes_for(tolerances())]
     if level == "standard":
         dtypes = [d for d in dtypes if d in STANDARD_DTYPES]
     units = [Unit(family, check_name, None, None, d, "eager") for d in dtypes]
+    if not is_vllm_platform(inventory.platform):   # the reference runtime on it (engine_runtime.py): eager only,
+        return units                                # model.decoder compiles the runtime's decoder
     if level == "full":   # vLLM compiles each model for a minute or more on 2 cores: one unit per model
         units += [Unit(family, check_name, m, None, d, "compiled") for d in dtypes for m in _models()]
     return units
@@ -93,6 +96,8 @@ def generate(ctx: CheckContext, unit: Unit) -> Verdict:
     if unit.case not in CASES:
         return Verdict(Outcome.ERROR, f"engine case {unit.case!r} is not one of {CASES}")
     dtype = unit_dtype(unit)
+    if not is_vllm_platform(ctx.platform):
+        return _on_runtime(ctx, unit, dtype)
     compiled = unit.case == "compiled"
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="conformance-engine-") as tmp:
@@ -132,6 +137,77 @@ def _grade_run(run: dict, checkpoint: Path, dtype) -> ModelResult:
     result = ModelResult(run["name"], run["facts"], grade(reqs, outputs, oracle, logprob_tolerance(dtype)))
     result.prefix_hits = {o["id"]: o["cached_tokens"] for o in run["outputs"] if o["cached_tokens"]}
     return result
+
+
+# ----- the reference runtime on a platform written against our API ---------------------------------
+def _on_runtime(ctx: CheckContext, unit: Unit, dtype) -> Verdict:
+    """Every model of the level through `reference_impl.models` on the platform, graded like vLLM's engine."""
+    from conformance.checks import engine_models
+    from conformance.checks.common import call_impl
+    from conformance.checks.engine_oracle import grade, logprob_tolerance, oracle_logprobs
+    from conformance.checks.engine_runtime import build_for, family_requests, generate_waves
+    from conformance.checks.model import NATIVE_ATTENTION, attention_refusal, exercised
+
+    if unit.case != "eager" or unit.op is not None:
+        return Verdict(Outcome.ERROR, f"engine unit {unit.op}/{unit.case} runs only under the vLLM bridge: the "
+                       "reference runtime's units are eager, every model in one")
+    tol = logprob_tolerance(dtype)
+    results, used = [], []
+    with tempfile.TemporaryDirectory(prefix="conformance-engine-") as tmp:
+        for name in engine_models.models_at(ctx.level):
+            checkpoint = engine_models.write_checkpoint(engine_models.MODELS[name], dtype, Path(tmp) / name)
+            model = call_impl(f"building {name} with the platform's layers", build_for, checkpoint, dtype, ctx.device)
+            refused = attention_refusal(model)
+            if refused is not None:   # graded by the attention family on what it declares
+                model = call_impl(f"building {name} with the platform's layers", build_for, checkpoint, dtype,
+                                  ctx.device, NATIVE_ATTENTION)
+            reqs = family_requests(model)
+            ran = call_impl(f"{name} on the platform (probing prefill and decode)", exercised, model,
+                            [list(reqs[1].prompt)], ctx.device)
+            if refused is not None:
+                ran.attention_note = f" (the platform's {refused}, so {name} attended on {NATIVE_ATTENTION})"
+            used.append((name, ran))
+            outputs = call_impl(f"{name} on the platform's runtime", generate_waves, model, reqs, ctx.device)
+            result = ModelResult(name, {}, grade(reqs, outputs, oracle_logprobs(checkpoint, reqs, outputs), tol))
+            if result.grade.divergences:
+                result.explanation = _alone(model, result.grade.divergences[0].request, checkpoint, ctx.device, tol)
+            results.append(result)
+    where = (f"reference runtime (reference_impl.models) on the platform, {unit.dtype}, eager, each wave one packed "
+             f"prefill then decode steps over the paged KV cache; "
+             + "; ".join(f"{name} ({engine_models.MODELS[name].exercises}): {ran.describe()}" for name, ran in used))
+    if not any(ran.anything for _, ran in used):
+        return Verdict(Outcome.NOT_IMPLEMENTED, "the runtime ran entirely on native implementations: the platform "
+                       f"brings none of the IR ops, layers or attention backend the models use [{where}]")
+    worst = max(r.grade.worst_err for r in results)
+    errs = {"max_abs_err": worst, "err_to_tol": worst / tol if tol else None}
+    diverged = [r for r in results if r.grade.divergences]
+    if diverged:
+        r = diverged[0]
+        also = [f"{o.model}: {len(o.grade.divergences)} request(s) diverge" for o in diverged[1:]]
+        return failed(f"the runtime on the platform leaves the float64 reference (teacher-forced on its tokens, "
+                      f"logprob tolerance {tol:.3g}): {r.model}: {r.grade.divergences[0].line()}; {r.explanation}"
+                      + (f"; also {'; '.join(also)}" if also else "") + f" [{where}]", **errs)
+    graded = sum(r.grade.positions for r in results)
+    binding = sum(r.grade.greedy_positions for r in results)
+    return passed(f"{graded} generated positions ({', '.join(r.model for r in results)}) within logprob tolerance "
+                  f"{tol:.3g} of the float64 reference (worst {worst:.3g}); greedy tokens binding at {binding} of "
+                  f"them [{where}]", **errs)
+
+
+def _alone(model, req, checkpoint: Path, device, tol: float) -> str:
+    """Whether the diverging request, generated by itself, matches the oracle (then the batch is involved)."""
+    from conformance.checks.common import call_impl
+    from conformance.checks.engine_models import Request
+    from conformance.checks.engine_oracle import grade, oracle_logprobs
+    from conformance.checks.engine_runtime import generate_waves
+
+    alone = [Request(req.id, 0, req.prompt, req.max_tokens)]
+    outputs = call_impl("the diverging request alone", generate_waves, model, alone, device)
+    g = grade(alone, outputs, oracle_logprobs(checkpoint, alone, outputs), tol)
+    if g.divergences:
+        return (f"generated alone it still diverges at step {g.divergences[0].step}: the model path itself (a kernel, "
+                "a layer or the attention backend), not the batch")
+    return "generated alone it matches the oracle: involved: the batch composition (state kept across rows or requests)"
 
 
 # ----- explaining a divergence ----------------------------------------------------------------------

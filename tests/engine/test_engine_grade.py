@@ -27,7 +27,7 @@ def _bridged(dtypes):
     return VllmPlatform(types.SimpleNamespace(platform=vp))
 
 
-def test_units_only_under_the_vllm_bridge_and_above_quick():
+def test_units_above_quick_and_compiled_only_under_the_vllm_bridge():
     every = [torch.bfloat16, torch.float16, torch.float32]
     bridged = _inventory(_bridged(every))
     assert engine.engine_units(bridged, "engine", "generate", "quick") == []
@@ -43,7 +43,13 @@ def test_units_only_under_the_vllm_bridge_and_above_quick():
     assert [u.id for u in engine.engine_units(only32, "engine", "generate", "standard")] == ["float32-eager"]
     from reference_impl.platforms.builtin import CpuPlatform
 
-    assert engine.engine_units(_inventory(CpuPlatform()), "engine", "generate", "full") == []
+    # a platform written against our API: the reference runtime on it, eager (tests/engine/test_engine_runtime.py)
+    native = _inventory(CpuPlatform())
+    assert engine.engine_units(native, "engine", "generate", "quick") == []
+    assert [u.id for u in engine.engine_units(native, "engine", "generate", "standard")] == [
+        "float32-eager", "bfloat16-eager"]
+    assert [u.id for u in engine.engine_units(native, "engine", "generate", "full")] == [
+        f"{d}-eager" for d in ("float32", "float16", "bfloat16")]
 
 
 @pytest.mark.parametrize("block", [16, 32, 128, 256])
