@@ -38,6 +38,8 @@ def plugin(dist: str, module: str):
     and register_oot registration made meanwhile is undone afterwards."""
     root = str(PLUGINS / dist)
     package = module.split(".")[0]
+    with activate_platform(CpuPlatform()):   # the built-in providers register on first activation: not undone below
+        pass
     before_ir = {name: set(op.impls) for name, op in IrOp.registry.items()}
     before_oot = dict(CustomOp.op_registry_oot)
     sys.path.insert(0, root)
