@@ -208,7 +208,8 @@ def _size_cases() -> list[AttentionCase]:
         cases.append(AttentionCase(
             f"seqs_{limit + 1}_{SIZE_FLAG}", q, s, f"a decode batch of {limit + 1} requests (a cache of {len(q) + 3} "
             f"blocks): "
-            f"a grid over sequences or a per-batch buffer sized for {limit}", level=level, **_SIZE_LAYOUT))
+            f"a grid over sequences or a per-batch buffer sized for {limit}", level=level,
+            memory_bytes=(limit + 1) * size_cases.BYTES_PER_TOKEN if level == "full" else None, **_SIZE_LAYOUT))
     q, s = size_cases.high_blocks()
     cases.append(AttentionCase(
         f"blocks_past_{size_cases.BLOCK_LIMIT}", q, s, f"a cache of more than {size_cases.BLOCK_LIMIT} "

@@ -41,7 +41,7 @@ def test_token_and_request_counts_are_just_past_each_limit_at_their_level():
     tokens = {sum(c.query_lens): c.level for c in SIZE if c.name.startswith("tokens_")}
     requests = {len(c.query_lens): c.level for c in SIZE if c.name.startswith("seqs_")}
     assert tokens == {4097: "standard", 65537: "standard", 1048577: "full"}
-    assert requests == {4097: "standard", 65537: "standard"}
+    assert requests == {4097: "standard", 65537: "full"}
     for c in SIZE:
         assert (c.num_heads, c.num_kv_heads, c.head_size, c.kv_dtypes) == (1, 1, 32, ("auto",)), c.name
         assert max(c.query_lens) <= 64 and max(c.seq_lens) <= 64 + 37, c.name   # the oracle stays O(tokens)
