@@ -214,6 +214,23 @@ inline void transpose_keys(const float* src, int64_t ld_src, float* dst, int64_t
 #endif
 }
 
+// Keeps a vector in a register. GCC folds a load that feeds several FMAs into each of them (one memory
+// operand per FMA): a key tile row feeding four lanes was then loaded four times, and the scores of a
+// prefill were bound by loads (20 per 16 FMAs), not by the FMAs.
+REFERENCE_CPU_INLINE void in_register(fVec& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  __m512 r = v;
+  asm("" : "+v"(r));
+  v = r;
+#elif defined(CPU_CAPABILITY_AVX2)
+  __m256 r = v;
+  asm("" : "+x"(r));
+  v = r;
+#else
+  (void)v;
+#endif
+}
+
 // Query lanes (rows x heads of a GQA group) are computed in groups of kLanes, with the group's queries
 // and probabilities interleaved (x[j * kLanes + l]), so every key or value vector loaded feeds one FMA per
 // lane and one pointer serves the whole group. The task walks a block in tiles (keys for the scores,
@@ -261,8 +278,10 @@ constexpr int64_t kTile = kTileVecs * kF;
 
 // s[l * s_ld + j] = q_l . k_j for the kLanes lanes of a group (qi[d * kLanes + l]) and n <= kTile keys of
 // a transposed block kt ([D, ld], key j in column j).
+// Not inlined: a call does 4 x kTile x D FMAs, and on its own the register allocator keeps its pointers in
+// registers (inlined into the block loop it shuttled them through vector registers and the stack).
 template <int kD>
-REFERENCE_CPU_INLINE void group_dot_transposed(const float* __restrict qi, const float* __restrict kt, int64_t ld,
+__attribute__((noinline)) void group_dot_transposed(const float* __restrict qi, const float* __restrict kt, int64_t ld,
                                                int64_t n, HeadDim<kD> hd, float* __restrict s, int64_t s_ld) {
   const int64_t D = hd.size();
   if (n == kTile) {
@@ -276,7 +295,10 @@ REFERENCE_CPU_INLINE void group_dot_transposed(const float* __restrict qi, const
       const float* row = kt + d * ld;
       fVec k[kTileVecs];
 #pragma GCC unroll 4
-      for (int64_t v = 0; v < kTileVecs; ++v) k[v] = fVec::loadu(row + v * kF);
+      for (int64_t v = 0; v < kTileVecs; ++v) {
+        k[v] = fVec::loadu(row + v * kF);
+        in_register(k[v]);
+      }
 #pragma GCC unroll 4
       for (int64_t l = 0; l < kLanes; ++l) {
         const fVec qd(qi[d * kLanes + l]);
@@ -306,11 +328,11 @@ REFERENCE_CPU_INLINE void group_dot_transposed(const float* __restrict qi, const
   }
 }
 
-// acc_l[d0, d0 + dims) += sum_j pi[j * kLanes + l] * v_j[0, dims) for the kLanes lanes of a group (acc_l =
+// acc_l[d0, d0 + dims) += sum_j p[l * p_ld + j] * v_j[0, dims) for the kLanes lanes of a group (acc_l =
 // acc + l * acc_ld), dims <= kTile: one tile of the head dim; v is float or the model's 16-bit type.
 template <typename C>
-REFERENCE_CPU_INLINE void group_accumulate_tile(float* __restrict acc, int64_t acc_ld, int64_t d0,
-                                                const float* __restrict pi, const C* __restrict v,
+__attribute__((noinline)) void group_accumulate_tile(float* __restrict acc, int64_t acc_ld, int64_t d0,
+                                                const float* __restrict p, int64_t p_ld, const C* __restrict v,
                                                 int64_t v_stride, int64_t n, int64_t dims) {
   if (dims == kTile) {
     fVec a[kLanes][kTileVecs];
@@ -324,8 +346,10 @@ REFERENCE_CPU_INLINE void group_accumulate_tile(float* __restrict acc, int64_t a
 #pragma GCC unroll 4
       for (int64_t t = 0; t < kTileVecs; t += 2) load_f32x2(v + j * v_stride + t * kF, kChunk, vv[t], vv[t + 1]);
 #pragma GCC unroll 4
+      for (int64_t t = 0; t < kTileVecs; ++t) in_register(vv[t]);
+#pragma GCC unroll 4
       for (int64_t l = 0; l < kLanes; ++l) {
-        const fVec pj(pi[j * kLanes + l]);
+        const fVec pj(p[l * p_ld + j]);
 #pragma GCC unroll 4
         for (int64_t t = 0; t < kTileVecs; ++t) a[l][t] = at::vec::fmadd(pj, vv[t], a[l][t]);
       }
@@ -346,7 +370,7 @@ REFERENCE_CPU_INLINE void group_accumulate_tile(float* __restrict acc, int64_t a
       fVec v0, unused;
       load_f32x2(v + j * v_stride + t, m, v0, unused);
 #pragma GCC unroll 4
-      for (int64_t l = 0; l < kLanes; ++l) a[l] = at::vec::fmadd(fVec(pi[j * kLanes + l]), v0, a[l]);
+      for (int64_t l = 0; l < kLanes; ++l) a[l] = at::vec::fmadd(fVec(p[l * p_ld + j]), v0, a[l]);
     }
 #pragma GCC unroll 4
     for (int64_t l = 0; l < kLanes; ++l) a[l].store(acc + l * acc_ld + d0 + t, m);
@@ -387,7 +411,7 @@ inline KeyRange key_range(int64_t p, int64_t seq_len, const AttentionFeatures& f
 }
 
 // Query rows per task: enough (with the GQA group) to amortise a block's conversion.
-inline int64_t rows_per_task(int64_t group) { return std::max<int64_t>(1, 256 / group); }
+inline int64_t rows_per_task(int64_t group) { return std::max<int64_t>(1, 512 / group); }
 
 // Query lanes (rows x GQA group) of a task from which a block is transposed once for all of them.
 constexpr int64_t kTransposeLanes = 8;
@@ -415,9 +439,11 @@ struct ForwardTask {
   std::vector<float>& m;
   std::vector<float>& l_sum;
   std::vector<float>& qi;   // queries of each lane group interleaved
-  std::vector<float>& pi;   // probabilities of each lane group interleaved
+  std::vector<float>& vt;   // a block's values as head-dim tiles (prefill)
   std::vector<int64_t>& ra;
   std::vector<int64_t>& re;
+  std::vector<int64_t>& glo;  // per lane group: the block's keys some lane of it sees
+  std::vector<int64_t>& ghi;
 
   // Soft cap and ALiBi on n scores of head h whose first key is `dist0` positions before the query;
   // returns their max.
@@ -462,83 +488,113 @@ struct ForwardTask {
     const int64_t rows = st.rows, lanes = st.lanes, padded_lanes = st.padded_lanes, context = st.context;
     const int64_t seq_len = st.seq_len;
     const bool transposed = st.transposed;
-      const int64_t kt_ld = (jb - ja + 1 + kF - 1) / kF * kF;
-      if (transposed) {
-        const float* kf = reinterpret_cast<const float*>(kb);
-        int64_t kf_ld = ks;
-        if constexpr (!std::is_same_v<C, float>) {  // widen the block's keys for the transposition
-          for (int64_t j = ja; j <= jb; ++j) row_to_float(kb + (j - j0) * ks, kbuf.data() + (j - j0) * D, D);
-          kf = kbuf.data();
-          kf_ld = D;
-        }
-        transpose_keys(kf + (ja - j0) * kf_ld, kf_ld, kt.data(), kt_ld, jb - ja + 1, D);
+    const int64_t nb = jb - ja + 1, s_ld = N + kF;
+    if (transposed) {
+      // The block's keys, widened, as key tiles [D, kTile] one after another (kt), and its values, widened,
+      // as head-dim tiles [nb, kTile] (vt): each tile contiguous, so it stays in L1 while every lane group
+      // passes over it. Read in place, rows kTile * 4 bytes long and (2 D) elements apart map onto few L1
+      // sets, and a 32 KB tile was re-read from L2 by every group.
+      const float* kf = reinterpret_cast<const float*>(kb + (ja - j0) * ks);
+      int64_t kf_ld = ks;
+      if constexpr (!std::is_same_v<C, float>) {
+        for (int64_t j = 0; j < nb; ++j) row_to_float(kb + (ja - j0 + j) * ks, kbuf.data() + j * D, D);
+        kf = kbuf.data();
+        kf_ld = D;
       }
-      // each row's keys [ra, re] in this block (ra > re: none)
-      for (int64_t r = 0; r < rows; ++r) {
-        const KeyRange range = key_range(context + t.row0 + r, seq_len, f);
-        ra[r] = std::max(ja, range.lo);
-        re[r] = std::min(jb, range.hi);
+      for (int64_t jt = 0; jt < nb; jt += kTile) {
+        transpose_keys(kf + jt * kf_ld, kf_ld, kt.data() + jt * D, kTile, std::min<int64_t>(kTile, nb - jt), D);
       }
-      const int64_t nb = jb - ja + 1, s_ld = N + kF;
-      // 1. scores of every lane over the block's keys [ja, jb]: key tiles outer, so a tile of the
-      //    transposed block stays in L1 while every lane group passes over it
-      if (transposed) {
-        for (int64_t jt = 0; jt < nb; jt += kTile) {
-          const int64_t nt = std::min<int64_t>(kTile, nb - jt);
-          for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
-            group_dot_transposed<kD>(qi.data() + k * kLanes * D, kt.data() + jt, kt_ld, nt, hd,
-                                     s.data() + k * kLanes * s_ld + jt, s_ld);
-          }
-        }
-      } else {
-        for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
-          group_dot_keys<kD>(q.data() + k * kLanes * D, D, kb + (ja - j0) * ks, ks, nb, hd,
-                             s.data() + k * kLanes * s_ld, s_ld);
+      for (int64_t j = 0; j < nb; ++j) {
+        const C* vrow = vb + (ja - j0 + j) * ks;
+        for (int64_t d0 = 0; d0 < D; d0 += kTile) {
+          row_to_float(vrow + d0, vt.data() + d0 * N + j * kTile, std::min<int64_t>(kTile, D - d0));
         }
       }
-      // 2. per lane: soft cap / ALiBi, the online-softmax update (acc rescaled), and its probabilities
-      //    into the group's interleaved pi (zero for the block's keys the lane does not see)
-      for (int64_t idx = 0; idx < padded_lanes; ++idx) {
-        float* pcol = pi.data() + (idx / kLanes) * N * kLanes + idx % kLanes;
+    }
+    // each row's keys [ra, re] in this block (ra > re: none)
+    for (int64_t r = 0; r < rows; ++r) {
+      const KeyRange range = key_range(context + t.row0 + r, seq_len, f);
+      ra[r] = std::max(ja, range.lo);
+      re[r] = std::min(jb, range.hi);
+    }
+    // the keys [glo, ghi] (relative to ja) that some lane of group k sees: a causal prefill's groups skip
+    // the key tiles past their rows (and a window's those before them)
+    for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
+      int64_t lo = nb, hi = -1;
+      for (int64_t idx = k * kLanes; idx < std::min(lanes, (k + 1) * kLanes); ++idx) {
         const int64_t r = idx / G;
-        float* sc = s.data() + idx * s_ld;
-        if (idx >= lanes || ra[r] > re[r]) {
-          for (int64_t j = 0; j < nb; ++j) pcol[j * kLanes] = 0.f;
-          continue;
-        }
-        const int64_t off = ra[r] - ja, n = re[r] - ra[r] + 1, pos = context + t.row0 + r;
-        const float block_max = adjust_scores(sc + off, n, t.kv_head * G + idx % G, pos - ra[r]);
-        const float m_old = m[idx];
-        const float m_new = std::max(m_old, block_max);
-        if (m_new == kNegInf) {  // every logit so far is -inf: nothing to add
-          for (int64_t j = 0; j < nb; ++j) pcol[j * kLanes] = 0.f;
-          continue;
-        }
-        const float alpha = m_old == kNegInf ? 0.f : std::exp(m_old - m_new);
-        const float psum = exp_shifted(sc + off, n, m_new);
-        l_sum[idx] = l_sum[idx] * alpha + psum;
-        m[idx] = m_new;
-        for (int64_t j = 0; j < off; ++j) pcol[j * kLanes] = 0.f;
-        for (int64_t j = off; j < off + n; ++j) pcol[j * kLanes] = sc[j];
-        for (int64_t j = off + n; j < nb; ++j) pcol[j * kLanes] = 0.f;
-        if (alpha != 1.f) {
-          float* ac = acc.data() + idx * D;
-          const fVec al(alpha);
-          int64_t d = 0;
-          for (; d + kF <= D; d += kF) (fVec::loadu(ac + d) * al).store(ac + d);
-          for (; d < D; ++d) ac[d] *= alpha;
-        }
+        if (ra[r] > re[r]) continue;
+        lo = std::min(lo, ra[r] - ja);
+        hi = std::max(hi, re[r] - ja);
       }
-      // 3. acc += P V: head-dim tiles outer, so the block's values for a tile stay in L1 across groups
-      const C* vblock = vb + (ja - j0) * ks;
-      for (int64_t d0 = 0; d0 < D; d0 += kTile) {
-        const int64_t dims = std::min<int64_t>(kTile, D - d0);
+      glo[k] = lo;
+      ghi[k] = hi;
+    }
+    // 1. scores of every lane over the block's keys [ja, jb]: key tiles outer, so a tile stays in L1 while
+    //    every lane group passes over it
+    if (transposed) {
+      for (int64_t jt = 0; jt < nb; jt += kTile) {
+        const int64_t nt = std::min<int64_t>(kTile, nb - jt);
         for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
-          group_accumulate_tile(acc.data() + k * kLanes * D, D, d0, pi.data() + k * N * kLanes, vblock + d0, ks, nb,
-                                dims);
+          if (glo[k] >= jt + nt || ghi[k] < jt) continue;  // scores no lane of the group reads
+          group_dot_transposed<kD>(qi.data() + k * kLanes * D, kt.data() + jt * D, kTile, nt, hd,
+                                   s.data() + k * kLanes * s_ld + jt, s_ld);
         }
       }
+    } else {
+      for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
+        group_dot_keys<kD>(q.data() + k * kLanes * D, D, kb + (ja - j0) * ks, ks, nb, hd,
+                           s.data() + k * kLanes * s_ld, s_ld);
       }
+    }
+    // 2. per lane: soft cap / ALiBi, the online-softmax update (acc rescaled); its scores become its
+    //    probabilities in place (zero for the block's keys the lane does not see)
+    for (int64_t idx = 0; idx < padded_lanes; ++idx) {
+      const int64_t r = idx / G;
+      float* sc = s.data() + idx * s_ld;
+      if (idx >= lanes || ra[r] > re[r]) {
+        std::fill(sc, sc + nb, 0.f);
+        continue;
+      }
+      const int64_t off = ra[r] - ja, n = re[r] - ra[r] + 1, pos = context + t.row0 + r;
+      const float block_max = adjust_scores(sc + off, n, t.kv_head * G + idx % G, pos - ra[r]);
+      const float m_old = m[idx];
+      const float m_new = std::max(m_old, block_max);
+      if (m_new == kNegInf) {  // every logit so far is -inf: nothing to add
+        std::fill(sc, sc + nb, 0.f);
+        continue;
+      }
+      // (the max rarely moves after the first blocks: no exp then)
+      const float alpha = m_old == kNegInf ? 0.f : m_old == m_new ? 1.f : std::exp(m_old - m_new);
+      const float psum = exp_shifted(sc + off, n, m_new);
+      l_sum[idx] = l_sum[idx] * alpha + psum;
+      m[idx] = m_new;
+      std::fill(sc, sc + off, 0.f);
+      std::fill(sc + off + n, sc + nb, 0.f);
+      if (alpha != 1.f) {
+        float* ac = acc.data() + idx * D;
+        const fVec al(alpha);
+        int64_t d = 0;
+        for (; d + kF <= D; d += kF) (fVec::loadu(ac + d) * al).store(ac + d);
+        for (; d < D; ++d) ac[d] *= alpha;
+      }
+    }
+    // 3. acc += P V: head-dim tiles outer, so a tile of the block's values stays in L1 across groups
+    for (int64_t d0 = 0; d0 < D; d0 += kTile) {
+      const int64_t dims = std::min<int64_t>(kTile, D - d0);
+      for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
+        const int64_t lo = glo[k], n = ghi[k] - glo[k] + 1;
+        if (n <= 0) continue;
+        float* a = acc.data() + k * kLanes * D;
+        const float* p = s.data() + k * kLanes * s_ld + lo;
+        if (transposed) {
+          group_accumulate_tile(a, D, d0, p, s_ld, vt.data() + d0 * N + lo * kTile, kTile, n, dims);
+        } else {
+          group_accumulate_tile(a, D, d0, p, s_ld, vb + (ja - j0 + lo) * ks + d0, ks, n, dims);
+        }
+      }
+    }
+  }
 
   void run(const Task& t) {
     const HeadDim<kD> hd{cache.head_size};
@@ -648,12 +704,13 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   const bool may_transpose = lanes >= kTransposeLanes;
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> q(padded * D), acc(padded * D), m(padded), l(padded), s_all(padded * (N + kF)),
-        qi(padded * D), pi(padded * N);
+        qi(padded * D);
     std::vector<float> kbuf(fp8 || (may_transpose && !std::is_same_v<T, float>) ? N * D : 0);
     std::vector<float> vbuf(fp8 ? N * D : 0);
-    std::vector<float> kt(may_transpose ? D * (N + kF) : 0);
-    std::vector<int64_t> ra(max_rows), re(max_rows);
-    ForwardTask<T, kD> runner{out, query, cache, batch, f, G, q, acc, kbuf, vbuf, kt, s_all, m, l, qi, pi, ra, re};
+    const int64_t tiled_keys = (N + kTile - 1) / kTile * kTile, tiled_dims = (D + kTile - 1) / kTile * kTile;
+    std::vector<float> kt(may_transpose ? tiled_keys * D : 0), vt(may_transpose ? tiled_dims * N : 0);
+    std::vector<int64_t> ra(max_rows), re(max_rows), glo(padded / kLanes), ghi(padded / kLanes);
+    ForwardTask<T, kD> runner{out, query, cache, batch, f, G, q, acc, kbuf, vbuf, kt, s_all, m, l, qi, vt, ra, re, glo, ghi};
     for (int64_t w = begin; w < end; ++w) {
       for (int64_t i = next.fetch_add(1); i < n_tasks; i = next.fetch_add(1)) runner.run(tasks[order[i]]);
     }
