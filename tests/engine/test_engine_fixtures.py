@@ -34,6 +34,19 @@ def test_committed_dist_info_matches_pyproject():
     assert entry_points_of(info) == project["entry-points"]
 
 
+def _bridged():
+    """A stand-in for the bridge's platform: the unit takes the vLLM path (the engine process reads VLLM_PLUGINS)."""
+    import types
+
+    import torch
+
+    from conformance.vllm.platform import VllmPlatform
+
+    vp = types.SimpleNamespace(device_name="cpu", device_type="cpu", dispatch_key="CPU",
+                               supported_dtypes=[torch.float32])
+    return VllmPlatform(types.SimpleNamespace(platform=vp))
+
+
 def _verdict(plugin: str):
     mp = pytest.MonkeyPatch()
     mp.setattr(engine_models, "MODELS", {"llama": engine_models.MODELS["llama"]})
@@ -42,7 +55,7 @@ def _verdict(plugin: str):
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FIXTURE), saved["PYTHONPATH"]]))
     os.environ["VLLM_PLUGINS"] = plugin
     try:
-        return engine.generate(CheckContext("vllm", None), UNIT)
+        return engine.generate(CheckContext("vllm", _bridged()), UNIT)
     finally:
         mp.undo()
         for k, v in saved.items():
