@@ -46,6 +46,8 @@ def test_every_ir_op_declares_rows_just_past_each_limit_and_one_case_past_2_31_e
     assert {(_rows(c), c.level) for c in rows} == set(ROWS.items())
     for case in rows + big:
         assert case.numerics_only, case.name
+    # the 65,537-row case in the smallest dtype only (the standard run's cost), the others in every dtype
+    assert {(_rows(c), c.dtypes) for c in rows} == {(4097, None), (65537, SMALLEST_DTYPES), (1048577, None)}
     for case in big:
         assert case.level == "full" and case.dtypes == SMALLEST_DTYPES and case.memory_bytes, case.name
     # the row-limit cases hold a small row each, so the standard run stays cheap
