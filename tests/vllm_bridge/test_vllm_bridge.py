@@ -113,8 +113,12 @@ def test_constructor_arguments_map_by_name_and_unmappable_ones_are_named():
         vllm_arguments(Ours, Theirs, (64,), {"dtype": "bfloat16"})
 
 
-@pytest.mark.parametrize("root", [EXAMPLE, PLUGINS / "vllm_bad"], ids=["example", "vllm_bad"])
+FIXTURES = ("vllm_bad", "vllm_good", "vllm_faults", "vllm_attention", "vllm_engine")
+
+
+@pytest.mark.parametrize("root", [EXAMPLE, *(PLUGINS / f for f in FIXTURES)], ids=["example", *FIXTURES])
 def test_committed_dist_info_matches_pyproject(root):
+    """Every committed vLLM fixture's dist-info says what its pyproject says (its entry points are what vLLM loads)."""
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
     (info,) = root.glob("*.dist-info")
     assert info.name == f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"

@@ -6,23 +6,16 @@ FAIL naming the soft cap and the others pass."""
 from __future__ import annotations
 
 import importlib.util
-import tomllib
 
 import pytest
 
-from harness_runner import PLUGINS, entry_points_of, run_harness
+from harness_runner import PLUGINS, run_harness
 
 VENDOR = PLUGINS / "vllm_attention"
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed here (bash scripts/setup.sh --vllm installs it)")
 SOFT_CAP = "The output is the oracle's when the backend ignores logits_soft_cap (computes as if logits_soft_cap=None)"
 
-
-def test_committed_dist_info_matches_pyproject():
-    project = tomllib.loads((VENDOR / "pyproject.toml").read_text())["project"]
-    (info,) = VENDOR.glob("*.dist-info")
-    assert info.name == f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
-    assert entry_points_of(info) == project["entry-points"]
 
 
 @pytest.fixture(scope="module")
