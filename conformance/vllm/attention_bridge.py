@@ -427,7 +427,7 @@ def runner_attention(resolved, vllm_backend: type) -> str | None:
     from conformance.vllm.discover import vllm_distribution
 
     plugin = dict(resolved.distribution).get("distribution")
-    if plugin == vllm_distribution()["distribution"] or vllm_backend.__module__.split(".")[0] != "vllm":
+    if vllm_backend.__module__.split(".")[0] != "vllm" or plugin == vllm_distribution()["distribution"]:
         return None
     worker = str(getattr(worker_setup.vllm_config().parallel_config, "worker_cls", "") or "")
     if not worker or worker == "auto" or worker.split(".")[0] == "vllm":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import warnings
@@ -195,10 +196,17 @@ def check_general_plugins_kept(platform_ep: EntryPoint) -> None:
 
 def vllm_distribution() -> dict[str, str]:
     """{"distribution", "version"} of the installed distribution that provides the `vllm` package."""
+    return dict(_vllm_distribution())
+
+
+@functools.cache
+def _vllm_distribution() -> tuple[tuple[str, str], ...]:
+    # packages_distributions() reads every installed distribution's file list (about a second): once a process, as
+    # attention unit listing asks for every selector config of every check
     from importlib.metadata import version
 
     names = packages_distributions().get("vllm") or ["vllm"]
-    return {"distribution": names[0], "version": version(names[0])}
+    return (("distribution", names[0]), ("version", version(names[0])))
 
 
 def resolve() -> ResolvedPlatform:
