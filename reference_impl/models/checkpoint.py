@@ -1,5 +1,5 @@
 """Hugging Face-style checkpoint directories: `config.json` + `model.safetensors` (or shards listed by
-`model.safetensors.index.json`), Llama / Mistral / Qwen2 / Mixtral names.
+`model.safetensors.index.json`), Llama / Mistral / Qwen2 / Mixtral / Gemma-2 / gpt-oss names.
 
 `save_checkpoint` writes one (`write_random_checkpoint`: seeded random weights, for tests and demos);
 `load_checkpoint` reads one into the reference decoder on this rank: the config is read key by key
@@ -151,17 +151,18 @@ def read_tensors(directory: str | Path, dtype: torch.dtype) -> dict[str, torch.T
 
 
 def load_checkpoint(directory: str | Path, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
-                    *, cpu_gemm: bool = True) -> LlamaForCausalLM:
+                    *, cpu_gemm: bool = True, attn_backend: type | str | None = None) -> LlamaForCausalLM:
     """The decoder of a checkpoint directory, this rank's shards, on `device` (CheckpointError on problems).
 
     `dtype` None: the config's `dtype` (float32 when it names none). On the CPU the projections and the
-    LM head run prepacked oneDNN GEMMs (layers/cpu_gemm.py) unless `cpu_gemm=False`.
+    LM head run prepacked oneDNN GEMMs (layers/cpu_gemm.py) unless `cpu_gemm=False`. `attn_backend` (a
+    backend class or registry name) overrides the platform's choice of attention backend.
     """
     config = read_config(directory)
     dtype = dtype if dtype is not None else read_dtype(directory)
     tensors = read_tensors(directory, dtype)
     try:
-        model = build_model(config, dtype, checkpoint=tensors, device=device)
+        model = build_model(config, dtype, checkpoint=tensors, device=device, attn_backend=attn_backend)
     except (KeyError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         raise CheckpointError(f"{Path(directory)}: {message}") from None

@@ -7,7 +7,9 @@ block (a replicated router and FusedMoE over this rank's slice of every expert, 
 RMSNorm -> ParallelLMHead + LogitsProcessor. The residual stream goes through `RMSNorm(x, residual)`
 (IR `fused_add_rms_norm.maybe_inplace`). Its shape is a DecoderConfig (models/decoder_config.py), which
 also covers the Llama-shaped families' variants (rope scaling, projection biases, a sliding attention
-window, a gelu-gated MLP).
+window, a gelu-gated MLP) and two families whose layers differ: Gemma-2 (Gemma2DecoderLayer: four Gemma
+RMSNorms per layer, a scaled embedding, soft-capped attention scores and logits) and gpt-oss (GptOssMoE:
+a biased router and clamped-SwiGLU experts; attention sinks).
 
 `forward(input_ids, positions)` is one sequence recomputed whole (causal SDPA, no cache).
 `forward(input_ids, positions, cu_seqlens, seq_lens)` runs packed tokens of several sequences
@@ -15,7 +17,7 @@ against the current paged KV cache (`kv_cache.using_kv_cache`): prompts, chunks 
 context, decode steps, or a mix. That attention runs on the attention backend the current platform selects
 (or `attn_backend`), through `Attention` layers (models/paged_attention.py).
 `logits_indices` keeps the LM head to the rows that are sampled (each sequence's last token).
-Weights come from a full (unsharded) checkpoint dict with Hugging Face Llama / Mixtral names
+Weights come from a full (unsharded) checkpoint dict with Hugging Face names (Llama, Mixtral, Gemma-2, gpt-oss)
 (models/weights.py: `random_checkpoint` makes a seeded one): `load_weights` checks every tensor's shape
 (`expected_shapes`) and shards it onto this rank through the layers' weight loaders; `build_model`
 builds a decoder and loads one.
@@ -34,7 +36,7 @@ from reference_impl.attention.registry import resolve
 from reference_impl.distributed import divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from reference_impl.distributed import tensor_model_parallel_all_reduce
 from reference_impl.layers.fused_moe import FusedMoE
-from reference_impl.layers.layernorm import RMSNorm
+from reference_impl.layers.layernorm import GemmaRMSNorm, RMSNorm
 from reference_impl.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
@@ -70,12 +72,25 @@ class LlamaAttention(nn.Module):
                                         bias=config.o_proj_bias, params_dtype=dtype, prefix=f"{prefix}.o_proj")
         self.rotary_emb = build_rotary(config.head_dim, config.max_position_embeddings, config.rope_theta,
                                        config.rope_scaling, dtype)
+        self.scale = config.attention_scale
+        self.soft_cap = config.attn_logit_softcap
+        # this rank's heads' sink logits (gpt-oss), float32 as vLLM keeps them; the backend's impl is handed
+        # this very tensor, so the checkpoint's values (copied in place by load_weights) reach it
+        self.sinks = None
+        if config.attention_sinks:
+            self.sinks = nn.Parameter(torch.zeros(self.num_heads, dtype=torch.float32), requires_grad=False)
         if isinstance(attn_backend, str):
             attn_backend = resolve(attn_backend)
-        self.attn = Attention(self.num_heads, self.head_dim, self.head_dim ** -0.5, self.num_kv_heads,
-                              per_layer_sliding_window=self.window, prefix=f"{prefix}.attn",
-                              attn_backend=attn_backend, dtype=dtype)
+        self.attn = Attention(self.num_heads, self.head_dim, self.scale, self.num_kv_heads,
+                              logits_soft_cap=self.soft_cap, per_layer_sliding_window=self.window,
+                              prefix=f"{prefix}.attn", sinks=self.sinks, attn_backend=attn_backend, dtype=dtype)
         self.decoder_key = ""   # the DecoderAttention holding self.attn (set by LlamaModel)
+
+    def load_sinks(self, tensor: torch.Tensor) -> None:
+        """Copy this rank's heads' slice of the full `[num_heads]` sinks in place (the backend holds the tensor)."""
+        start = get_tensor_model_parallel_rank() * self.num_heads
+        with torch.no_grad():
+            self.sinks.copy_(tensor[start:start + self.num_heads])
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 batch: DecoderStep | tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -98,12 +113,36 @@ class LlamaAttention(nn.Module):
         if self.window is not None:   # causal and within the window: 0 <= i - j < window
             distance = positions[:, None] - positions[None, :]
             mask = ((distance >= 0) & (distance < self.window))[None, None]
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                              scale=self.head_dim ** -0.5,
-                                              enable_gqa=self.num_heads != self.num_kv_heads)
+        if self.soft_cap is None and self.sinks is None:
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
+                                                  enable_gqa=self.num_heads != self.num_kv_heads)
+        else:
+            if mask is None:
+                mask = (positions[:, None] >= positions[None, :])[None, None]
+            attn = self._explicit_attention(q, k, v, mask)
         attn = attn.squeeze(0).transpose(0, 1).reshape(n, self.q_size)
         out, _ = self.o_proj(attn)
         return out
+
+    def _explicit_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            allowed: torch.Tensor) -> torch.Tensor:
+        """Softmax attention written out, for what SDPA cannot say: scores soft-capped (`c * tanh(s / c)`) before
+        the mask, and a per-head sink logit in the denominator. Float32 (float64 for float64) throughout, one
+        rounding at the end, as the paged backends compute. q `[1, H, n, D]`, k and v `[1, KVH, n, D]`."""
+        compute = torch.promote_types(q.dtype, torch.float32)
+        group = self.num_heads // self.num_kv_heads
+        k = k.to(compute).repeat_interleave(group, dim=1)
+        v = v.to(compute).repeat_interleave(group, dim=1)
+        scores = torch.matmul(q.to(compute), k.transpose(-1, -2)) * self.scale
+        if self.soft_cap is not None:
+            scores = self.soft_cap * torch.tanh(scores / self.soft_cap)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        if self.sinks is not None:
+            sinks = self.sinks.to(compute).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+            probs = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        return torch.matmul(probs, v).to(q.dtype)
 
 
 class LlamaMLP(nn.Module):
@@ -122,7 +161,7 @@ class LlamaMLP(nn.Module):
         return out
 
 
-_MOE_BLOCKS: dict[str, MixtralMoE] = {}
+_MOE_BLOCKS: dict[str, SparseMoE] = {}
 
 
 @torch.library.custom_op("reference_model::moe_experts", mutates_args=())
@@ -137,10 +176,30 @@ def _(x, router_logits, block):
     return x.new_empty(x.shape)
 
 
-class MixtralMoE(nn.Module):
-    """Sparse MoE block: a replicated router, FusedMoE over this rank's `intermediate / tp` slice of
-    every expert (softmax top-k, renormalized, as Mixtral), partial sums all-reduced over the ranks.
-    Compiled, the experts run as the opaque `reference_model::moe_experts` op."""
+class SparseMoE(nn.Module):
+    """Sparse MoE block: a replicated router, FusedMoE over this rank's `intermediate / tp` slice of every
+    expert, partial sums all-reduced over the ranks. Compiled, the experts run as the opaque
+    `reference_model::moe_experts` op. Subclasses build the router (`router_logits`) and the experts."""
+
+    def _register(self, prefix: str) -> None:
+        self.key = f"{prefix}#{len(_MOE_BLOCKS)}"
+        _MOE_BLOCKS[self.key] = self
+
+    def router_logits(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.router_logits(x)
+        if torch.compiler.is_compiling():
+            out = torch.ops.reference_model.moe_experts(x, logits, self.key)
+        else:
+            out = self.experts(x, logits)
+        return tensor_model_parallel_all_reduce(out)
+
+
+class MixtralMoE(SparseMoE):
+    """Mixtral's block (`block_sparse_moe`): a router without bias, softmax over all experts, top-k
+    renormalized, SiLU-gated experts `w1` (gate), `w3` (up), `w2` (down) without biases."""
 
     def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = ""):
         super().__init__()
@@ -151,16 +210,10 @@ class MixtralMoE(nn.Module):
         self.experts = FusedMoE(config.num_experts, config.num_experts_per_tok, config.hidden_size,
                                 self.intermediate_per_rank, params_dtype=dtype, renormalize=True,
                                 prefix=f"{prefix}.experts")
-        self.key = f"{prefix}#{len(_MOE_BLOCKS)}"
-        _MOE_BLOCKS[self.key] = self
+        self._register(prefix)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.gate(x)
-        if torch.compiler.is_compiling():
-            out = torch.ops.reference_model.moe_experts(x, logits, self.key)
-        else:
-            out = self.experts(x, logits)
-        return tensor_model_parallel_all_reduce(out)
+    def router_logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gate(x)
 
     def load_expert(self, expert: int, which: str, tensor: torch.Tensor) -> None:
         """Copy this rank's slice of expert `expert`'s `w1` (gate), `w3` (up) or `w2` (down) weight."""
@@ -173,17 +226,76 @@ class MixtralMoE(nn.Module):
                 self.experts.w13_weight[expert, offset:offset + n].copy_(tensor[rank * n:(rank + 1) * n])
 
 
+def gpt_oss_routing(hidden_states: torch.Tensor, router_logits: torch.Tensor, top_k: int,
+                    renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """gpt-oss's routing (FusedMoE's `custom_routing_function`): the top-k router logits, then a softmax over
+    those k only, in the logits' dtype."""
+    values, ids = torch.topk(router_logits, top_k, dim=-1)
+    return torch.softmax(values, dim=-1, dtype=values.dtype), ids
+
+
+class GptOssMoE(SparseMoE):
+    """gpt-oss's block (`mlp`): a router with bias, `gpt_oss_routing`, and experts with biases computing the
+    clamped SwiGLU (FusedMoE's `swigluoai`: alpha 1.702, limit 7.0) on interleaved gate/up features.
+
+    The checkpoint stacks the experts `[experts, in, out]`: `gate_up_proj` `[E, hidden, 2 * inter]` (gate at even
+    columns, up at odd) + `gate_up_proj_bias`, `down_proj` `[E, inter, hidden]` + `down_proj_bias`; FusedMoE holds
+    them `[E, out, in]`, so they load transposed, with the interleaving kept (what `swigluoai` reads).
+    """
+
+    def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = ""):
+        super().__init__()
+        self.router = ReplicatedLinear(config.hidden_size, config.num_experts, bias=True, params_dtype=dtype,
+                                       prefix=f"{prefix}.router", return_bias=False)
+        self.intermediate_per_rank = divide(config.intermediate_size, get_tensor_model_parallel_world_size(),
+                                            "intermediate_size")
+        self.experts = FusedMoE(config.num_experts, config.num_experts_per_tok, config.hidden_size,
+                                self.intermediate_per_rank, params_dtype=dtype, renormalize=False,
+                                custom_routing_function=gpt_oss_routing, activation="swigluoai", has_bias=True,
+                                prefix=f"{prefix}.experts")
+        self._register(prefix)
+
+    def router_logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.router(x)
+
+    def load_experts(self, which: str, tensor: torch.Tensor) -> None:
+        """Copy this rank's slice of the stacked checkpoint tensor `which` (`gate_up_proj`, `gate_up_proj_bias`,
+        `down_proj`, `down_proj_bias`). Interleaved, this rank's gate and up columns are one contiguous range;
+        the down bias is added once, by rank 0, before the all-reduce."""
+        n, rank = self.intermediate_per_rank, get_tensor_model_parallel_rank()
+        gate_up = slice(2 * rank * n, 2 * (rank + 1) * n)
+        experts = self.experts
+        with torch.no_grad():
+            if which == "gate_up_proj":
+                experts.w13_weight.copy_(tensor[:, :, gate_up].transpose(1, 2))
+            elif which == "gate_up_proj_bias":
+                experts.w13_bias.copy_(tensor[:, gate_up])
+            elif which == "down_proj":
+                experts.w2_weight.copy_(tensor[:, rank * n:(rank + 1) * n].transpose(1, 2))
+            else:
+                experts.w2_bias.copy_(tensor if rank == 0 else torch.zeros_like(tensor))
+
+
+def _feed_forward(config: DecoderConfig, dtype: torch.dtype, prefix: str) -> tuple[str, nn.Module]:
+    """A layer's MLP or MoE block and the checkpoint name it lives under."""
+    if not config.num_experts:
+        return "mlp", LlamaMLP(config, dtype, f"{prefix}.mlp")
+    if config.moe_style == "gpt_oss":
+        return "mlp", GptOssMoE(config, dtype, f"{prefix}.mlp")
+    return "block_sparse_moe", MixtralMoE(config, dtype, f"{prefix}.block_sparse_moe")
+
+
 class LlamaDecoderLayer(nn.Module):
+    """RMSNorm -> attention -> residual add, RMSNorm -> MLP / MoE; the residual add is fused into the next norm."""
+
     def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = "", layer_index: int = 0,
                  attn_backend: type | str | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
         self.self_attn = LlamaAttention(config, dtype, f"{prefix}.self_attn", layer_index, attn_backend)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
-        if config.num_experts:
-            self.block_sparse_moe = MixtralMoE(config, dtype, f"{prefix}.block_sparse_moe")
-        else:
-            self.mlp = LlamaMLP(config, dtype, f"{prefix}.mlp")
+        self.ffn_name, ffn = _feed_forward(config, dtype, prefix)
+        self.add_module(self.ffn_name, ffn)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
                 batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,8 +306,37 @@ class LlamaDecoderLayer(nn.Module):
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states, batch)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        ffn = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
-        return ffn(hidden_states), residual
+        return getattr(self, self.ffn_name)(hidden_states), residual
+
+
+class Gemma2DecoderLayer(nn.Module):
+    """Gemma-2's layer: Gemma RMSNorm (`x * (1 + w)`, float32) before and after attention and before and after
+    the MLP. transformers adds the residual to each post-norm's output; here that add is fused into the next
+    pre-norm (`norm(x, residual)`: the sum formed in float32, rounded once, as a same-dtype add rounds)."""
+
+    def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = "", layer_index: int = 0,
+                 attn_backend: type | str | None = None):
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = GemmaRMSNorm(h, eps)
+        self.self_attn = LlamaAttention(config, dtype, f"{prefix}.self_attn", layer_index, attn_backend)
+        self.post_attention_layernorm = GemmaRMSNorm(h, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
+        self.ffn_name, ffn = _feed_forward(config, dtype, prefix)
+        self.add_module(self.ffn_name, ffn)
+        self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
+                batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.post_attention_layernorm(self.self_attn(positions, hidden_states, batch))
+        hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
+        hidden_states = getattr(self, self.ffn_name)(hidden_states)
+        return self.post_feedforward_layernorm(hidden_states), residual
 
 
 class LlamaModel(nn.Module):
@@ -204,9 +345,13 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, params_dtype=dtype,
                                                    padding_size=config.padding_size, prefix="model.embed_tokens")
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, f"model.layers.{i}", i, attn_backend)
+        self.embedding_scale = config.embedding_scale
+        gemma = config.norm_style == "gemma2"
+        layer_cls = Gemma2DecoderLayer if gemma else LlamaDecoderLayer
+        self.layers = nn.ModuleList(layer_cls(config, dtype, f"model.layers.{i}", i, attn_backend)
                                     for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.norm = (GemmaRMSNorm(config.hidden_size, config.rms_norm_eps) if gemma
+                     else RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype))
         self.attention = DecoderAttention([layer.self_attn.attn for layer in self.layers], block_size)
         for layer in self.layers:
             layer.self_attn.decoder_key = self.attention.key
@@ -214,6 +359,9 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         hidden_states = self.embed_tokens(input_ids)
+        if self.embedding_scale != 1.0:   # the scale rounded to the hidden dtype first, as transformers and vLLM do
+            hidden_states = hidden_states * torch.tensor(self.embedding_scale, dtype=hidden_states.dtype,
+                                                         device=hidden_states.device)
         if batch is not None and not torch.compiler.is_compiling():
             batch = self.attention.step(current_kv_cache(), positions, *batch)
         residual = None
@@ -282,9 +430,13 @@ class LlamaForCausalLM(nn.Module):
                 ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1))
 
     _EXPERT = re.compile(r"(model\.layers\.\d+\.block_sparse_moe)\.experts\.(\d+)\.(w[123])\.weight")
+    _STACKED_EXPERTS = re.compile(r"(model\.layers\.\d+\.mlp)\.experts\.(gate_up_proj|down_proj)(_bias)?")
+    _FUSED_MOE_PARAM = {"gate_up_proj": "w13_weight", "gate_up_proj_bias": "w13_bias", "down_proj": "w2_weight",
+                        "down_proj_bias": "w2_bias"}
+    _SINKS = re.compile(r"(model\.layers\.\d+\.self_attn)\.sinks")
 
     def load_weights(self, checkpoint: dict[str, torch.Tensor]) -> set[str]:
-        """Load a full checkpoint (HF Llama / Mixtral names) onto this rank; returns the parameters loaded.
+        """Load a full checkpoint (HF names) onto this rank; returns the parameters loaded.
 
         Raises ValueError naming a tensor whose shape is not the config's, and KeyError naming
         checkpoint tensors this model has no parameter for, and parameters the checkpoint left out.
@@ -308,6 +460,17 @@ class LlamaForCausalLM(nn.Module):
                 block, index, which = expert.groups()
                 modules[block].load_expert(int(index), which, tensor)
                 loaded.add(f"{block}.experts.{'w2' if which == 'w2' else 'w13'}_weight")
+                continue
+            stacked = self._STACKED_EXPERTS.fullmatch(name)
+            if stacked is not None:
+                block, which = stacked.group(1), stacked.group(2) + (stacked.group(3) or "")
+                modules[block].load_experts(which, tensor)
+                loaded.add(f"{block}.experts.{self._FUSED_MOE_PARAM[which]}")
+                continue
+            sinks = self._SINKS.fullmatch(name)
+            if sinks is not None:
+                modules[sinks.group(1)].load_sinks(tensor)
+                loaded.add(name)
                 continue
             target, shard_id = name, None
             for fused, part, sid in self._STACKED:

@@ -35,6 +35,13 @@ from reference_impl.models.rope import RopeScaling
 
 DENSE = DecoderConfig()
 MOE = DecoderConfig(num_experts=4, num_experts_per_tok=2)
+# Gemma-2 and gpt-oss shapes, windowed on layer 0 (shorter than the TP test's prompts)
+GEMMA2 = DecoderConfig(head_dim=32, norm_style="gemma2", embedding_scale=64 ** 0.5, query_pre_attn_scalar=24,
+                       attn_logit_softcap=3.0, final_logit_softcap=4.0, hidden_act="gelu_pytorch_tanh",
+                       sliding_window=3, sliding_window_layers=(0,), tie_word_embeddings=True)
+GPT_OSS = DecoderConfig(head_dim=32, num_experts=4, moe_style="gpt_oss", attention_sinks=True, qkv_bias=True,
+                        o_proj_bias=True, sliding_window=3, sliding_window_layers=(0,),
+                        rope_scaling=RopeScaling("yarn", 4.0, 32, truncate=False))
 PROMPTS = _runtime_tp.PROMPTS
 
 
@@ -130,6 +137,13 @@ VARIANTS = {
                                                    rope_scaling=RopeScaling("yarn", 4.0, 64, attention_factor=1.2)),
     "mistral window": DecoderConfig(sliding_window=4, head_dim=24, tie_word_embeddings=True),
     "mixtral window": DecoderConfig(num_experts=4, sliding_window=3, hidden_act="gelu_pytorch_tanh"),
+    "gemma2": GEMMA2,
+    "gemma2 untied, biases, no soft caps, no window": dataclasses.replace(
+        GEMMA2, tie_word_embeddings=False, qkv_bias=True, o_proj_bias=True, attn_logit_softcap=None,
+        final_logit_softcap=None, sliding_window=None, sliding_window_layers=None),
+    "gpt_oss": GPT_OSS,
+    "gpt_oss no biases, plain rope, every layer windowed": dataclasses.replace(
+        GPT_OSS, qkv_bias=False, o_proj_bias=False, rope_scaling=None, sliding_window_layers=None),
 }
 
 
@@ -146,6 +160,16 @@ def test_config_variants_round_trip_through_config_json(tmp_path, name):
 def test_config_with_no_transformers_model_type_is_not_written(tmp_path):
     with pytest.raises(ValueError, match="no transformers model type holds this config"):
         write_random_checkpoint(tmp_path, DecoderConfig(sliding_window=4, mlp_bias=True))
+    for config, message in [
+            (DecoderConfig(final_logit_softcap=30.0), "final_logit_softcap is Gemma-2's"),
+            (DecoderConfig(logit_scale=0.5), "no transformers model type holds logit_scale=0.5"),
+            (dataclasses.replace(GEMMA2, embedding_scale=1.0), "a gemma2 config.json cannot hold this config's "
+                                                               "embedding_scale"),
+            (dataclasses.replace(GPT_OSS, attention_sinks=False), "a gpt_oss config.json cannot hold this config's "
+                                                                  "attention_sinks"),
+            (DecoderConfig(attention_sinks=True), "a gpt_oss config.json cannot hold this config's num_experts")]:
+        with pytest.raises(ValueError, match=message):
+            write_random_checkpoint(tmp_path, config)
     with pytest.raises(ValueError, match="hidden_act='relu' is not supported"):
         DecoderConfig(hidden_act="relu")
 
@@ -239,7 +263,9 @@ def test_checkpoint_tensor_errors_name_the_tensor(tmp_path):
 # ----- tensor parallelism -------------------------------------------------------------------------
 def test_tp2_on_gloo_equals_tp1(tmp_path):
     directories = {"dense": str(write_random_checkpoint(tmp_path / "dense", DENSE, seed=21)),
-                   "moe": str(write_random_checkpoint(tmp_path / "moe", MOE, seed=22))}
+                   "moe": str(write_random_checkpoint(tmp_path / "moe", MOE, seed=22)),
+                   "gemma2": str(write_random_checkpoint(tmp_path / "gemma2", GEMMA2, seed=23)),
+                   "gpt_oss": str(write_random_checkpoint(tmp_path / "gpt_oss", GPT_OSS, seed=24))}
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=_runtime_tp.run_rank, args=(r, 2, str(tmp_path / "store"), directories, results))

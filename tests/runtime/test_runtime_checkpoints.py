@@ -38,12 +38,15 @@ FP32_CASES = [name for name in hf.CASES if name != "dtype bfloat16"]
 @pytest.mark.parametrize("name", FP32_CASES)
 def test_logits_and_greedy_tokens_match_transformers(name, checkpoints):
     case = hf.CASES[name]
-    got = hf.compare(checkpoints(name), ignoring=case.ignoring)
+    got = hf.compare(checkpoints(name), ignoring=case.ignoring, ignoring_each=case.ignoring_each,
+                     attn_implementation=case.attn_implementation)
     assert got.recompute_diff <= FP32_LOGITS_ATOL, got
     assert got.cache_diff <= FP32_LOGITS_ATOL, got
     assert got.hf_tokens == got.cache_tokens == got.recompute_tokens, got
     if case.ignoring is not None and name != "rope dynamic":
         assert got.ignored_diff > 0.5, f"the case does not exercise the field: ignoring it is off by {got.ignored_diff}"
+    for label, diff in got.ignored_each.items():
+        assert diff > 0.5, f"the case does not exercise {label}: ignoring it is off by {diff}"
 
 
 def test_dynamic_rope_equals_plain_rope_within_max_position_and_refuses_beyond(checkpoints):
@@ -96,6 +99,59 @@ def test_qwen2_and_mistral_windows_are_read_per_layer(checkpoints):
     assert read_config(checkpoints("qwen2 (q/k/v biases)")).sliding_window is None   # use_sliding_window false
 
 
+@pytest.mark.parametrize("name", ["gemma2", "gpt_oss"])
+@pytest.mark.parametrize("backend", ["platform", "REFERENCE"])
+def test_gemma2_and_gpt_oss_through_the_kv_cache_equal_the_recompute(name, backend, checkpoints):
+    """Soft caps, sinks and the per-layer window reach the paged backend (the platform's: CPP on the cpu
+    platform; and REFERENCE): batched prompts shorter and longer than the window of 8, generated through the
+    cache, give the tokens and logits of the full recompute (explicit softmax, no cache), which matches
+    transformers (test above)."""
+    from reference_impl.models import generate, greedy_generate
+
+    model = load_checkpoint(checkpoints(name), attn_backend=None if backend == "platform" else backend)
+    assert backend == "platform" or model.attention_backends == [backend]
+    layer0 = model.model.layers[0].self_attn
+    if name == "gemma2":
+        assert (layer0.soft_cap, layer0.sinks) == (3.0, None)
+    else:
+        assert layer0.soft_cap is None and layer0.sinks.abs().min() > 0     # the checkpoint's sinks, loaded
+    assert [lay.self_attn.attn.sliding_window for lay in model.model.layers] == [8, None]
+    prompts = [hf.prompt_ids(), hf.prompt_ids()[:5], hf.prompt_ids()[3:20]]
+    batch = generate(model, prompts, 6, cache=model.allocate_kv_cache(3, 40), prompt_logits=True)
+    for s, prompt in enumerate(prompts):
+        ref = greedy_generate(model, torch.tensor(prompt), 6)
+        assert batch.tokens[s] == ref.tokens, (s, batch.tokens[s], ref.tokens)
+        torch.testing.assert_close(batch.sequence_logits(s), torch.cat([ref.prompt_logits, ref.step_logits[1:]]),
+                                   atol=2e-5, rtol=2e-5)
+
+
+def test_gemma2_and_gpt_oss_configs_are_read_with_their_families_defaults(checkpoints, tmp_path):
+    gemma = read_config(checkpoints("gemma2"))
+    assert (gemma.norm_style, gemma.embedding_scale, gemma.attention_scale) == ("gemma2", 8.0, 24 ** -0.5)
+    assert (gemma.attn_logit_softcap, gemma.final_logit_softcap, gemma.hidden_act) == (3.0, 4.0, "gelu_pytorch_tanh")
+    assert [gemma.attention_window(i) for i in range(2)] == [8, None]
+    oss = read_config(checkpoints("gpt_oss"))
+    assert (oss.moe_style, oss.attention_sinks, oss.num_experts, oss.qkv_bias, oss.o_proj_bias) == (
+        "gpt_oss", True, 4, True, True)
+    assert (oss.rope_theta, oss.rope_scaling.factor, oss.rope_scaling.truncate) == (150000.0, 4.0, False)
+    # keys left out take Gemma2Config's / GptOssConfig's defaults (gpt-oss: YaRN x32 over 4096 positions)
+    for case, drop in (("gemma2", ["query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+                                   "sliding_window", "layer_types", "tie_word_embeddings", "hidden_activation"]),
+                       ("gpt_oss", ["rope_parameters", "sliding_window", "layer_types", "attention_bias",
+                                    "num_experts_per_tok", "swiglu_alpha", "swiglu_limit"])):
+        directory = _edited(checkpoints(case), tmp_path / case, lambda doc: [doc.pop(k) for k in drop])
+        config = read_config(directory)
+        if case == "gemma2":
+            assert (config.query_pre_attn_scalar, config.attn_logit_softcap, config.final_logit_softcap,
+                    config.sliding_window, config.sliding_window_layers, config.tie_word_embeddings) == (
+                256, 50.0, 30.0, 4096, (0,), True)
+        else:
+            scaling = config.rope_scaling
+            assert (config.rope_theta, scaling.rope_type, scaling.factor, scaling.original_max_position_embeddings,
+                    scaling.truncate, config.sliding_window, config.sliding_window_layers, config.qkv_bias,
+                    config.num_experts_per_tok) == (150000.0, "yarn", 32.0, 4096, False, 128, (0,), True, 4)
+
+
 def test_batched_prompts_with_a_window_equal_single_ones(checkpoints):
     from reference_impl.models import generate
 
@@ -113,6 +169,7 @@ def _edited(directory, tmp_path, edit):
     """A copy of `directory` with its config.json changed by `edit(doc)`."""
     import shutil
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     target = tmp_path / "edited"
     shutil.copytree(directory, target)
     doc = json.loads((target / "config.json").read_text())
@@ -158,6 +215,39 @@ def test_configs_that_change_the_math_unread_are_refused_with_one_line(name, che
     directory = _edited(checkpoints("llama"), tmp_path, edit)
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(directory)
+    assert message in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+# (case, config edit, message): keys of the new families that change the math and are not honoured
+REFUSED_FAMILY = {
+    "gemma2 bidirectional": ("gemma2", _set(use_bidirectional_attention=True),
+                             "key 'use_bidirectional_attention' is true; the runtime's decoder attends causally"),
+    "gemma2 hidden_activation": ("gemma2", _set(hidden_activation="relu"), "key 'hidden_activation' is 'relu'"),
+    "gemma2 a gpt-oss key": ("gemma2", _set(swiglu_limit=7.0),
+                             "key 'swiglu_limit' is not one the runtime knows for model_type 'gemma2'"),
+    "gemma2 query_pre_attn_scalar": ("gemma2", _set(query_pre_attn_scalar=0),
+                                     "key 'query_pre_attn_scalar' must be a positive number"),
+    "gemma2 rope per layer type": ("gemma2", _set(rope_parameters={"sliding_attention": {"rope_type": "default"},
+                                                                   "full_attention": {"rope_type": "default"}}),
+                                   "holds rope parameters per layer type"),
+    "gpt_oss swiglu_limit": ("gpt_oss", _set(swiglu_limit=5.0), "key 'swiglu_limit' is 5.0; the runtime's gpt-oss "
+                                                                "experts compute the clamped SwiGLU with"),
+    "gpt_oss swiglu_alpha": ("gpt_oss", _set(swiglu_alpha=1.0), "key 'swiglu_alpha' is 1.0"),
+    "gpt_oss a Gemma-2 key": ("gpt_oss", _set(attn_logit_softcapping=30.0),
+                              "key 'attn_logit_softcapping' is not one the runtime knows for model_type 'gpt_oss'"),
+    "gpt_oss mxfp4": ("gpt_oss", _set(quantization_config={"quant_method": "mxfp4"}),
+                      "quantized checkpoints are not supported"),
+    "gpt_oss layer_types": ("gpt_oss", _set(layer_types=["sliding_attention"]),
+                            "key 'layer_types' must list 'full_attention' or 'sliding_attention' for each of the 2"),
+    "gpt_oss experts": ("gpt_oss", _set(num_local_experts=None), "key 'num_local_experts' must be a positive integer"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED_FAMILY))
+def test_gemma2_and_gpt_oss_keys_that_change_the_math_unread_are_refused(name, checkpoints, tmp_path):
+    case, edit, message = REFUSED_FAMILY[name]
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(_edited(checkpoints(case), tmp_path, edit))
     assert message in str(info.value) and "\n" not in str(info.value), str(info.value)
 
 

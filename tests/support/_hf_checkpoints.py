@@ -25,13 +25,16 @@ PROMPTS_SEED = 5
 class Case:
     """`model_type` with config kwargs on top of BASE; `edit` rewrites the saved config.json (older layouts);
     `save` goes to save_pretrained; `ignoring` are the DecoderConfig values a runtime that ignored the
-    field would run with (to show the comparison would catch it)."""
+    field would run with (to show the comparison would catch it); `ignoring_each` names several such sets,
+    each tried alone. `attn_implementation` is transformers' (None: its default)."""
 
     model_type: str
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     edit: Callable[[dict], None] | None = None
     save: dict[str, Any] = dataclasses.field(default_factory=dict)
     ignoring: dict[str, Any] | None = None
+    ignoring_each: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    attn_implementation: str | None = None
 
 
 def _legacy_rope(theta: float, scaling: dict | None) -> Callable[[dict], None]:
@@ -49,6 +52,14 @@ def _drop_rope(doc: dict) -> None:
 
 NO_SCALING = {"rope_scaling": None}
 NO_WINDOW = {"sliding_window": None, "sliding_window_layers": None}
+# Gemma-2 and gpt-oss: head_dim 32 (q/k/v of 128 against hidden 64), a window of 8 on layer 0 (the default
+# layer_types alternate, sliding first) under a 24-token prompt, soft caps small enough to bend the scores;
+# Gemma-2 untied (tied, its random embedding makes every position predict its own token)
+GEMMA2 = dict(head_dim=32, query_pre_attn_scalar=24, attn_logit_softcapping=3.0, final_logit_softcapping=4.0,
+              sliding_window=8, tie_word_embeddings=False)
+GPT_OSS = dict(head_dim=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+               rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 32})
 CASES = {
     "llama": Case("llama"),
     "rope_parameters theta 1e6": Case("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
@@ -84,30 +95,53 @@ CASES = {
     "mixtral": Case("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}, ignoring={"rope_theta": 1e4}),
     "mixtral default theta, no rope keys": Case("mixtral", {"num_local_experts": 4}, edit=_drop_rope,
                                                 ignoring={"rope_theta": 1e4}),
+    # transformers' default attention for Gemma-2 is SDPA, which drops the attention soft cap: compare with eager
+    "gemma2": Case("gemma2", GEMMA2, attn_implementation="eager", ignoring_each={
+        "embedding scale": {"embedding_scale": 1.0}, "attention soft cap": {"attn_logit_softcap": None},
+        "final soft cap": {"final_logit_softcap": None}, "query_pre_attn_scalar": {"query_pre_attn_scalar": None},
+        "window": NO_WINDOW, "Gemma norms": {"norm_style": "llama"}}),
+    "gemma2 attention_bias, no soft caps, full attention": Case("gemma2", {
+        **GEMMA2, "attention_bias": True, "attn_logit_softcapping": None, "final_logit_softcapping": None,
+        "layer_types": ["full_attention"] * 2, "tie_word_embeddings": True}, attn_implementation="eager",
+        ignoring={"qkv_bias": False, "o_proj_bias": False}),
+    "gpt_oss": Case("gpt_oss", GPT_OSS, ignoring_each={
+        "sinks": {"attention_sinks": False}, "window": NO_WINDOW, "yarn": NO_SCALING}),
+    "gpt_oss default YaRN (no rope keys), no attention_bias": Case(
+        "gpt_oss", {**GPT_OSS, "attention_bias": False}, edit=_drop_rope, ignoring=NO_SCALING),
 }
 
 
 def _classes(model_type: str):
     import transformers
 
-    name = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "mixtral": "Mixtral"}[model_type]
+    name = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "mixtral": "Mixtral", "gemma2": "Gemma2",
+            "gpt_oss": "GptOss"}[model_type]
     return getattr(transformers, f"{name}Config"), getattr(transformers, f"{name}ForCausalLM")
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """Weights whose logits spread over a few units (transformers' 0.02 init leaves near-ties for greedy)."""
+    """Weights whose logits spread over a few units (transformers' 0.02 init leaves near-ties for greedy).
+
+    Gemma's norm weights sit around 0 (its norm multiplies by 1 + w) and its tied embedding is drawn like an LM
+    head; gpt-oss's stacked experts are `[experts, in, out]` (fan-in: dim -2) and its sinks ~ N(0, 2^2), so that
+    they take a share of the softmax worth seeing."""
     gen = torch.Generator().manual_seed(seed)
     hidden = model.config.hidden_size
+    gemma = model.config.model_type == "gemma2"
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             if name.endswith("norm.weight"):
-                value = 1 + 0.1 * torch.randn(p.shape, generator=gen)
+                value = (0 if gemma else 1) + 0.1 * torch.randn(p.shape, generator=gen)
             elif name.endswith("bias"):
                 value = 0.1 * torch.randn(p.shape, generator=gen)
+            elif name.endswith(".sinks"):
+                value = 2 * torch.randn(p.shape, generator=gen)
             elif "embed_tokens" in name:
-                value = torch.randn(p.shape, generator=gen)
+                value = torch.randn(p.shape, generator=gen) * (hidden ** -0.5 if gemma else 1)
             elif name == "lm_head.weight":
                 value = 3 * hidden ** -0.5 * torch.randn(p.shape, generator=gen)
+            elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                value = torch.randn(p.shape, generator=gen) * p.shape[-2] ** -0.5
             else:
                 value = torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5
             p.copy_(value.to(p.dtype))
@@ -135,10 +169,11 @@ def prompt_ids(vocab: int = BASE["vocab_size"]) -> list[int]:
     return torch.randint(0, vocab, (PROMPT_LEN,), generator=torch.Generator().manual_seed(PROMPTS_SEED)).tolist()
 
 
-def hf_model(directory: Path, dtype: torch.dtype = torch.float32):
+def hf_model(directory: Path, dtype: torch.dtype = torch.float32, attn_implementation: str | None = None):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **extra).eval()
     model.generation_config.eos_token_id = None   # as our generate without stop tokens
     model.generation_config.pad_token_id = 0
     return model
@@ -168,20 +203,24 @@ class Comparison:
     cache_tokens: list[int]
     recompute_tokens: list[int]
     ignored_diff: float | None = None
+    ignored_each: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def tokens_equal(self) -> bool:
         return self.hf_tokens == self.cache_tokens == self.recompute_tokens
 
 
-def compare(directory: Path, dtype: torch.dtype | None = None, ignoring: dict[str, Any] | None = None) -> Comparison:
-    """Load `directory` with the runtime (its config's dtype unless `dtype`) and with transformers (same dtype);
-    `ignoring`: also the max logit diff of a runtime that ran the config with these values instead."""
-    from reference_impl.models import build_model, expected_shapes, generate, greedy_generate
-    from reference_impl.models.checkpoint import load_checkpoint, read_tensors
+def compare(directory: Path, dtype: torch.dtype | None = None, ignoring: dict[str, Any] | None = None,
+            ignoring_each: dict[str, dict[str, Any]] | None = None,
+            attn_implementation: str | None = None) -> Comparison:
+    """Load `directory` with the runtime (its config's dtype unless `dtype`) and with transformers (same dtype,
+    `attn_implementation`); `ignoring`: also the max logit diff of a runtime that ran the config with these
+    values instead; `ignoring_each`: the same for each named set of values."""
+    from reference_impl.models import generate, greedy_generate
+    from reference_impl.models.checkpoint import load_checkpoint
 
     ours = load_checkpoint(directory, dtype)
-    theirs = hf_model(directory, ours.dtype)
+    theirs = hf_model(directory, ours.dtype, attn_implementation)
     prompt = prompt_ids()
     hf_tokens = hf_greedy(theirs, prompt, NEW_TOKENS)
     ids = prompt + hf_tokens[:-1]
@@ -191,16 +230,25 @@ def compare(directory: Path, dtype: torch.dtype | None = None, ignoring: dict[st
     cached = generate(ours, [prompt], NEW_TOKENS, cache=ours.allocate_kv_cache(1, len(ids) + 1), prompt_logits=True)
     recompute_tokens = greedy_generate(ours, torch.tensor(prompt), NEW_TOKENS).tokens
     rows = len(prompt) + min(_common_prefix(cached.tokens[0], hf_tokens), NEW_TOKENS - 1)
-    ignored_diff = None
-    if ignoring is not None:
-        config = dataclasses.replace(ours.config, **ignoring)
-        tensors = {k: v for k, v in read_tensors(directory, ours.dtype).items() if k in expected_shapes(config)}
-        with torch.no_grad():
-            naive = build_model(config, ours.dtype, checkpoint=tensors)(torch.tensor(ids), torch.arange(len(ids)))
-        ignored_diff = (naive.float() - want).abs().max().item()
+    ignored_diff = None if ignoring is None else _ignored_diff(directory, ours, ignoring, ids, want)
+    ignored_each = {label: _ignored_diff(directory, ours, values, ids, want)
+                    for label, values in (ignoring_each or {}).items()}
     return Comparison((recomputed - want).abs().max().item(),
                       (cached.sequence_logits(0)[:rows].float() - want[:rows]).abs().max().item(),
-                      hf_tokens, cached.tokens[0], recompute_tokens, ignored_diff)
+                      hf_tokens, cached.tokens[0], recompute_tokens, ignored_diff, ignored_each)
+
+
+def _ignored_diff(directory: Path, ours, values: dict[str, Any], ids: list[int], want: torch.Tensor) -> float:
+    """Max |logit diff| from transformers' `want` of a runtime that ran the checkpoint's config with `values`
+    instead (the checkpoint's tensors that config has no place for left out)."""
+    from reference_impl.models import build_model, expected_shapes
+    from reference_impl.models.checkpoint import read_tensors
+
+    config = dataclasses.replace(ours.config, **values)
+    tensors = {k: v for k, v in read_tensors(directory, ours.dtype).items() if k in expected_shapes(config)}
+    with torch.no_grad():
+        naive = build_model(config, ours.dtype, checkpoint=tensors)(torch.tensor(ids), torch.arange(len(ids)))
+    return (naive.float() - want).abs().max().item()
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -219,8 +267,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, case) in enumerate(CASES.items()):
             directory = write_case(case, Path(tmp) / str(i), seed=i)
-            got = compare(directory, ignoring=case.ignoring)
+            got = compare(directory, ignoring=case.ignoring, ignoring_each=case.ignoring_each,
+                          attn_implementation=case.attn_implementation)
             ignored = "" if got.ignored_diff is None else f"{got.ignored_diff:.2g}"
+            ignored = ", ".join([ignored] * bool(ignored) + [f"{k} {v:.2g}" for k, v in got.ignored_each.items()])
             print(f"| {name} | {got.recompute_diff:.1e} | {got.cache_diff:.1e} | "
                   f"{'yes' if got.tokens_equal else 'NO'} | {ignored} |", flush=True)
 
