@@ -299,7 +299,9 @@ def _print(args, config: DecoderConfig, prompts, report, providers, paths) -> No
     from reference_impl.models.introspect import describe
 
     source = f"checkpoint {args.checkpoint}" if args.checkpoint else f"random {args.random} (seed {args.weights_seed})"
-    kind = f"Mixtral-shaped, {config.num_experts} experts" if config.num_experts else "Llama-shaped"
+    kind = "Gemma-2-shaped" if config.norm_style == "gemma2" else "Llama-shaped"
+    if config.num_experts:
+        kind = f"{'gpt-oss' if config.moe_style == 'gpt_oss' else 'Mixtral'}-shaped, {config.num_experts} experts"
     mode = f"compiled ({args.compile_backend}, {report['graphs_compiled']} graphs)" if args.compile else "eager"
     print(f"model: {source}: {kind}, {config.num_layers} layers, hidden {config.hidden_size}, vocab "
           f"{config.vocab_size}; platform {report['platform']} (device {report['device']}), {report['dtype']}, "

@@ -75,6 +75,20 @@ def test_config_dtype_is_the_default_and_bf16_is_as_close_to_fp32_as_transformer
     assert ours_err <= 1.5 * theirs_err, (ours_err, theirs_err)
 
 
+@pytest.mark.parametrize("name", ["gemma2", "gpt_oss"])
+def test_gemma2_and_gpt_oss_in_bf16_are_as_close_to_fp32_as_transformers_bf16(name, checkpoints):
+    """The embedding scale rounded to bf16, Gemma's float32 norms, float32 sinks and soft caps: in bf16 the
+    runtime strays from fp32 no further than transformers does (which keeps gpt-oss's norms in fp32)."""
+    directory, case = checkpoints(name), hf.CASES[name]
+    ids = hf.prompt_ids()
+    fp32 = hf.hf_logits(hf.hf_model(directory, torch.float32, case.attn_implementation), ids)
+    theirs = hf.hf_logits(hf.hf_model(directory, torch.bfloat16, case.attn_implementation), ids)
+    with torch.no_grad():
+        ours = load_checkpoint(directory, torch.bfloat16)(torch.tensor(ids), torch.arange(len(ids))).float()
+    ours_err, theirs_err = (ours - fp32).abs().max().item(), (theirs - fp32).abs().max().item()
+    assert ours_err <= 1.5 * theirs_err, (ours_err, theirs_err)
+
+
 def test_sharded_checkpoint_is_read_through_its_index(checkpoints):
     directory = checkpoints("sharded index")
     shards = sorted(p.name for p in directory.glob("model-*.safetensors"))
