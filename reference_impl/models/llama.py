@@ -54,7 +54,8 @@ from reference_impl.models.weights import expected_shapes, random_checkpoint
 
 class LlamaAttention(nn.Module):
     """Causal self-attention; this rank's heads, output projection all-reduced. Against the KV cache through
-    `self.attn` (the platform's attention backend); one sequence without a cache through SDPA."""
+    `self.attn` (the platform's attention backend, given the soft cap, sinks and window); one sequence without
+    a cache through SDPA, or the softmax written out when a soft cap or sinks are in it (`_explicit_attention`)."""
 
     def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = "", layer_index: int = 0,
                  attn_backend: type | str | None = None):
