@@ -86,6 +86,7 @@ class ModelResult:
     error: str | None = None
     explanation: str | None = None
     prefix_hits: dict[int, int] = dataclasses.field(default_factory=dict)
+    shutdown_error: str | None = None
 
 
 @check("engine", "generate", units=engine_units)
@@ -136,6 +137,7 @@ def _grade_run(run: dict, checkpoint: Path, dtype) -> ModelResult:
     oracle = oracle_logprobs(checkpoint, reqs, outputs)
     result = ModelResult(run["name"], run["facts"], grade(reqs, outputs, oracle, logprob_tolerance(dtype)))
     result.prefix_hits = {o["id"]: o["cached_tokens"] for o in run["outputs"] if o["cached_tokens"]}
+    result.shutdown_error = run.get("shutdown_error")
     return result
 
 
@@ -265,13 +267,22 @@ def _where(unit: Unit, names: list[str]) -> str:
             f"prefix caching; models {models}")
 
 
+def _shutdown_note(results: list[ModelResult]) -> str:
+    """vLLM's engine shutdown raising after every request finished: said, not graded (engine_runner._shut_down)."""
+    raised = [r for r in results if r.shutdown_error]
+    if not raised:
+        return ""
+    return (f"; vLLM's engine shutdown raised after the requests finished ({', '.join(r.model for r in raised)}: "
+            f"{raised[0].shutdown_error}; not graded)")
+
+
 def _verdict(results: list[ModelResult], doc: dict, dtype, unit: Unit, names: list[str]) -> Verdict:
     from conformance.checks.engine_oracle import logprob_tolerance
 
     tol = logprob_tolerance(dtype)
     facts = next((r.facts for r in results if r.facts), {})
     engine = (f"vLLM {doc.get('vllm')} on {facts.get('platform', 'its platform')}, KV block "
-              f"{facts.get('block_size', '?')}; {_where(unit, names)}")
+              f"{facts.get('block_size', '?')}; {_where(unit, names)}{_shutdown_note(results)}")
     worst = max((r.grade.worst_err for r in results if r.grade is not None), default=0.0)
     errs = {"max_abs_err": worst, "err_to_tol": worst / tol if tol else None}
     errors = [r for r in results if r.error is not None]

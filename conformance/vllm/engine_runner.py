@@ -79,13 +79,57 @@ def run_one(run: dict) -> dict:
     outputs = []
     for wave in waves:
         outputs += _wave(llm, wave)
-    llm.llm_engine.engine_core.shutdown()
+    shutdown_error = _shut_down(llm)
     del llm
     import gc
 
     gc.collect()
     return {"name": run["name"], "waves": waves, "outputs": outputs, "facts": facts, "start_s": round(started, 3),
-            "total_s": round(time.perf_counter() - start, 3)}
+            "total_s": round(time.perf_counter() - start, 3), "shutdown_error": shutdown_error}
+
+
+def _shut_down(llm) -> str | None:
+    """Shut the engine down; what it raised, if anything (kept apart from the grade: the requests had finished).
+
+    vLLM 0.32's teardown (`cleanup_dist_env_and_memory`) ends with `torch.accelerator.empty_host_cache()` on every
+    platform that is not `CpuPlatform`, which raises on an out-of-tree platform whose device is the CPU, after the
+    distributed state is already torn down."""
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception as exc:  # noqa: BLE001 - reported with the run's results, not graded
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        _disarm_exit_shutdown(llm)
+    return None
+
+
+def _disarm_exit_shutdown(llm) -> None:
+    """vLLM's in-process client runs the same shutdown again when it is collected (a weakref finalizer): once is
+    enough, and a second raise would only print a traceback."""
+    finalizer = getattr(getattr(llm.llm_engine, "engine_core", None), "_finalizer", None)
+    if finalizer is not None and hasattr(finalizer, "detach"):
+        finalizer.detach()
+
+
+def _platform_hint(exc: Exception) -> str | None:
+    """What of vLLM 0.32's contract for an out-of-tree platform the error points at, when it is one of the two ways a
+    CPU-derived platform plugin cannot start an engine (docs/vllm.md, the engine family); else None."""
+    import torch
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_out_of_tree():
+        return None
+    name = current_platform.device_name
+    try:
+        torch.device(f"{name}:0")
+    except RuntimeError:
+        return (f"the platform's device_name {name!r} is not a torch device type: vLLM builds an out-of-tree "
+                f"platform's devices as torch.device(f'{{device_name}}:{{rank}}')")
+    if "Sleep mode allocator is not available" in str(exc):
+        return ("vLLM's CPUWorker, like its GPU worker, takes a sleep-mode allocator on every platform but CUDA, ROCm, "
+                "XPU and CpuPlatform itself: an out-of-tree platform that reuses it needs a worker subclass whose "
+                "_maybe_get_memory_pool_context returns a null context, set as parallel_config.worker_cls")
+    return None
 
 
 def _die_with_parent() -> None:
@@ -127,8 +171,9 @@ def serve() -> int:
                 doc["runs"].append(run_one(run))
             except Exception as exc:  # noqa: BLE001 - reported to the check, which names the run
                 frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
-                doc["runs"].append({"name": run["name"], "error": f"{type(exc).__name__}: {exc}",
-                                    "traceback": "".join(frames[-6:])})
+                hint = _platform_hint(exc)
+                doc["runs"].append({"name": run["name"], "error": f"{type(exc).__name__}: {exc}"
+                                    + (f" ({hint})" if hint else ""), "traceback": "".join(frames[-6:])})
             out.write_text(json.dumps(doc))
         protocol.write("done\n")
         protocol.flush()

@@ -40,12 +40,12 @@ def _bridged():
     return VllmPlatform(types.SimpleNamespace(platform=vp))
 
 
-def _verdict(plugin: str):
+def _verdict(plugin: str, fixture=FIXTURE):
     mp = pytest.MonkeyPatch()
     mp.setattr(engine_models, "MODELS", {"llama": engine_models.MODELS["llama"]})
     mp.setattr(engine, "EXPLAIN_WITHIN_S", float("inf"))
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "VLLM_PLUGINS")}
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FIXTURE), saved["PYTHONPATH"]]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(fixture), saved["PYTHONPATH"]]))
     os.environ["VLLM_PLUGINS"] = plugin
     try:
         return engine.generate(CheckContext("vllm", _bridged()), UNIT)
@@ -86,3 +86,25 @@ def test_the_fresh_twin_passes_with_prefix_cache_hits(fresh):
     assert "prefix cache hits: llama request 4 256 tokens, request 5 128 tokens" in fresh.message
     assert "on conformance_vllm_engine.platform.FreshCpuPlatform, KV block 128" in fresh.message
     assert fresh.err_to_tol < 1
+
+
+def test_an_out_of_tree_platform_with_its_own_worker_runs_the_engine_and_passes():
+    """tests/plugins/vllm_good: `PlatformEnum.OOT` (CustomOps dispatch to forward_oot), device_name `cpu`, vLLM's
+    CPUWorker subclassed to allocate without a sleep-mode pool. vLLM's own teardown then raises (it empties a torch
+    accelerator's host cache on every platform but CpuPlatform): said in the message, not graded."""
+    verdict = _verdict("good_cpu,good_cpu_kernels", PLUGINS / "vllm_good")
+    assert verdict.outcome is Outcome.PASS, verdict.message
+    assert "on conformance_vllm_good.platform.GoodCpuPlatform, KV block 128" in verdict.message
+    assert "vLLM's engine shutdown raised after the requests finished (llama: RuntimeError: " in verdict.message
+    assert "not graded)" in verdict.message
+
+
+def test_a_platform_whose_device_name_is_no_torch_device_errors_saying_so():
+    """tests/plugins/vllm_faults renames its device (`faults_cpu`): vLLM cannot build its devices, and the ERROR
+    names the contract (not only torch's message)."""
+    verdict = _verdict("faults_cpu,faults_layers", PLUGINS / "vllm_faults")
+    assert verdict.outcome is Outcome.ERROR, verdict.message
+    first = verdict.message.splitlines()[0]
+    assert first.startswith("vLLM's engine raised on model llama: RuntimeError: "), first
+    assert ("(the platform's device_name 'faults_cpu' is not a torch device type: vLLM builds an out-of-tree "
+            "platform's devices as torch.device(f'{device_name}:{rank}'))") in first
