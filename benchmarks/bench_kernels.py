@@ -30,6 +30,8 @@ are loaded through vLLM's own import path (`vllm._custom_ops` imports the platfo
 library, `_C_AVX2` / `_C_AVX512` / `_C` by the CPU's ISA, as `torch.ops._C`) and timed in the same
 interleaved rounds, with the output allocated per call as vLLM's layers do. vLLM has CPU kernels
 for the norms, rotary and the SiLU/GELU activations; the other rows show "-". `--no-vllm` skips it.
+
+`ATEN_CPU_CAPABILITY=avx2` on an AVX-512 machine runs every column's AVX2 code (benchmarks/_isa.py).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from collections.abc import Callable
 
 import torch
 
+from _isa import follow_torch_isa  # noqa: E402  (benchmarks/ is on sys.path when a script here runs)
 from reference_impl import ir
 from reference_impl.ir.ops.rotary import compute_cos_sin_cache
 
@@ -385,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    isa = follow_torch_isa()
     _cpp_build.load()
     vllm_problem = "skipped (--no-vllm)" if args.no_vllm else load_vllm_kernels()
     if vllm_problem is None:
@@ -393,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         vllm_state = f"vLLM {vllm.__version__} CPU kernels"
     else:
         vllm_state = f"no vLLM column: {vllm_problem}"
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, ISA {_cpp_build.isa()}, "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, ISA {isa}, "
           f"allocator {args.allocator}, {vllm_state}", file=sys.stderr)
     min_time = args.min_time or (0.3 if args.quick else 1.0)
     print_table(run_cpu(ops, dtypes, min_time, not args.no_inductor, vllm=vllm_problem is None), CPU_HEADERS)
