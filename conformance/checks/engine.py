@@ -295,7 +295,7 @@ def _verdict(results: list[ModelResult], doc: dict, dtype, unit: Unit, names: li
                       f"tolerance {tol:.3g}): {lines[0]}; {r.explanation}"
                       + (f"; other requests of {r.model}: {' | '.join(lines[1:])}" if len(lines) > 1 else "")
                       + (f"; also {'; '.join(others)}" if others else "")
-                      + (f"; the engine raised for {', '.join(e.model for e in errors)}" if errors else "")
+                      + "".join(f"; the engine raised for {e.model}: {e.error.strip().splitlines()[0]}" for e in errors)
                       + f" [{engine}]", **errs)
     if errors:
         first = errors[0].error.strip().splitlines()

@@ -2,8 +2,8 @@
 (nothing downloaded) and a fixed batch of token-id prompts built around the engine's KV block size.
 
 Every model has head size 32 (the smallest vLLM 0.32's CPU attention takes) and 2 layers; weights are seeded and
-scaled as `reference_impl.models.random_checkpoint` scales them (logits with a spread of a few units, so greedy
-margins are wide), then stored in the dtype under test, so the engine and the oracle read the same numbers.
+scaled by `randomize_weights` (logits with a spread of a few units, so greedy margins are wide), then stored in the
+dtype under test, so the engine and the oracle read the same numbers.
 The requests come in two waves: the first batch has prompts of different lengths (the longest beyond the chunked
 prefill's token budget) and different generation lengths, so the batch shrinks while it decodes; the second wave's
 prompts start with whole blocks of first-wave prompts, so the prefix cache serves them.
@@ -38,22 +38,72 @@ class EngineModel:
 
 MODELS = {
     "llama": EngineModel("llama", "LlamaConfig", {}, "GQA 4 query heads on 2 KV heads"),
+    # Qwen2's biases and tied head and Mistral's window are also in Gemma-2 and gpt-oss: full only, for the time
     "qwen2": EngineModel("qwen2", "Qwen2Config", {"tie_word_embeddings": True, "use_sliding_window": False},
-                         "q/k/v biases, tied embeddings"),
+                         "q/k/v biases, tied embeddings", level="full"),
     "mistral": EngineModel("mistral", "MistralConfig", {"sliding_window": 48},
-                           "a 48-token sliding window, shorter than the prompts"),
+                           "a 48-token sliding window, shorter than the prompts", level="full"),
+    # vLLM's Gemma-2 ties the LM head to the embeddings and takes only the tanh GELU; layer 0 slides, layer 1 is full
+    "gemma2": EngineModel("gemma2", "Gemma2Config", {"tie_word_embeddings": True, "query_pre_attn_scalar": 8,
+                                                      "attn_logit_softcapping": 3.0, "final_logit_softcapping": 8.0,
+                                                      "sliding_window": 48, "hidden_activation": "gelu_pytorch_tanh"},
+                          "attention and final logit soft caps (3 and 8), a 48-token window on alternating layers, "
+                          "Gemma norms and embedding scale"),
+    # vLLM's gpt-oss always builds YaRN from every key below; its MoE is unquantized here (bf16 / fp32 experts)
+    "gpt_oss": EngineModel("gpt_oss", "GptOssConfig", {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                                        "sliding_window": 48, "rope_parameters": {
+                                                            "rope_type": "yarn", "rope_theta": 150000.0,
+                                                            "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                                            "truncate": False,
+                                                            "original_max_position_embeddings": 512}},
+                           "attention sinks, a 48-token window on alternating layers, YaRN, MoE with biases and "
+                           "clamped SwiGLU, 4 experts, top 2"),
     "mixtral": EngineModel("mixtral", "MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2,
                                                         "sliding_window": None},
                            "MoE, 4 experts, top 2", level="full"),
 }
-# not in the family: Gemma-2 (soft cap, alternating windows) and gpt-oss (sinks) have no oracle in the reference
-# runtime (reference_impl.models reads Llama, Mistral, Qwen2 and Mixtral checkpoints)
 
 
 def models_at(level: str) -> list[str]:
-    """The models an eager unit runs at `level` (Mixtral's MoE engine costs the most: full only)."""
+    """The models an eager unit runs at `level`: Llama, Gemma-2 and gpt-oss at standard (between them GQA, biases,
+    a tied head, soft caps, sinks, windows on alternating layers, MoE); Qwen2, Mistral and Mixtral add at full."""
     order = ("quick", "standard", "full")
     return [name for name, m in MODELS.items() if order.index(m.level) <= order.index(level)]
+
+
+def randomize_weights(hf: torch.nn.Module, seed: int) -> None:
+    """Seeded weights for a transformers model whose logits spread over a few units (transformers' 0.02 init
+    leaves near-ties for greedy), drawn in float32 on the CPU.
+
+    Projections ~ N(0, 1/fan_in), with gpt-oss's stacked experts `[experts, in, out]` (fan-in: dim -2); norm
+    weights ~ 1 + N(0, 0.1^2), or N(0, 0.1^2) for Gemma's norms, which multiply by 1 + w; biases ~ N(0, 0.1^2);
+    gpt-oss's sinks ~ N(0, 2^2), so that they take a share of the softmax worth seeing; the LM head, and the
+    embeddings where they double as it, ~ N(0, (3/sqrt(hidden))^2); untied embeddings ~ N(0, 1)
+    (Gemma's ~ N(0, 1/hidden)).
+    """
+    config = hf.config
+    gen = torch.Generator().manual_seed(seed)
+    hidden = config.hidden_size
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    gemma = config.model_type == "gemma2"
+    norm_mean = 0.0 if gemma else 1.0
+    with torch.no_grad():
+        for name, param in sorted(hf.named_parameters()):
+            if name.endswith("norm.weight"):
+                std, mean = 0.1, norm_mean
+            elif name.endswith("bias"):
+                std, mean = 0.1, 0.0
+            elif name.endswith(".sinks"):
+                std, mean = 2.0, 0.0
+            elif name == "model.embed_tokens.weight":   # Gemma scales them by sqrt(hidden) on the way in
+                std, mean = (3.0 * hidden ** -0.5 if tied else hidden ** -0.5 if gemma else 1.0), 0.0
+            elif name == "lm_head.weight":
+                std, mean = 3.0 * hidden ** -0.5, 0.0
+            elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                std, mean = param.shape[-2] ** -0.5, 0.0
+            else:
+                std, mean = param.shape[-1] ** -0.5, 0.0
+            param.copy_((torch.randn(tuple(param.shape), generator=gen) * std + mean).to(param.dtype))
 
 
 def write_checkpoint(model: EngineModel, dtype: torch.dtype, directory: Path) -> Path:
@@ -64,22 +114,7 @@ def write_checkpoint(model: EngineModel, dtype: torch.dtype, directory: Path) ->
     with torch.device("cpu"):
         hf = getattr(transformers, config.architectures[0] if config.architectures else
                      model.config_class.replace("Config", "ForCausalLM"))(config)
-    gen = torch.Generator().manual_seed(MODEL_SEED)
-    hidden = config.hidden_size
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    with torch.no_grad():
-        for name, param in sorted(hf.named_parameters()):
-            if name.endswith("norm.weight"):
-                std, mean = 0.1, 1.0
-            elif name.endswith(".bias"):
-                std, mean = 0.1, 0.0
-            elif name == "model.embed_tokens.weight":   # doubles as the LM head when tied: logits of a few units
-                std, mean = (3.0 * hidden ** -0.5 if tied else 1.0), 0.0
-            elif name == "lm_head.weight":
-                std, mean = 3.0 * hidden ** -0.5, 0.0
-            else:
-                std, mean = param.shape[-1] ** -0.5, 0.0
-            param.copy_(torch.randn(tuple(param.shape), generator=gen) * std + mean)
+    randomize_weights(hf, MODEL_SEED)
     hf.to(dtype).save_pretrained(str(directory))
     return directory
 

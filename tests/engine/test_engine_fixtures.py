@@ -40,9 +40,9 @@ def _bridged():
     return VllmPlatform(types.SimpleNamespace(platform=vp))
 
 
-def _verdict(plugin: str, fixture=FIXTURE):
+def _verdict(plugin: str, fixture=FIXTURE, model: str = "llama"):
     mp = pytest.MonkeyPatch()
-    mp.setattr(engine_models, "MODELS", {"llama": engine_models.MODELS["llama"]})
+    mp.setattr(engine_models, "MODELS", {model: engine_models.MODELS[model]})
     mp.setattr(engine, "EXPLAIN_WITHIN_S", float("inf"))
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "VLLM_PLUGINS")}
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(fixture), saved["PYTHONPATH"]]))
@@ -108,3 +108,14 @@ def test_a_platform_whose_device_name_is_no_torch_device_errors_saying_so():
     assert first.startswith("vLLM's engine raised on model llama: RuntimeError: "), first
     assert ("(the platform's device_name 'faults_cpu' is not a torch device type: vLLM builds an out-of-tree "
             "platform's devices as torch.device(f'{device_name}:{rank}'))") in first
+
+
+def test_a_vendor_backend_that_drops_the_soft_cap_fails_on_gemma2():
+    """tests/plugins/vllm_attention passes vLLM's CPU kernels everything but `logits_soft_cap`: Gemma-2's engine
+    leaves the oracle, and no rerun changes it (the model path itself, as the attention family also shows)."""
+    verdict = _verdict("acme_attn_cpu", PLUGINS / "vllm_attention", "gemma2")
+    assert verdict.outcome is Outcome.FAIL, verdict.message
+    assert verdict.message.startswith("the engine leaves the float64 reference (teacher-forced on the engine's tokens, "
+                                      "logprob tolerance 0.0018): gemma2: request "), verdict.message
+    assert "no feature changes it: the request diverges alone" in verdict.message
+    assert "on conformance_vllm_attention.platform.AcmeAttnCpuPlatform" in verdict.message

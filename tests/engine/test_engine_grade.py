@@ -36,9 +36,9 @@ def test_units_above_quick_and_compiled_only_under_the_vllm_bridge():
     assert [u.id for u in engine.engine_units(bridged, "engine", "generate", "full")] == [
         "float32-eager", "float16-eager", "bfloat16-eager"] + [
         f"{m}-{d}-compiled" for d in ("float32", "float16", "bfloat16")
-        for m in ("llama", "qwen2", "mistral", "mixtral")]
-    assert engine_models.models_at("standard") == ["llama", "qwen2", "mistral"]     # an eager unit's models
-    assert engine_models.models_at("full") == ["llama", "qwen2", "mistral", "mixtral"]
+        for m in ("llama", "qwen2", "mistral", "gemma2", "gpt_oss", "mixtral")]
+    assert engine_models.models_at("standard") == ["llama", "gemma2", "gpt_oss"]     # an eager unit's models
+    assert engine_models.models_at("full") == ["llama", "qwen2", "mistral", "gemma2", "gpt_oss", "mixtral"]
     only32 = _inventory(_bridged([torch.float32]))
     assert [u.id for u in engine.engine_units(only32, "engine", "generate", "standard")] == ["float32-eager"]
     from reference_impl.platforms.builtin import CpuPlatform
@@ -153,8 +153,9 @@ def test_the_oracle_is_transformers_on_the_same_checkpoint(name, tmp_path):
     outputs = {r.id: {"tokens": torch.randint(0, engine_models.VOCAB, (r.max_tokens,), generator=gen).tolist()}
                for r in reqs}
     ours = oracle_logprobs(path, reqs, outputs)
+    # grouped_mm has no float64; transformers' SDPA attention drops Gemma-2's attention soft cap (eager keeps it)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float64,
-                                                      experts_implementation="eager")   # grouped_mm: no float64
+                                                      experts_implementation="eager", attn_implementation="eager")
     with torch.no_grad():
         for r in reqs:
             ids = torch.tensor([list(r.prompt) + outputs[r.id]["tokens"][:-1]])

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from conformance.checks.engine_models import randomize_weights
+
 BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128)
 PROMPT_LEN, NEW_TOKENS = 24, 8
@@ -119,41 +121,13 @@ def _classes(model_type: str):
     return getattr(transformers, f"{name}Config"), getattr(transformers, f"{name}ForCausalLM")
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """Weights whose logits spread over a few units (transformers' 0.02 init leaves near-ties for greedy).
-
-    Gemma's norm weights sit around 0 (its norm multiplies by 1 + w) and its tied embedding is drawn like an LM
-    head; gpt-oss's stacked experts are `[experts, in, out]` (fan-in: dim -2) and its sinks ~ N(0, 2^2), so that
-    they take a share of the softmax worth seeing."""
-    gen = torch.Generator().manual_seed(seed)
-    hidden = model.config.hidden_size
-    gemma = model.config.model_type == "gemma2"
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            if name.endswith("norm.weight"):
-                value = (0 if gemma else 1) + 0.1 * torch.randn(p.shape, generator=gen)
-            elif name.endswith("bias"):
-                value = 0.1 * torch.randn(p.shape, generator=gen)
-            elif name.endswith(".sinks"):
-                value = 2 * torch.randn(p.shape, generator=gen)
-            elif "embed_tokens" in name:
-                value = torch.randn(p.shape, generator=gen) * (hidden ** -0.5 if gemma else 1)
-            elif name == "lm_head.weight":
-                value = 3 * hidden ** -0.5 * torch.randn(p.shape, generator=gen)
-            elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-                value = torch.randn(p.shape, generator=gen) * p.shape[-2] ** -0.5
-            else:
-                value = torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5
-            p.copy_(value.to(p.dtype))
-
-
 def write_case(case: Case, directory: Path, seed: int = 0) -> Path:
     """Save a seeded random transformers model of `case` under `directory` (float32 weights unless its dtype)."""
     config_cls, model_cls = _classes(case.model_type)
     config = config_cls(**{**BASE, **case.kwargs})
     torch.manual_seed(seed)
     model = model_cls(config).float()
-    _randomize(model, seed)
+    randomize_weights(model, seed)
     if case.kwargs.get("dtype") is not None:
         model = model.to(getattr(torch, case.kwargs["dtype"]))
     model.save_pretrained(directory, **case.save)
