@@ -1,10 +1,11 @@
-"""The engine family through vLLM's real engine on tests/plugins/vllm_engine: `stale_cpu`, whose attention builder
-keeps the previous batch's seq_lens on decode steps, FAILs naming the model, request, step and the batch
-composition; its twin `fresh_cpu` passes with prefix-cache hits. The check body runs in this process (it needs no
-platform: its engine process resolves vLLM's, from VLLM_PLUGINS), on the Llama model only (the fault is the
-attention builder's, whatever the model), with no time limit on the reruns that explain a divergence (the harness's
-limit is for a loaded machine's per-check timeout); one engine process per plugin, under a minute each on an idle
-2-core machine."""
+"""The engine family through vLLM's real engine on the fixture plugins: tests/plugins/vllm_engine's `stale_cpu`, whose
+attention builder keeps the previous batch's seq_lens on decode steps, FAILs naming the model, request, step and the
+batch composition, and its twin `fresh_cpu` passes with prefix-cache hits; vllm_good (out of tree, its own worker)
+passes; vllm_faults' renamed device cannot start an engine, and the ERROR says why; vllm_attention's backend, which
+drops the soft cap, FAILs on Gemma-2. The check body runs in this process (it needs no platform: its engine process
+resolves vLLM's, from VLLM_PLUGINS), on one model (the faults are the plugins', whatever the model), with no time
+limit on the reruns that explain a divergence (the harness's limit is for a loaded machine's per-check timeout); one
+engine process per plugin, under a minute each on an idle 2-core machine."""
 
 from __future__ import annotations
 
