@@ -23,6 +23,10 @@ next to a full recompute of the sequence. Timings are medians of repeats, the mo
 
 OMP_WAIT_POLICY defaults to PASSIVE here: on a shared, oversubscribed CPU the OpenMP threads of
 the C++ kernels otherwise spin after every parallel region and slow the next matmul 10x or more.
+Except with `--compare`: there every engine runs as it ships, with OpenMP's default policy (threads
+spin briefly after a parallel region, then sleep), one engine at a time with a pause between runs; a
+PASSIVE policy set here would reach vLLM's worker processes too, and it costs every engine's decode
+(ours: 45 ms a step at batch 8 in float32 against 39 ms with the default, 2026-11-28).
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ import argparse
 import contextlib
 import os
 import statistics
+import sys
 import time
 import weakref
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before torch starts its OpenMP runtime
+if "--compare" not in sys.argv:   # see above; before torch loads its OpenMP runtime
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
@@ -249,6 +255,11 @@ def _median_rates(samples: list[tuple[float, float]], prompt_tokens: int, decode
             decode_tokens / statistics.median(d for _, d in samples))
 
 
+# vLLM's worker keeps busy-polling its shared-memory queue for 1 s after its last message (shm_broadcast's
+# SpinCondition), on a core the next engine in the round would use: every run is followed by this pause.
+SETTLE_S = 2.0
+
+
 def compare(args) -> None:
     """Ours / transformers / vLLM, interleaved per round; one table row per (dtype, batch)."""
     import tempfile
@@ -264,7 +275,7 @@ def compare(args) -> None:
                for _ in range(max(args.batches))]
     print(f"random Llama 125M (vocab 32000, hidden 768, 12 layers, 12/4 heads); prompts of {args.prompt_len} tokens, "
           f"{args.new_tokens} greedy tokens; {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
-          f"{os.environ['OMP_WAIT_POLICY']}, load average {os.getloadavg()[0]:.1f} at start (shared machine: "
+          f"{os.environ.get('OMP_WAIT_POLICY', 'unset (OpenMP default)')}, load average {os.getloadavg()[0]:.1f} at start (shared machine: "
           "ratios within one run are what to read)")
     for name, why in missing.items():
         print(f"{name}: not measured ({why})")
@@ -290,6 +301,7 @@ def compare(args) -> None:
                         got = runner.run(prompts[:batch], args.new_tokens)
                         if round_:
                             samples[batch, runner.name].append(got)
+                        time.sleep(SETTLE_S)
             for batch in args.batches:
                 rates = {r.name: _median_rates(samples[batch, r.name], batch * args.prompt_len,
                                                batch * (args.new_tokens - 1)) for r in runners}

@@ -36,7 +36,9 @@ def test_compare_runs_the_engines_interleaved_and_prints_ratios(monkeypatch, cap
             runs.append((self.name, len(prompts)))
             return _original(self, prompts, new_tokens)
         monkeypatch.setattr(cls, "run", counted)
-    args = argparse.Namespace(dtypes=["float32"], batches=[1, 2], prompt_len=8, new_tokens=3, repeats=1, no_vllm=True)
+    monkeypatch.setattr(bench, "SETTLE_S", 0.0)
+    args = argparse.Namespace(dtypes=["float32"], batches=[1, 2], prompt_len=8, new_tokens=3, repeats=1, no_vllm=True,
+                              vllm_default_placement=False)
     with activate_platform(CpuPlatform()):
         bench.compare(args)
     out = capsys.readouterr().out
@@ -47,5 +49,6 @@ def test_compare_runs_the_engines_interleaved_and_prints_ratios(monkeypatch, cap
     assert [r.split()[1] for r in rows[-2:]] == ["1", "2"]
     for row in rows[-2:]:
         cells = row.split()
-        assert cells[2].replace(".", "").isdigit() and cells[-1] == "-"   # a rate; no vLLM column measured
+        assert cells[2].replace(".", "").isdigit() and cells[-1].replace(".", "").isdigit()   # a rate; a ratio
     assert "ours/transformers (prefill, decode)" in out
+    assert "ours/vLLM" not in out      # no vLLM column where vLLM was not measured
