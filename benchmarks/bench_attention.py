@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable
 
 import torch
-from _isa import follow_torch_isa  # (benchmarks/ is on sys.path when a script here runs)
 
 HEADS, KV_HEADS, HEAD, BLOCK = 32, 8, 128, 128
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -200,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     rounds = args.rounds or (3 if args.quick else 7)
+    from _isa import follow_torch_isa   # beside this script (its folder is on sys.path when it runs)
+
     isa = follow_torch_isa()
     vllm_problem = "skipped (--no-vllm)" if args.no_vllm else load_vllm()
     impls: dict[str, Callable] = {"cpp": ours}

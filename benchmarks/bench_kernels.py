@@ -45,7 +45,6 @@ from collections.abc import Callable
 
 import torch
 
-from _isa import follow_torch_isa  # noqa: E402  (benchmarks/ is on sys.path when a script here runs)
 from reference_impl import ir
 from reference_impl.ir.ops.rotary import compute_cos_sin_cache
 
@@ -388,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    from _isa import follow_torch_isa   # beside this script (its folder is on sys.path when it runs)
+
     isa = follow_torch_isa()
     _cpp_build.load()
     vllm_problem = "skipped (--no-vllm)" if args.no_vllm else load_vllm_kernels()
