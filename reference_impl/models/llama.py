@@ -26,6 +26,7 @@ builds a decoder and loads one.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -180,14 +181,24 @@ def _(x, router_logits, block):
 class SparseMoE(nn.Module):
     """Sparse MoE block: a replicated router, FusedMoE over this rank's `intermediate / tp` slice of every
     expert, partial sums all-reduced over the ranks. Compiled, the experts run as the opaque
-    `reference_model::moe_experts` op. Subclasses build the router (`router_logits`) and the experts."""
+    `reference_model::moe_experts` op. Subclasses name the router and choose the routing and activation."""
 
-    def _register(self, prefix: str) -> None:
+    def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str, router: str, router_bias: bool,
+                 **experts: Any):
+        """`router`: the router's attribute (and checkpoint) name; `experts`: FusedMoE's routing and activation."""
+        super().__init__()
+        self.router_name = router
+        setattr(self, router, ReplicatedLinear(config.hidden_size, config.num_experts, bias=router_bias,
+                                               params_dtype=dtype, prefix=f"{prefix}.{router}", return_bias=False))
+        self.intermediate_per_rank = divide(config.intermediate_size, get_tensor_model_parallel_world_size(),
+                                            "intermediate_size")
+        self.experts = FusedMoE(config.num_experts, config.num_experts_per_tok, config.hidden_size,
+                                self.intermediate_per_rank, params_dtype=dtype, prefix=f"{prefix}.experts", **experts)
         self.key = f"{prefix}#{len(_MOE_BLOCKS)}"
         _MOE_BLOCKS[self.key] = self
 
     def router_logits(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        return getattr(self, self.router_name)(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.router_logits(x)
@@ -203,18 +214,7 @@ class MixtralMoE(SparseMoE):
     renormalized, SiLU-gated experts `w1` (gate), `w3` (up), `w2` (down) without biases."""
 
     def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = ""):
-        super().__init__()
-        self.gate = ReplicatedLinear(config.hidden_size, config.num_experts, bias=False, params_dtype=dtype,
-                                     prefix=f"{prefix}.gate", return_bias=False)
-        self.intermediate_per_rank = divide(config.intermediate_size, get_tensor_model_parallel_world_size(),
-                                            "intermediate_size")
-        self.experts = FusedMoE(config.num_experts, config.num_experts_per_tok, config.hidden_size,
-                                self.intermediate_per_rank, params_dtype=dtype, renormalize=True,
-                                prefix=f"{prefix}.experts")
-        self._register(prefix)
-
-    def router_logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gate(x)
+        super().__init__(config, dtype, prefix, "gate", False, renormalize=True)
 
     def load_expert(self, expert: int, which: str, tensor: torch.Tensor) -> None:
         """Copy this rank's slice of expert `expert`'s `w1` (gate), `w3` (up) or `w2` (down) weight."""
@@ -245,19 +245,8 @@ class GptOssMoE(SparseMoE):
     """
 
     def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str = ""):
-        super().__init__()
-        self.router = ReplicatedLinear(config.hidden_size, config.num_experts, bias=True, params_dtype=dtype,
-                                       prefix=f"{prefix}.router", return_bias=False)
-        self.intermediate_per_rank = divide(config.intermediate_size, get_tensor_model_parallel_world_size(),
-                                            "intermediate_size")
-        self.experts = FusedMoE(config.num_experts, config.num_experts_per_tok, config.hidden_size,
-                                self.intermediate_per_rank, params_dtype=dtype, renormalize=False,
-                                custom_routing_function=gpt_oss_routing, activation="swigluoai", has_bias=True,
-                                prefix=f"{prefix}.experts")
-        self._register(prefix)
-
-    def router_logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.router(x)
+        super().__init__(config, dtype, prefix, "router", True, renormalize=False,
+                         custom_routing_function=gpt_oss_routing, activation="swigluoai", has_bias=True)
 
     def load_experts(self, which: str, tensor: torch.Tensor) -> None:
         """Copy this rank's slice of the stacked checkpoint tensor `which` (`gate_up_proj`, `gate_up_proj_bias`,
