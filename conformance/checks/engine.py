@@ -180,8 +180,7 @@ def _on_runtime(ctx: CheckContext, unit: Unit, dtype) -> Verdict:
     if not any(ran.anything for _, ran in used):
         return Verdict(Outcome.NOT_IMPLEMENTED, "the runtime ran entirely on native implementations: the platform "
                        f"brings none of the IR ops, layers or attention backend the models use [{where}]")
-    worst = max(r.grade.worst_err for r in results)
-    errs = {"max_abs_err": worst, "err_to_tol": worst / tol if tol else None}
+    within, errs = _within(results, tol)
     diverged = [r for r in results if r.grade.divergences]
     if diverged:
         r = diverged[0]
@@ -189,11 +188,18 @@ def _on_runtime(ctx: CheckContext, unit: Unit, dtype) -> Verdict:
         return failed(f"the runtime on the platform leaves the float64 reference (teacher-forced on its tokens, "
                       f"logprob tolerance {tol:.3g}): {r.model}: {r.grade.divergences[0].line()}; {r.explanation}"
                       + (f"; also {'; '.join(also)}" if also else "") + f" [{where}]", **errs)
+    return passed(f"{within} [{where}]", **errs)
+
+
+def _within(results: list[ModelResult], tol: float) -> tuple[str, dict]:
+    """What both paths' PASS says of graded results (positions, worst error, binding greedy tokens), and the
+    verdict's error fields."""
+    worst = max((r.grade.worst_err for r in results), default=0.0)
     graded = sum(r.grade.positions for r in results)
     binding = sum(r.grade.greedy_positions for r in results)
-    return passed(f"{graded} generated positions ({', '.join(r.model for r in results)}) within logprob tolerance "
-                  f"{tol:.3g} of the float64 reference (worst {worst:.3g}); greedy tokens binding at {binding} of "
-                  f"them [{where}]", **errs)
+    said = (f"{graded} generated positions ({', '.join(r.model for r in results)}) within logprob tolerance {tol:.3g} "
+            f"of the float64 reference (worst {worst:.3g}); greedy tokens binding at {binding} of them")
+    return said, {"max_abs_err": worst, "err_to_tol": worst / tol if tol else None}
 
 
 def _alone(model, req, checkpoint: Path, device, tol: float) -> str:
@@ -283,8 +289,7 @@ def _verdict(results: list[ModelResult], doc: dict, dtype, unit: Unit, names: li
     facts = next((r.facts for r in results if r.facts), {})
     engine = (f"vLLM {doc.get('vllm')} on {facts.get('platform', 'its platform')}, KV block "
               f"{facts.get('block_size', '?')}; {_where(unit, names)}{_shutdown_note(results)}")
-    worst = max((r.grade.worst_err for r in results if r.grade is not None), default=0.0)
-    errs = {"max_abs_err": worst, "err_to_tol": worst / tol if tol else None}
+    within, errs = _within([r for r in results if r.grade is not None], tol)
     errors = [r for r in results if r.error is not None]
     diverged = [r for r in results if r.grade is not None and r.grade.divergences]
     if diverged:
@@ -302,13 +307,8 @@ def _verdict(results: list[ModelResult], doc: dict, dtype, unit: Unit, names: li
         return Verdict(Outcome.ERROR, f"vLLM's engine raised on model {errors[0].model}: {first[0]}"
                        + (f" (also on {', '.join(e.model for e in errors[1:])})" if len(errors) > 1 else "")
                        + f" [{engine}]\n" + "\n".join(first[1:]))
-    graded = sum(r.grade.positions for r in results)
-    binding = sum(r.grade.greedy_positions for r in results)
     hits = "; ".join(f"{r.model} " + ", ".join(f"request {i} {n} tokens" for i, n in sorted(r.prefix_hits.items()))
                      for r in results if r.prefix_hits)
     note = (f"prefix cache hits: {hits}" if hits else
             "the engine served no request from the prefix cache, so prefix caching was not exercised")
-    names = ", ".join(r.model for r in results)
-    return passed(f"{graded} generated positions ({names}) within logprob tolerance {tol:.3g} of the "
-                  f"float64 reference (worst {worst:.3g}); greedy tokens binding at {binding} of them; {note} "
-                  f"[{engine}]", **errs)
+    return passed(f"{within}; {note} [{engine}]", **errs)
