@@ -275,8 +275,8 @@ def compare(args) -> None:
                for _ in range(max(args.batches))]
     print(f"random Llama 125M (vocab 32000, hidden 768, 12 layers, 12/4 heads); prompts of {args.prompt_len} tokens, "
           f"{args.new_tokens} greedy tokens; {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
-          f"{os.environ.get('OMP_WAIT_POLICY', 'unset (OpenMP default)')}, load average {os.getloadavg()[0]:.1f} at start (shared machine: "
-          "ratios within one run are what to read)")
+          f"{os.environ.get('OMP_WAIT_POLICY', 'unset (OpenMP default)')}, load average {os.getloadavg()[0]:.1f} "
+          "at start (shared machine: ratios within one run are what to read)")
     for name, why in missing.items():
         print(f"{name}: not measured ({why})")
     rows_rates = []
@@ -309,7 +309,7 @@ def compare(args) -> None:
                 print(f"{dtype_name}, batch {batch}: " + ", ".join(f"{n} {p:.0f} / {d:.1f}" for n, (p, d)
                                                                     in rates.items()), flush=True)
             del runners
-    names = [n for n in ("ours", "transformers", "vLLM", "vLLM 1 core reserved") if any(n in rates for _, rates in rows_rates)]
+    names = list(dict.fromkeys(name for _, rates in rows_rates for name in rates))   # the runners' order, ours first
     rows = [_compare_row(label, rates, names) for label, rates in rows_rates]
     print("\nprefill / decode tokens/s, median of rounds (engines interleaved in each round)")
     print(tabulate(rows, headers=["dtype, batch", f"prefill {' / '.join(names)}", f"decode {' / '.join(names)}",
