@@ -186,21 +186,6 @@ constexpr int64_t kTileVecs = 2;
 #endif
 constexpr int64_t kTile = kTileVecs * kF;
 
-// n (<= kTile) elements of a block row into a tile row, widened to fp32: a whole tile row through vector
-// registers (as a 256-byte memcpy it compiled to `rep movsq`, whose start-up was a fifth of a prefill's
-// block packing).
-template <typename C>
-REFERENCE_CPU_INLINE void tile_row_to_float(const C* src, float* dst, int64_t n) {
-  if (n != kTile) return row_to_float(src, dst, n);
-#pragma GCC unroll 4
-  for (int64_t v = 0; v < kTileVecs; v += 2) {
-    fVec a, b;
-    load_f32x2(src + v * kF, kChunk, a, b);
-    a.store(dst + v * kF);
-    b.store(dst + (v + 1) * kF);
-  }
-}
-
 // s[l * s_ld + j] = q_l . k_j for the kLanes lanes of a group (qi[d * kLanes + l]) and n keys of a
 // transposed key block kt ([D, ld], key j in column j; C = float or the model's 16-bit type, widened in
 // registers): per head-dim element one broadcast query value times vectors of keys, no reductions.
@@ -433,12 +418,12 @@ struct ForwardTask {
       // map onto few L1 sets, and a 32 KB tile was re-read from L2 by every group.
       for (int64_t jt = 0; jt < nb; jt += kTile) {
         const int64_t nt = std::min<int64_t>(kTile, nb - jt);
-        for (int64_t d = 0; d < D; ++d) tile_row_to_float(kb + d * N + jt, kt.data() + jt * D + d * kTile, nt);
+        for (int64_t d = 0; d < D; ++d) row_to_float(kb + d * N + jt, kt.data() + jt * D + d * kTile, nt);
       }
       for (int64_t j = 0; j < nb; ++j) {
         const C* vrow = vb + (ja - j0 + j) * D;
         for (int64_t d0 = 0; d0 < D; d0 += kTile) {
-          tile_row_to_float(vrow + d0, vt.data() + d0 * N + j * kTile, std::min<int64_t>(kTile, D - d0));
+          row_to_float(vrow + d0, vt.data() + d0 * N + j * kTile, std::min<int64_t>(kTile, D - d0));
         }
       }
     }
