@@ -5,14 +5,12 @@
 // The forward parallelises over (request, kv head, chunk of query rows), longest tasks first from a
 // shared counter. A task loads its rows' queries (times the scale) for every query head of its kv head
 // (the GQA group) into fp32 lanes and walks the key blocks the chunk needs once, keeping an online
-// softmax (running max, sum and fp32 accumulator) per lane; the output is rounded once. The cache keeps
-// each (block, kv head) as the block's keys transposed, [D, N], then its values as rows, [N, D] (the
-// writer packs them so; attention.h). Per block: scores for every lane in groups of four lanes, each a
-// broadcast query element times vectors of keys (no reductions), then the softmax update, then the values
-// in groups of four lanes. A decode reads the block in place, 16-bit keys and values widened in registers;
-// a task of eight lanes or more (a prefill) first copies the block, widened, into L1-sized tiles; fp8
-// blocks are decoded to fp32 first. Head sizes 64, 80, 96, 128 and 256 get unrolled loops; any other size
-// runs the same code with runtime trip counts and partial-vector tails.
+// softmax (running max, sum and fp32 accumulator) per lane; the output is rounded once. Per block:
+// scores for every lane (prefill: over the block's keys transposed to [D, keys], in groups of four
+// lanes; decode: dot products per key), then the softmax update, then the values in groups of four
+// lanes. 16-bit keys and values are widened in registers (the prefill's transposition widens the keys
+// once); fp8 blocks are decoded to fp32 first. Head sizes 64, 80, 96, 128 and 256 get unrolled loops;
+// any other size runs the same code with runtime trip counts and partial-vector tails.
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Float8_e5m2.h>
 
@@ -153,6 +151,69 @@ REFERENCE_CPU_INLINE void load_f32x2(const C* p, int64_t n, fVec& a, fVec& b) {
   }
 }
 
+// s[j] = q . k_j for n keys `k_stride` elements apart (C: float, or the model's 16-bit type widened in
+// registers, so a decode reads a 16-bit cache once without a widened copy).
+template <int kD, typename C>
+REFERENCE_CPU_INLINE void dot_keys(const float* __restrict q, const C* __restrict k, int64_t k_stride, int64_t n,
+                                   HeadDim<kD> hd, float* __restrict s) {
+  const int64_t D = hd.size();
+  int64_t j = 0;
+  for (; j + 2 <= n; j += 2) {  // two keys per step: independent FMA chains
+    const C* k0 = k + j * k_stride;
+    const C* k1 = k0 + k_stride;
+    fVec a0(0.f), a1(0.f), b0(0.f), b1(0.f);
+    for (int64_t d = 0; d < D; d += kChunk) {
+      const int64_t m = std::min<int64_t>(kChunk, D - d);
+      fVec qa, qb, x, y;
+      load_f32x2(q + d, m, qa, qb);
+      load_f32x2(k0 + d, m, x, y);
+      a0 = at::vec::fmadd(qa, x, a0);
+      b0 = at::vec::fmadd(qb, y, b0);
+      load_f32x2(k1 + d, m, x, y);
+      a1 = at::vec::fmadd(qa, x, a1);
+      b1 = at::vec::fmadd(qb, y, b1);
+    }
+    s[j] = hsum(a0 + b0);
+    s[j + 1] = hsum(a1 + b1);
+  }
+  for (; j < n; ++j) {
+    const C* k0 = k + j * k_stride;
+    fVec a0(0.f), b0(0.f);
+    for (int64_t d = 0; d < D; d += kChunk) {
+      const int64_t m = std::min<int64_t>(kChunk, D - d);
+      fVec qa, qb, x, y;
+      load_f32x2(q + d, m, qa, qb);
+      load_f32x2(k0 + d, m, x, y);
+      a0 = at::vec::fmadd(qa, x, a0);
+      b0 = at::vec::fmadd(qb, y, b0);
+    }
+    s[j] = hsum(a0 + b0);
+  }
+}
+
+// dst[d * ld_dst + j] = src[j * ld_src + d] for `keys` rows of `dims` floats (a key block to [D, keys]).
+inline void transpose_keys(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t keys, int64_t dims) {
+#if defined(CPU_CAPABILITY_AVX512)
+  at::vec::transpose_mxn<float>(src, ld_src, dst, ld_dst, static_cast<int>(keys), static_cast<int>(dims));
+#else
+  int64_t j = 0;
+#if defined(CPU_CAPABILITY_AVX2)
+  for (; j + 8 <= keys; j += 8) {
+    int64_t d = 0;
+    for (; d + 8 <= dims; d += 8) {
+      at::vec::transpose_mxn<float, 8, 8>(src + j * ld_src + d, ld_src, dst + d * ld_dst + j, ld_dst);
+    }
+    for (; d < dims; ++d) {
+      for (int64_t jj = j; jj < j + 8; ++jj) dst[d * ld_dst + jj] = src[jj * ld_src + d];
+    }
+  }
+#endif
+  for (; j < keys; ++j) {
+    for (int64_t d = 0; d < dims; ++d) dst[d * ld_dst + j] = src[j * ld_src + d];
+  }
+#endif
+}
+
 // Keeps a vector in a register. GCC folds a load that feeds several FMAs into each of them (one memory
 // operand per FMA): a key tile row feeding four lanes was then loaded four times, and the scores of a
 // prefill were bound by loads (20 per 16 FMAs), not by the FMAs.
@@ -170,12 +231,117 @@ REFERENCE_CPU_INLINE void in_register(fVec& v) {
 #endif
 }
 
+// Software prefetch of `rows` rows of `row_bytes` bytes, `stride` bytes apart, one hint per cache line. A decode
+// reads its block's tokens 2 D elements apart: a 4 KB page holds a few of them, too few accesses for the
+// hardware prefetchers to pick up the stream, so every key row was a miss to L3 or DRAM.
+// kLocality: __builtin_prefetch's, 3 into L1, 2 into L2.
+template <int kLocality>
+inline void prefetch_rows(const void* p, int64_t stride, int64_t rows, int64_t row_bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(c + r * stride + b, 0, kLocality);
+  }
+}
+
+// Keys of a decode's score pass per prefetch step, and how far ahead (in keys) the key rows are fetched (into
+// L1). Measured on the AVX-512 VM, one thread: 32 keys ahead was slower than 16; prefetching the value rows as
+// well (into L1 or L2, during the scores) cost more in prefetch instructions than it saved.
+constexpr int64_t kPrefetchStep = 8;
+constexpr int64_t kPrefetchAhead = 16;
+
 // Query lanes (rows x heads of a GQA group) are computed in groups of kLanes, with the group's queries
 // and probabilities interleaved (x[j * kLanes + l]), so every key or value vector loaded feeds one FMA per
 // lane and one pointer serves the whole group. The task walks a block in tiles (keys for the scores,
 // head-dim slices for the values) small enough to stay in L1 while all its groups pass over them: one
 // lane at a time re-read the whole block (64 KB at D = 128, N = 128) from L2 per lane.
 constexpr int64_t kLanes = 4;
+
+// s[l * s_ld + j] = q_l . k_j for the kLanes lanes of a group (q_l = q + l * q_ld) and n keys: each key is
+// loaded (and widened) once for the four lanes (the decode path, where a block is not worth transposing).
+template <int kD, typename C>
+REFERENCE_CPU_INLINE void group_dot_keys(const float* __restrict q, int64_t q_ld, const C* __restrict k,
+                                         int64_t k_stride, int64_t n, HeadDim<kD> hd, float* __restrict s,
+                                         int64_t s_ld) {
+  const int64_t D = hd.size();
+  for (int64_t j = 0; j < n; ++j) {
+    const C* kj = k + j * k_stride;
+    fVec a[kLanes][2];
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) a[l][0] = a[l][1] = fVec(0.f);
+    for (int64_t d = 0; d < D; d += kChunk) {
+      const int64_t m = std::min<int64_t>(kChunk, D - d);
+      fVec x, y;
+      load_f32x2(kj + d, m, x, y);
+#pragma GCC unroll 4
+      for (int64_t l = 0; l < kLanes; ++l) {
+        fVec qa, qb;
+        load_f32x2(q + l * q_ld + d, m, qa, qb);
+        a[l][0] = at::vec::fmadd(qa, x, a[l][0]);
+        a[l][1] = at::vec::fmadd(qb, y, a[l][1]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) s[l * s_ld + j] = hsum(a[l][0] + a[l][1]);
+  }
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// {sum a, sum b, sum c, sum d}: the halves added, then three horizontal adds, one quarter the shuffles of four
+// separate reductions.
+REFERENCE_CPU_INLINE __m128 hsum4(const fVec& a, const fVec& b, const fVec& c, const fVec& d) {
+  const auto half = [](const fVec& v) REFERENCE_CPU_INLINE_LAMBDA {
+    const __m512 x = v;
+    return _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
+  };
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(half(a), half(b)), _mm256_hadd_ps(half(c), half(d)));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+#endif
+
+// group_dot_keys for a decode: with AVX-512, four keys at a time, each key chunk loaded (and widened) once
+// for the four lanes and the 16 sums reduced four at a time (one reduction per lane and key was most of a
+// decode's time); the remaining keys (and other ISAs) key by key.
+template <int kD, typename C>
+__attribute__((noinline)) void group_dot_keys_decode(const float* __restrict q, int64_t q_ld, const C* __restrict k,
+                                                     int64_t k_stride, int64_t n, HeadDim<kD> hd, float* __restrict s,
+                                                     int64_t s_ld) {
+  int64_t j = 0;
+#if defined(CPU_CAPABILITY_AVX512)
+  static_assert(kLanes == 4, "one reduction of four sums per lane");
+  const int64_t D = hd.size();
+  for (; j + 4 <= n; j += 4) {
+    fVec a[4][kLanes];
+#pragma GCC unroll 4
+    for (int64_t kk = 0; kk < 4; ++kk) {
+#pragma GCC unroll 4
+      for (int64_t l = 0; l < kLanes; ++l) a[kk][l] = fVec(0.f);
+    }
+    for (int64_t d = 0; d < D; d += kChunk) {
+      const int64_t m = std::min<int64_t>(kChunk, D - d);
+      fVec x[4][2];
+#pragma GCC unroll 4
+      for (int64_t kk = 0; kk < 4; ++kk) {
+        load_f32x2(k + (j + kk) * k_stride + d, m, x[kk][0], x[kk][1]);
+        in_register(x[kk][0]);
+        in_register(x[kk][1]);
+      }
+#pragma GCC unroll 4
+      for (int64_t l = 0; l < kLanes; ++l) {
+        fVec qa, qb;
+        load_f32x2(q + l * q_ld + d, m, qa, qb);
+#pragma GCC unroll 4
+        for (int64_t kk = 0; kk < 4; ++kk) {
+          a[kk][l] = at::vec::fmadd(qa, x[kk][0], a[kk][l]);
+          a[kk][l] = at::vec::fmadd(qb, x[kk][1], a[kk][l]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) _mm_storeu_ps(s + l * s_ld + j, hsum4(a[0][l], a[1][l], a[2][l], a[3][l]));
+  }
+#endif
+  if (j < n) group_dot_keys<kD>(q, q_ld, k + j * k_stride, k_stride, n - j, hd, s + j, s_ld);
+}
 
 // Vectors per lane in the register tiles below: kLanes x kTileVecs accumulators (16 of AVX-512's 32
 // registers; 8 of AVX2's 16).
@@ -186,18 +352,15 @@ constexpr int64_t kTileVecs = 2;
 #endif
 constexpr int64_t kTile = kTileVecs * kF;
 
-// s[l * s_ld + j] = q_l . k_j for the kLanes lanes of a group (qi[d * kLanes + l]) and n keys of a
-// transposed key block kt ([D, ld], key j in column j; C = float or the model's 16-bit type, widened in
-// registers): per head-dim element one broadcast query value times vectors of keys, no reductions.
-// Not inlined: a call does 4 x n x D FMAs, and on its own the register allocator keeps its pointers in
+// s[l * s_ld + j] = q_l . k_j for the kLanes lanes of a group (qi[d * kLanes + l]) and n <= kTile keys of
+// a transposed block kt ([D, ld], key j in column j).
+// Not inlined: a call does 4 x kTile x D FMAs, and on its own the register allocator keeps its pointers in
 // registers (inlined into the block loop it shuttled them through vector registers and the stack).
-template <int kD, typename C>
-__attribute__((noinline)) void group_dot_transposed(const float* __restrict qi, const C* __restrict kt, int64_t ld,
+template <int kD>
+__attribute__((noinline)) void group_dot_transposed(const float* __restrict qi, const float* __restrict kt, int64_t ld,
                                                int64_t n, HeadDim<kD> hd, float* __restrict s, int64_t s_ld) {
-  static_assert(kTileVecs % 2 == 0, "keys are loaded two vectors at a time");
   const int64_t D = hd.size();
-  int64_t j = 0;
-  for (; j + kTile <= n; j += kTile) {
+  if (n == kTile) {
     fVec a[kLanes][kTileVecs];
 #pragma GCC unroll 16
     for (int64_t l = 0; l < kLanes; ++l) {
@@ -205,12 +368,13 @@ __attribute__((noinline)) void group_dot_transposed(const float* __restrict qi, 
       for (int64_t v = 0; v < kTileVecs; ++v) a[l][v] = fVec(0.f);
     }
     for (int64_t d = 0; d < D; ++d) {
-      const C* row = kt + d * ld + j;
+      const float* row = kt + d * ld;
       fVec k[kTileVecs];
 #pragma GCC unroll 4
-      for (int64_t v = 0; v < kTileVecs; v += 2) load_f32x2(row + v * kF, kChunk, k[v], k[v + 1]);
-#pragma GCC unroll 4
-      for (int64_t v = 0; v < kTileVecs; ++v) in_register(k[v]);
+      for (int64_t v = 0; v < kTileVecs; ++v) {
+        k[v] = fVec::loadu(row + v * kF);
+        in_register(k[v]);
+      }
 #pragma GCC unroll 4
       for (int64_t l = 0; l < kLanes; ++l) {
         const fVec qd(qi[d * kLanes + l]);
@@ -221,29 +385,22 @@ __attribute__((noinline)) void group_dot_transposed(const float* __restrict qi, 
 #pragma GCC unroll 4
     for (int64_t l = 0; l < kLanes; ++l) {
 #pragma GCC unroll 4
-      for (int64_t v = 0; v < kTileVecs; ++v) a[l][v].store(s + l * s_ld + j + v * kF);
+      for (int64_t v = 0; v < kTileVecs; ++v) a[l][v].store(s + l * s_ld + v * kF);
     }
+    return;
   }
-  for (; j < n; j += kChunk) {
-    const int64_t m = std::min<int64_t>(kChunk, n - j);
-    fVec a[kLanes][2];
+  for (int64_t j = 0; j < n; j += kF) {
+    const int64_t m = std::min<int64_t>(kF, n - j);
+    fVec a[kLanes];
 #pragma GCC unroll 4
-    for (int64_t l = 0; l < kLanes; ++l) a[l][0] = a[l][1] = fVec(0.f);
+    for (int64_t l = 0; l < kLanes; ++l) a[l] = fVec(0.f);
     for (int64_t d = 0; d < D; ++d) {
-      fVec x, y;
-      load_f32x2(kt + d * ld + j, m, x, y);
+      const fVec k0 = fVec::loadu(kt + d * ld + j, m);
 #pragma GCC unroll 4
-      for (int64_t l = 0; l < kLanes; ++l) {
-        const fVec qd(qi[d * kLanes + l]);
-        a[l][0] = at::vec::fmadd(qd, x, a[l][0]);
-        a[l][1] = at::vec::fmadd(qd, y, a[l][1]);
-      }
+      for (int64_t l = 0; l < kLanes; ++l) a[l] = at::vec::fmadd(fVec(qi[d * kLanes + l]), k0, a[l]);
     }
 #pragma GCC unroll 4
-    for (int64_t l = 0; l < kLanes; ++l) {
-      a[l][0].store(s + l * s_ld + j, std::min<int64_t>(m, kF));
-      if (m > kF) a[l][1].store(s + l * s_ld + j + kF, m - kF);
-    }
+    for (int64_t l = 0; l < kLanes; ++l) a[l].store(s + l * s_ld + j, m);
   }
 }
 
@@ -332,9 +489,8 @@ inline KeyRange key_range(int64_t p, int64_t seq_len, const AttentionFeatures& f
 // Query rows per task: enough (with the GQA group) to amortise a block's conversion.
 inline int64_t rows_per_task(int64_t group) { return std::max<int64_t>(1, 512 / group); }
 
-// Query lanes (rows x GQA group) of a task from which a block is copied (widened) into L1-sized tiles once
-// for all of them; fewer lanes (a decode) read the block in place.
-constexpr int64_t kTileLanes = 8;
+// Query lanes (rows x GQA group) of a task from which a block is transposed once for all of them.
+constexpr int64_t kTransposeLanes = 8;
 
 struct Task {
   int64_t seq, kv_head, row0, row1;  // rows relative to the request's first query row
@@ -395,33 +551,39 @@ struct ForwardTask {
   struct TaskState {
     Task t;
     int64_t rows, lanes, padded_lanes, context, seq_len;
-    bool tiled;
+    bool transposed;
   };
 
-  // One key block [ja, jb] (keys transposed at kt: key j's element d at kt[d * N + (j - j0)]; values as rows
-  // at vb + (j - j0) * D; C = float or the model's 16-bit type): scores, the online-softmax update and the
-  // values, for every lane of the task.
+  // One key block [ja, jb] (keys j at kb + (j - j0) * ks, values at vb + (j - j0) * ks; C = float or the
+  // model's 16-bit type): scores, the online-softmax update and the values, for every lane of the task.
+  // next_k: the next block's first key row (prefetched during this block's values; null: none).
   template <typename C>
-  void attend_block(const TaskState& st, const C* kt_block, const C* vb, int64_t j0, int64_t ja, int64_t jb) {
+  void attend_block(const TaskState& st, const C* kb, const C* vb, int64_t ks, int64_t j0, int64_t ja, int64_t jb,
+                    const C* next_k) {
     const HeadDim<kD> hd{cache.head_size};
     const int64_t D = hd.size(), N = cache.block_size, G = group;
     const Task& t = st.t;
     const int64_t rows = st.rows, lanes = st.lanes, padded_lanes = st.padded_lanes, context = st.context;
     const int64_t seq_len = st.seq_len;
-    const bool tiled = st.tiled;
+    const bool transposed = st.transposed;
     const int64_t nb = jb - ja + 1, s_ld = N + kF;
-    const C* kb = kt_block + (ja - j0);  // column 0: key ja
-    if (tiled) {
+    if (transposed) {
       // The block's keys, widened, as key tiles [D, kTile] one after another (kt), and its values, widened,
       // as head-dim tiles [nb, kTile] (vt): each tile contiguous, so it stays in L1 while every lane group
-      // passes over it. Read in place, rows kTile * 4 bytes long and N (keys) or D (values) elements apart
-      // map onto few L1 sets, and a 32 KB tile was re-read from L2 by every group.
+      // passes over it. Read in place, rows kTile * 4 bytes long and (2 D) elements apart map onto few L1
+      // sets, and a 32 KB tile was re-read from L2 by every group.
+      const float* kf = reinterpret_cast<const float*>(kb + (ja - j0) * ks);
+      int64_t kf_ld = ks;
+      if constexpr (!std::is_same_v<C, float>) {
+        for (int64_t j = 0; j < nb; ++j) row_to_float(kb + (ja - j0 + j) * ks, kbuf.data() + j * D, D);
+        kf = kbuf.data();
+        kf_ld = D;
+      }
       for (int64_t jt = 0; jt < nb; jt += kTile) {
-        const int64_t nt = std::min<int64_t>(kTile, nb - jt);
-        for (int64_t d = 0; d < D; ++d) row_to_float(kb + d * N + jt, kt.data() + jt * D + d * kTile, nt);
+        transpose_keys(kf + jt * kf_ld, kf_ld, kt.data() + jt * D, kTile, std::min<int64_t>(kTile, nb - jt), D);
       }
       for (int64_t j = 0; j < nb; ++j) {
-        const C* vrow = vb + (ja - j0 + j) * D;
+        const C* vrow = vb + (ja - j0 + j) * ks;
         for (int64_t d0 = 0; d0 < D; d0 += kTile) {
           row_to_float(vrow + d0, vt.data() + d0 * N + j * kTile, std::min<int64_t>(kTile, D - d0));
         }
@@ -448,17 +610,29 @@ struct ForwardTask {
     }
     // 1. scores of every lane over the block's keys [ja, jb]: key tiles outer, so a tile stays in L1 while
     //    every lane group passes over it
-    for (int64_t jt = 0; jt < nb; jt += kTile) {
-      const int64_t nt = std::min<int64_t>(kTile, nb - jt);
-      for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
-        if (glo[k] >= jt + nt || ghi[k] < jt) continue;  // scores no lane of the group reads
-        float* sk = s.data() + k * kLanes * s_ld + jt;
-        if (tiled) {
-          group_dot_transposed<kD>(qi.data() + k * kLanes * D, kt.data() + jt * D, kTile, nt, hd, sk, s_ld);
-        } else {
-          group_dot_transposed<kD>(qi.data() + k * kLanes * D, kb + jt, N, nt, hd, sk, s_ld);
+    if (transposed) {
+      for (int64_t jt = 0; jt < nb; jt += kTile) {
+        const int64_t nt = std::min<int64_t>(kTile, nb - jt);
+        for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
+          if (glo[k] >= jt + nt || ghi[k] < jt) continue;  // scores no lane of the group reads
+          group_dot_transposed<kD>(qi.data() + k * kLanes * D, kt.data() + jt * D, kTile, nt, hd,
+                                   s.data() + k * kLanes * s_ld + jt, s_ld);
         }
       }
+    } else {
+      // keys in steps, each prefetching the key rows kPrefetchAhead keys on
+      const int64_t row_bytes = D * static_cast<int64_t>(sizeof(C)), stride = ks * static_cast<int64_t>(sizeof(C));
+      const C* k0 = kb + (ja - j0) * ks;
+      prefetch_rows<3>(k0, stride, std::min(kPrefetchAhead, nb), row_bytes);
+      for (int64_t j = 0; j < nb; j += kPrefetchStep) {
+        const int64_t n = std::min(kPrefetchStep, nb - j), ahead = j + kPrefetchAhead;
+        if (ahead < nb) prefetch_rows<3>(k0 + ahead * ks, stride, std::min(kPrefetchStep, nb - ahead), row_bytes);
+        for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
+          group_dot_keys_decode<kD>(q.data() + k * kLanes * D, D, k0 + j * ks, ks, n, hd,
+                                    s.data() + k * kLanes * s_ld + j, s_ld);
+        }
+      }
+      if (next_k) prefetch_rows<2>(next_k, stride, std::min(kPrefetchAhead, N), row_bytes);  // for the next block
     }
     // 2. per lane: soft cap / ALiBi, the online-softmax update (acc rescaled); its scores become its
     //    probabilities in place (zero for the block's keys the lane does not see)
@@ -500,10 +674,10 @@ struct ForwardTask {
         if (n <= 0) continue;
         float* a = acc.data() + k * kLanes * D;
         const float* p = s.data() + k * kLanes * s_ld + lo;
-        if (tiled) {
+        if (transposed) {
           group_accumulate_tile(a, D, d0, p, s_ld, vt.data() + d0 * N + lo * kTile, kTile, n, dims);
         } else {
-          group_accumulate_tile(a, D, d0, p, s_ld, vb + (ja - j0 + lo) * D + d0, D, n, dims);
+          group_accumulate_tile(a, D, d0, p, s_ld, vb + (ja - j0 + lo) * ks + d0, ks, n, dims);
         }
       }
     }
@@ -541,7 +715,8 @@ struct ForwardTask {
     const KeyRange first = key_range(context + t.row0, seq_len, f);
     const KeyRange last = key_range(context + t.row1 - 1, seq_len, f);
     const int64_t lo = first.lo, hi = last.hi;
-    const TaskState st{t, rows, lanes, padded_lanes, context, seq_len, lanes >= kTileLanes};
+    const bool transposed = lanes >= kTransposeLanes;
+    const TaskState st{t, rows, lanes, padded_lanes, context, seq_len, transposed};
     const auto& tables = fp8_tables();
     const float* fp8_table = cache.format == KvFormat::kFp8E5m2 ? tables.e5m2.data() : tables.e4m3.data();
 
@@ -552,16 +727,19 @@ struct ForwardTask {
       const int64_t head_off = block * cache.stride_block + t.kv_head * cache.stride_head;
       if (cache.format == KvFormat::kAuto) {  // keys and values read in place (16-bit: widened in registers)
         const T* base = static_cast<const T*>(cache.data) + head_off;
-        attend_block<T>(st, base, base + N * D, j0, ja, jb);
-      } else {  // fp8: the keys [ja, jb] and their values decoded (times the scale) into fp32 first
-        const uint8_t* codes = static_cast<const uint8_t*>(cache.data) + head_off;
-        for (int64_t d = 0; d < D; ++d) {
-          fp8_row_to_float(codes + d * N + (ja - j0), kbuf.data() + d * N + (ja - j0), jb - ja + 1, fp8_table,
-                           cache.k_scale);
+        const T* next = nullptr;
+        if (lb + 1 <= hi / N) {
+          next = static_cast<const T*>(cache.data) + table[lb + 1] * cache.stride_block +
+                 t.kv_head * cache.stride_head;
         }
-        fp8_row_to_float(codes + N * D + (ja - j0) * D, vbuf.data() + (ja - j0) * D, (jb - ja + 1) * D, fp8_table,
-                         cache.v_scale);
-        attend_block<float>(st, kbuf.data(), vbuf.data(), j0, ja, jb);
+        attend_block<T>(st, base, base + D, cache.stride_token, j0, ja, jb, next);
+      } else {  // fp8: decoded (times the scale) into fp32 rows first
+        for (int64_t j = ja; j <= jb; ++j) {
+          const uint8_t* src = static_cast<const uint8_t*>(cache.data) + head_off + (j - j0) * cache.stride_token;
+          fp8_row_to_float(src, kbuf.data() + (j - j0) * D, D, fp8_table, cache.k_scale);
+          fp8_row_to_float(src + D, vbuf.data() + (j - j0) * D, D, fp8_table, cache.v_scale);
+        }
+        attend_block<float>(st, kbuf.data(), vbuf.data(), D, j0, ja, jb, nullptr);
       }
     }
     for (int64_t r = 0; r < rows; ++r) {
@@ -615,14 +793,14 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   for (const Task& t : tasks) max_rows = std::max(max_rows, t.row1 - t.row0);
   const int64_t lanes = max_rows * G, padded = (lanes + kLanes - 1) / kLanes * kLanes;
   const bool fp8 = cache.format != KvFormat::kAuto;
-  const bool may_tile = lanes >= kTileLanes;
+  const bool may_transpose = lanes >= kTransposeLanes;
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> q(padded * D), acc(padded * D), m(padded), l(padded), s_all(padded * (N + kF)),
         qi(padded * D);
-    std::vector<float> kbuf(fp8 ? N * D : 0);
+    std::vector<float> kbuf(fp8 || (may_transpose && !std::is_same_v<T, float>) ? N * D : 0);
     std::vector<float> vbuf(fp8 ? N * D : 0);
     const int64_t tiled_keys = (N + kTile - 1) / kTile * kTile, tiled_dims = (D + kTile - 1) / kTile * kTile;
-    std::vector<float> kt(may_tile ? tiled_keys * D : 0), vt(may_tile ? tiled_dims * N : 0);
+    std::vector<float> kt(may_transpose ? tiled_keys * D : 0), vt(may_transpose ? tiled_dims * N : 0);
     std::vector<int64_t> ra(max_rows), re(max_rows), glo(padded / kLanes), ghi(padded / kLanes);
     ForwardTask<T, kD> runner{out, query, cache, batch, f, G, q, acc, kbuf, vbuf, kt, s_all, m, l, qi, vt, ra, re, glo, ghi};
     for (int64_t w = begin; w < end; ++w) {
@@ -631,25 +809,18 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   });
 }
 
-// One token's D elements into the cache at element `off`, `stride` elements apart (1: a value row; the block
-// size: a key column), as T ("auto") or as fp8 codes of x / scale.
 template <typename T>
-void write_elements(const T* src, const PagedCache& cache, int64_t off, int64_t stride, float scale) {
+void write_rows(const T* src, const PagedCache& cache, int64_t off, float scale) {
   const int64_t D = cache.head_size;
   if (cache.format == KvFormat::kAuto) {
-    T* dst = static_cast<T*>(cache.data) + off;
-    if (stride == 1) {
-      std::memcpy(dst, src, D * sizeof(T));
-    } else {
-      for (int64_t d = 0; d < D; ++d) dst[d * stride] = src[d];
-    }
+    std::memcpy(static_cast<T*>(cache.data) + off, src, D * sizeof(T));
     return;
   }
   uint8_t* dst = static_cast<uint8_t*>(cache.data) + off;
   const bool e4m3 = cache.format == KvFormat::kFp8E4m3;
   for (int64_t d = 0; d < D; ++d) {
     const float x = static_cast<float>(src[d]) / scale;
-    dst[d * stride] = e4m3 ? encode_e4m3(x) : encode_e5m2(x);
+    dst[d] = e4m3 ? encode_e4m3(x) : encode_e5m2(x);
   }
 }
 
@@ -665,13 +836,11 @@ void reshape_and_cache(HeadRows<const T> key, HeadRows<const T> value, const int
                        const int64_t t = i / KVH, h = i % KVH;
                        const int64_t slot = slots[t];
                        if (slot < 0) continue;  // padding
-                       const int64_t off = (slot / N) * cache.stride_block + h * cache.stride_head;
-                       // the key as column slot % N of the block's [D, N] keys, the value as row slot % N of
-                       // its [N, D] values after them
-                       write_elements(key.data + t * key.stride_token + h * key.stride_head, cache,
-                                      off + slot % N, N, cache.k_scale);
-                       write_elements(value.data + t * value.stride_token + h * value.stride_head, cache,
-                                      off + N * D + (slot % N) * D, 1, cache.v_scale);
+                       const int64_t off = (slot / N) * cache.stride_block + h * cache.stride_head +
+                                           (slot % N) * cache.stride_token;
+                       write_rows(key.data + t * key.stride_token + h * key.stride_head, cache, off, cache.k_scale);
+                       write_rows(value.data + t * value.stride_token + h * value.stride_head, cache, off + D,
+                                  cache.v_scale);
                      }
                    });
 }
