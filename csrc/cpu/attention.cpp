@@ -5,12 +5,14 @@
 // The forward parallelises over (request, kv head, chunk of query rows), longest tasks first from a
 // shared counter. A task loads its rows' queries (times the scale) for every query head of its kv head
 // (the GQA group) into fp32 lanes and walks the key blocks the chunk needs once, keeping an online
-// softmax (running max, sum and fp32 accumulator) per lane; the output is rounded once. Per block:
-// scores for every lane (prefill: over the block's keys transposed to [D, keys], in groups of four
-// lanes; decode: dot products per key), then the softmax update, then the values in groups of four
-// lanes. 16-bit keys and values are widened in registers (the prefill's transposition widens the keys
-// once); fp8 blocks are decoded to fp32 first. Head sizes 64, 80, 96, 128 and 256 get unrolled loops;
-// any other size runs the same code with runtime trip counts and partial-vector tails.
+// softmax (running max, sum and fp32 accumulator) per lane; the output is rounded once. The cache keeps
+// each (block, kv head) as the block's keys transposed, [D, N], then its values as rows, [N, D] (the
+// writer packs them so; attention.h). Per block: scores for every lane in groups of four lanes, each a
+// broadcast query element times vectors of keys (no reductions), then the softmax update, then the values
+// in groups of four lanes. A decode reads the block in place, 16-bit keys and values widened in registers;
+// a task of eight lanes or more (a prefill) first copies the block, widened, into L1-sized tiles; fp8
+// blocks are decoded to fp32 first. Head sizes 64, 80, 96, 128 and 256 get unrolled loops; any other size
+// runs the same code with runtime trip counts and partial-vector tails.
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Float8_e5m2.h>
 
@@ -151,67 +153,35 @@ REFERENCE_CPU_INLINE void load_f32x2(const C* p, int64_t n, fVec& a, fVec& b) {
   }
 }
 
-// s[j] = q . k_j for n keys `k_stride` elements apart (C: float, or the model's 16-bit type widened in
-// registers, so a decode reads a 16-bit cache once without a widened copy).
-template <int kD, typename C>
-REFERENCE_CPU_INLINE void dot_keys(const float* __restrict q, const C* __restrict k, int64_t k_stride, int64_t n,
-                                   HeadDim<kD> hd, float* __restrict s) {
-  const int64_t D = hd.size();
-  int64_t j = 0;
-  for (; j + 2 <= n; j += 2) {  // two keys per step: independent FMA chains
-    const C* k0 = k + j * k_stride;
-    const C* k1 = k0 + k_stride;
-    fVec a0(0.f), a1(0.f), b0(0.f), b1(0.f);
-    for (int64_t d = 0; d < D; d += kChunk) {
-      const int64_t m = std::min<int64_t>(kChunk, D - d);
-      fVec qa, qb, x, y;
-      load_f32x2(q + d, m, qa, qb);
-      load_f32x2(k0 + d, m, x, y);
-      a0 = at::vec::fmadd(qa, x, a0);
-      b0 = at::vec::fmadd(qb, y, b0);
-      load_f32x2(k1 + d, m, x, y);
-      a1 = at::vec::fmadd(qa, x, a1);
-      b1 = at::vec::fmadd(qb, y, b1);
-    }
-    s[j] = hsum(a0 + b0);
-    s[j + 1] = hsum(a1 + b1);
-  }
-  for (; j < n; ++j) {
-    const C* k0 = k + j * k_stride;
-    fVec a0(0.f), b0(0.f);
-    for (int64_t d = 0; d < D; d += kChunk) {
-      const int64_t m = std::min<int64_t>(kChunk, D - d);
-      fVec qa, qb, x, y;
-      load_f32x2(q + d, m, qa, qb);
-      load_f32x2(k0 + d, m, x, y);
-      a0 = at::vec::fmadd(qa, x, a0);
-      b0 = at::vec::fmadd(qb, y, b0);
-    }
-    s[j] = hsum(a0 + b0);
-  }
-}
-
-// dst[d * ld_dst + j] = src[j * ld_src + d] for `keys` rows of `dims` floats (a key block to [D, keys]).
-inline void transpose_keys(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t keys, int64_t dims) {
+// n (<= kF) elements of C at p as one fp32 vector, zero past n (a whole vector widened in registers).
+template <typename C>
+REFERENCE_CPU_INLINE fVec load_f32x1(const C* p, int64_t n) {
+  if constexpr (std::is_same_v<C, float>) {
+    return n == kF ? fVec::loadu(p) : fVec::loadu(p, n);
+  } else {
 #if defined(CPU_CAPABILITY_AVX512)
-  at::vec::transpose_mxn<float>(src, ld_src, dst, ld_dst, static_cast<int>(keys), static_cast<int>(dims));
-#else
-  int64_t j = 0;
-#if defined(CPU_CAPABILITY_AVX2)
-  for (; j + 8 <= keys; j += 8) {
-    int64_t d = 0;
-    for (; d + 8 <= dims; d += 8) {
-      at::vec::transpose_mxn<float, 8, 8>(src + j * ld_src + d, ld_src, dst + d * ld_dst + j, ld_dst);
+    if (n == kF) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      if constexpr (std::is_same_v<C, c10::BFloat16>) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      } else {
+        return _mm512_cvtph_ps(h);
+      }
     }
-    for (; d < dims; ++d) {
-      for (int64_t jj = j; jj < j + 8; ++jj) dst[d * ld_dst + jj] = src[jj * ld_src + d];
+#elif defined(CPU_CAPABILITY_AVX2)
+    if (n == kF) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      if constexpr (std::is_same_v<C, c10::BFloat16>) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+      } else {
+        return _mm256_cvtph_ps(h);
+      }
     }
-  }
 #endif
-  for (; j < keys; ++j) {
-    for (int64_t d = 0; d < dims; ++d) dst[d * ld_dst + j] = src[j * ld_src + d];
+    fVec a, b;
+    load_f32x2(p, n, a, b);
+    return a;
   }
-#endif
 }
 
 // Keeps a vector in a register. GCC folds a load that feeds several FMAs into each of them (one memory
@@ -231,117 +201,12 @@ REFERENCE_CPU_INLINE void in_register(fVec& v) {
 #endif
 }
 
-// Software prefetch of `rows` rows of `row_bytes` bytes, `stride` bytes apart, one hint per cache line. A decode
-// reads its block's tokens 2 D elements apart: a 4 KB page holds a few of them, too few accesses for the
-// hardware prefetchers to pick up the stream, so every key row was a miss to L3 or DRAM.
-// kLocality: __builtin_prefetch's, 3 into L1, 2 into L2.
-template <int kLocality>
-inline void prefetch_rows(const void* p, int64_t stride, int64_t rows, int64_t row_bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(c + r * stride + b, 0, kLocality);
-  }
-}
-
-// Keys of a decode's score pass per prefetch step, and how far ahead (in keys) the key rows are fetched (into
-// L1). Measured on the AVX-512 VM, one thread: 32 keys ahead was slower than 16; prefetching the value rows as
-// well (into L1 or L2, during the scores) cost more in prefetch instructions than it saved.
-constexpr int64_t kPrefetchStep = 8;
-constexpr int64_t kPrefetchAhead = 16;
-
 // Query lanes (rows x heads of a GQA group) are computed in groups of kLanes, with the group's queries
 // and probabilities interleaved (x[j * kLanes + l]), so every key or value vector loaded feeds one FMA per
 // lane and one pointer serves the whole group. The task walks a block in tiles (keys for the scores,
 // head-dim slices for the values) small enough to stay in L1 while all its groups pass over them: one
 // lane at a time re-read the whole block (64 KB at D = 128, N = 128) from L2 per lane.
 constexpr int64_t kLanes = 4;
-
-// s[l * s_ld + j] = q_l . k_j for the kLanes lanes of a group (q_l = q + l * q_ld) and n keys: each key is
-// loaded (and widened) once for the four lanes (the decode path, where a block is not worth transposing).
-template <int kD, typename C>
-REFERENCE_CPU_INLINE void group_dot_keys(const float* __restrict q, int64_t q_ld, const C* __restrict k,
-                                         int64_t k_stride, int64_t n, HeadDim<kD> hd, float* __restrict s,
-                                         int64_t s_ld) {
-  const int64_t D = hd.size();
-  for (int64_t j = 0; j < n; ++j) {
-    const C* kj = k + j * k_stride;
-    fVec a[kLanes][2];
-#pragma GCC unroll 4
-    for (int64_t l = 0; l < kLanes; ++l) a[l][0] = a[l][1] = fVec(0.f);
-    for (int64_t d = 0; d < D; d += kChunk) {
-      const int64_t m = std::min<int64_t>(kChunk, D - d);
-      fVec x, y;
-      load_f32x2(kj + d, m, x, y);
-#pragma GCC unroll 4
-      for (int64_t l = 0; l < kLanes; ++l) {
-        fVec qa, qb;
-        load_f32x2(q + l * q_ld + d, m, qa, qb);
-        a[l][0] = at::vec::fmadd(qa, x, a[l][0]);
-        a[l][1] = at::vec::fmadd(qb, y, a[l][1]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int64_t l = 0; l < kLanes; ++l) s[l * s_ld + j] = hsum(a[l][0] + a[l][1]);
-  }
-}
-
-#if defined(CPU_CAPABILITY_AVX512)
-// {sum a, sum b, sum c, sum d}: the halves added, then three horizontal adds, one quarter the shuffles of four
-// separate reductions.
-REFERENCE_CPU_INLINE __m128 hsum4(const fVec& a, const fVec& b, const fVec& c, const fVec& d) {
-  const auto half = [](const fVec& v) REFERENCE_CPU_INLINE_LAMBDA {
-    const __m512 x = v;
-    return _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
-  };
-  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(half(a), half(b)), _mm256_hadd_ps(half(c), half(d)));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-#endif
-
-// group_dot_keys for a decode: with AVX-512, four keys at a time, each key chunk loaded (and widened) once
-// for the four lanes and the 16 sums reduced four at a time (one reduction per lane and key was most of a
-// decode's time); the remaining keys (and other ISAs) key by key.
-template <int kD, typename C>
-__attribute__((noinline)) void group_dot_keys_decode(const float* __restrict q, int64_t q_ld, const C* __restrict k,
-                                                     int64_t k_stride, int64_t n, HeadDim<kD> hd, float* __restrict s,
-                                                     int64_t s_ld) {
-  int64_t j = 0;
-#if defined(CPU_CAPABILITY_AVX512)
-  static_assert(kLanes == 4, "one reduction of four sums per lane");
-  const int64_t D = hd.size();
-  for (; j + 4 <= n; j += 4) {
-    fVec a[4][kLanes];
-#pragma GCC unroll 4
-    for (int64_t kk = 0; kk < 4; ++kk) {
-#pragma GCC unroll 4
-      for (int64_t l = 0; l < kLanes; ++l) a[kk][l] = fVec(0.f);
-    }
-    for (int64_t d = 0; d < D; d += kChunk) {
-      const int64_t m = std::min<int64_t>(kChunk, D - d);
-      fVec x[4][2];
-#pragma GCC unroll 4
-      for (int64_t kk = 0; kk < 4; ++kk) {
-        load_f32x2(k + (j + kk) * k_stride + d, m, x[kk][0], x[kk][1]);
-        in_register(x[kk][0]);
-        in_register(x[kk][1]);
-      }
-#pragma GCC unroll 4
-      for (int64_t l = 0; l < kLanes; ++l) {
-        fVec qa, qb;
-        load_f32x2(q + l * q_ld + d, m, qa, qb);
-#pragma GCC unroll 4
-        for (int64_t kk = 0; kk < 4; ++kk) {
-          a[kk][l] = at::vec::fmadd(qa, x[kk][0], a[kk][l]);
-          a[kk][l] = at::vec::fmadd(qb, x[kk][1], a[kk][l]);
-        }
-      }
-    }
-#pragma GCC unroll 4
-    for (int64_t l = 0; l < kLanes; ++l) _mm_storeu_ps(s + l * s_ld + j, hsum4(a[0][l], a[1][l], a[2][l], a[3][l]));
-  }
-#endif
-  if (j < n) group_dot_keys<kD>(q, q_ld, k + j * k_stride, k_stride, n - j, hd, s + j, s_ld);
-}
 
 // Vectors per lane in the register tiles below: kLanes x kTileVecs accumulators (16 of AVX-512's 32
 // registers; 8 of AVX2's 16).
@@ -352,15 +217,33 @@ constexpr int64_t kTileVecs = 2;
 #endif
 constexpr int64_t kTile = kTileVecs * kF;
 
-// s[l * s_ld + j] = q_l . k_j for the kLanes lanes of a group (qi[d * kLanes + l]) and n <= kTile keys of
-// a transposed block kt ([D, ld], key j in column j).
-// Not inlined: a call does 4 x kTile x D FMAs, and on its own the register allocator keeps its pointers in
+// n (<= kTile) elements of a block row into a tile row, widened to fp32: a whole tile row through vector
+// registers (as a 256-byte memcpy it compiled to `rep movsq`, whose start-up was a fifth of a prefill's
+// block packing).
+template <typename C>
+REFERENCE_CPU_INLINE void tile_row_to_float(const C* src, float* dst, int64_t n) {
+  if (n != kTile) return row_to_float(src, dst, n);
+#pragma GCC unroll 4
+  for (int64_t v = 0; v < kTileVecs; v += 2) {
+    fVec a, b;
+    load_f32x2(src + v * kF, kChunk, a, b);
+    a.store(dst + v * kF);
+    b.store(dst + (v + 1) * kF);
+  }
+}
+
+// s[l * s_ld + j] = q_l . k_j for the kLanes lanes of a group (qi[d * kLanes + l]) and n keys of a
+// transposed key block kt ([D, ld], key j in column j; C = float or the model's 16-bit type, widened in
+// registers): per head-dim element one broadcast query value times vectors of keys, no reductions.
+// Not inlined: a call does 4 x n x D FMAs, and on its own the register allocator keeps its pointers in
 // registers (inlined into the block loop it shuttled them through vector registers and the stack).
-template <int kD>
-__attribute__((noinline)) void group_dot_transposed(const float* __restrict qi, const float* __restrict kt, int64_t ld,
+template <int kD, typename C>
+__attribute__((noinline)) void group_dot_transposed(const float* __restrict qi, const C* __restrict kt, int64_t ld,
                                                int64_t n, HeadDim<kD> hd, float* __restrict s, int64_t s_ld) {
+  static_assert(kTileVecs % 2 == 0, "keys are loaded two vectors at a time");
   const int64_t D = hd.size();
-  if (n == kTile) {
+  int64_t j = 0;
+  for (; j + kTile <= n; j += kTile) {
     fVec a[kLanes][kTileVecs];
 #pragma GCC unroll 16
     for (int64_t l = 0; l < kLanes; ++l) {
@@ -368,11 +251,79 @@ __attribute__((noinline)) void group_dot_transposed(const float* __restrict qi, 
       for (int64_t v = 0; v < kTileVecs; ++v) a[l][v] = fVec(0.f);
     }
     for (int64_t d = 0; d < D; ++d) {
-      const float* row = kt + d * ld;
+      const C* row = kt + d * ld + j;
+      fVec k[kTileVecs];
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < kTileVecs; v += 2) load_f32x2(row + v * kF, kChunk, k[v], k[v + 1]);
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < kTileVecs; ++v) in_register(k[v]);
+#pragma GCC unroll 4
+      for (int64_t l = 0; l < kLanes; ++l) {
+        const fVec qd(qi[d * kLanes + l]);
+#pragma GCC unroll 4
+        for (int64_t v = 0; v < kTileVecs; ++v) a[l][v] = at::vec::fmadd(qd, k[v], a[l][v]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) {
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < kTileVecs; ++v) a[l][v].store(s + l * s_ld + j + v * kF);
+    }
+  }
+  for (; j + kChunk <= n; j += kChunk) {  // a block's last keys (or a small block's): two vectors
+    fVec a[kLanes][2];
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) a[l][0] = a[l][1] = fVec(0.f);
+    for (int64_t d = 0; d < D; ++d) {
+      fVec x, y;
+      load_f32x2(kt + d * ld + j, kChunk, x, y);
+#pragma GCC unroll 4
+      for (int64_t l = 0; l < kLanes; ++l) {
+        const fVec qd(qi[d * kLanes + l]);
+        a[l][0] = at::vec::fmadd(qd, x, a[l][0]);
+        a[l][1] = at::vec::fmadd(qd, y, a[l][1]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) {
+      a[l][0].store(s + l * s_ld + j);
+      a[l][1].store(s + l * s_ld + j + kF);
+    }
+  }
+  for (; j < n; j += kF) {  // then one vector (a 16-token block is one vector of keys)
+    const int64_t m = std::min<int64_t>(kF, n - j);
+    fVec a[kLanes];
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) a[l] = fVec(0.f);
+    for (int64_t d = 0; d < D; ++d) {
+      const fVec x = load_f32x1(kt + d * ld + j, m);
+#pragma GCC unroll 4
+      for (int64_t l = 0; l < kLanes; ++l) a[l] = at::vec::fmadd(fVec(qi[d * kLanes + l]), x, a[l]);
+    }
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) a[l].store(s + l * s_ld + j, m);
+  }
+}
+
+// group_dot_transposed for nvec (<= kTileVecs) vectors of kF keys, vector v's keys at vec[v] + d * ld (each
+// from its own block); the last vector holds `last` keys.
+template <int kD, typename C>
+__attribute__((noinline)) void group_dot_vectors(const float* __restrict qi, const C* const* vec, int64_t nvec,
+                                            int64_t last, int64_t ld, HeadDim<kD> hd, float* __restrict s,
+                                            int64_t s_ld) {
+  const int64_t D = hd.size();
+  if (nvec == kTileVecs && last == kF) {
+    fVec a[kLanes][kTileVecs];
+#pragma GCC unroll 16
+    for (int64_t l = 0; l < kLanes; ++l) {
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < kTileVecs; ++v) a[l][v] = fVec(0.f);
+    }
+    for (int64_t d = 0; d < D; ++d) {
       fVec k[kTileVecs];
 #pragma GCC unroll 4
       for (int64_t v = 0; v < kTileVecs; ++v) {
-        k[v] = fVec::loadu(row + v * kF);
+        k[v] = load_f32x1(vec[v] + d * ld, kF);
         in_register(k[v]);
       }
 #pragma GCC unroll 4
@@ -389,18 +340,18 @@ __attribute__((noinline)) void group_dot_transposed(const float* __restrict qi, 
     }
     return;
   }
-  for (int64_t j = 0; j < n; j += kF) {
-    const int64_t m = std::min<int64_t>(kF, n - j);
+  for (int64_t v = 0; v < nvec; ++v) {
+    const int64_t m = v + 1 == nvec ? last : kF;
     fVec a[kLanes];
 #pragma GCC unroll 4
     for (int64_t l = 0; l < kLanes; ++l) a[l] = fVec(0.f);
     for (int64_t d = 0; d < D; ++d) {
-      const fVec k0 = fVec::loadu(kt + d * ld + j, m);
+      const fVec x = load_f32x1(vec[v] + d * ld, m);
 #pragma GCC unroll 4
-      for (int64_t l = 0; l < kLanes; ++l) a[l] = at::vec::fmadd(fVec(qi[d * kLanes + l]), k0, a[l]);
+      for (int64_t l = 0; l < kLanes; ++l) a[l] = at::vec::fmadd(fVec(qi[d * kLanes + l]), x, a[l]);
     }
 #pragma GCC unroll 4
-    for (int64_t l = 0; l < kLanes; ++l) a[l].store(s + l * s_ld + j, m);
+    for (int64_t l = 0; l < kLanes; ++l) a[l].store(s + l * s_ld + v * kF, m);
   }
 }
 
@@ -489,8 +440,9 @@ inline KeyRange key_range(int64_t p, int64_t seq_len, const AttentionFeatures& f
 // Query rows per task: enough (with the GQA group) to amortise a block's conversion.
 inline int64_t rows_per_task(int64_t group) { return std::max<int64_t>(1, 512 / group); }
 
-// Query lanes (rows x GQA group) of a task from which a block is transposed once for all of them.
-constexpr int64_t kTransposeLanes = 8;
+// Query lanes (rows x GQA group) of a task from which a block is copied (widened) into L1-sized tiles once
+// for all of them; fewer lanes (a decode) read the block in place.
+constexpr int64_t kTileLanes = 8;
 
 struct Task {
   int64_t seq, kv_head, row0, row1;  // rows relative to the request's first query row
@@ -551,41 +503,105 @@ struct ForwardTask {
   struct TaskState {
     Task t;
     int64_t rows, lanes, padded_lanes, context, seq_len;
-    bool transposed;
+    bool tiled;
   };
 
-  // One key block [ja, jb] (keys j at kb + (j - j0) * ks, values at vb + (j - j0) * ks; C = float or the
-  // model's 16-bit type): scores, the online-softmax update and the values, for every lane of the task.
-  // next_k: the next block's first key row (prefetched during this block's values; null: none).
+  // Lane idx's online-softmax update over n scores sc of head h (the first key `dist0` positions before the
+  // query): soft cap / ALiBi, the running max and sum, acc rescaled when the max moves; the scores become
+  // probabilities in place. False: every logit so far is -inf, nothing to add (sc is left as it is).
+  bool softmax_update(int64_t idx, float* sc, int64_t n, int64_t h, int64_t dist0) {
+    const int64_t D = cache.head_size;
+    const float block_max = adjust_scores(sc, n, h, dist0);
+    const float m_old = m[idx];
+    const float m_new = std::max(m_old, block_max);
+    if (m_new == kNegInf) return false;
+    // (the max rarely moves after the first blocks: no exp then)
+    const float alpha = m_old == kNegInf ? 0.f : m_old == m_new ? 1.f : std::exp(m_old - m_new);
+    const float psum = exp_shifted(sc, n, m_new);
+    l_sum[idx] = l_sum[idx] * alpha + psum;
+    m[idx] = m_new;
+    if (alpha != 1.f) {
+      float* ac = acc.data() + idx * D;
+      const fVec al(alpha);
+      int64_t d = 0;
+      for (; d + kF <= D; d += kF) (fVec::loadu(ac + d) * al).store(ac + d);
+      for (; d < D; ++d) ac[d] *= alpha;
+    }
+    return true;
+  }
+
+  // One query row (a decode) over the blocks [lb0, lb1] of a cache whose blocks are smaller than a key tile
+  // (kTile / N blocks): their keys are scored together, a vector of keys from each block, so one broadcast of
+  // a query element serves a whole tile. Block by block, a 16-token block is one vector of keys and repeated
+  // every broadcast for it: 1.6x slower than the key-row layout at fp32 b=8.
+  void attend_blocks_one_row(const TaskState& st, const int32_t* table, int64_t lb0, int64_t lb1, int64_t lo,
+                             int64_t hi) {
+    const HeadDim<kD> hd{cache.head_size};
+    const int64_t D = hd.size(), N = cache.block_size, G = group, s_ld = kTile + kF;
+    const int64_t padded_lanes = st.padded_lanes, groups = padded_lanes / kLanes;
+    const int64_t j0 = lb0 * N, jend = std::min(hi, (lb1 + 1) * N - 1), ja = std::max(j0, lo);
+    const int64_t pos = st.context + st.t.row0;
+    const T* data = static_cast<const T*>(cache.data);
+    const auto base = [&](int64_t lb) {
+      return data + table[lb] * cache.stride_block + st.t.kv_head * cache.stride_head;
+    };
+    // 1. scores of keys [j0, jend] (keys before ja, out of a window, are scored and left out)
+    const int64_t keys = jend - j0 + 1, nvec = (keys + kF - 1) / kF;
+    std::array<const T*, kTileVecs> vec;
+    for (int64_t v = 0; v < nvec; ++v) vec[v] = base(lb0 + v * kF / N) + (v * kF) % N;
+    for (int64_t k = 0; k < groups; ++k) {
+      group_dot_vectors<kD>(qi.data() + k * kLanes * D, vec.data(), nvec, keys - (nvec - 1) * kF, N, hd,
+                            s.data() + k * kLanes * s_ld, s_ld);
+    }
+    // 2. the online-softmax update over [ja, jend]
+    const int64_t off = ja - j0, n = jend - ja + 1;
+    for (int64_t idx = 0; idx < padded_lanes; ++idx) {
+      float* sc = s.data() + idx * s_ld;
+      if (idx >= st.lanes || !softmax_update(idx, sc + off, n, st.t.kv_head * G + idx % G, pos - ja)) {
+        std::fill(sc + off, sc + off + n, 0.f);
+      }
+    }
+    // 3. acc += P V, block by block
+    for (int64_t lb = lb0; lb <= lb1; ++lb) {
+      const int64_t ka = std::max(ja, lb * N), kb = std::min(jend, lb * N + N - 1);
+      if (ka > kb) continue;
+      const T* vb = base(lb) + N * D + (ka - lb * N) * D;
+      for (int64_t d0 = 0; d0 < D; d0 += kTile) {
+        const int64_t dims = std::min<int64_t>(kTile, D - d0);
+        for (int64_t k = 0; k < groups; ++k) {
+          group_accumulate_tile(acc.data() + k * kLanes * D, D, d0, s.data() + k * kLanes * s_ld + (ka - j0), s_ld,
+                                vb + d0, D, kb - ka + 1, dims);
+        }
+      }
+    }
+  }
+
+  // One key block [ja, jb] (keys transposed at kt: key j's element d at kt[d * N + (j - j0)]; values as rows
+  // at vb + (j - j0) * D; C = float or the model's 16-bit type): scores, the online-softmax update and the
+  // values, for every lane of the task.
   template <typename C>
-  void attend_block(const TaskState& st, const C* kb, const C* vb, int64_t ks, int64_t j0, int64_t ja, int64_t jb,
-                    const C* next_k) {
+  void attend_block(const TaskState& st, const C* kt_block, const C* vb, int64_t j0, int64_t ja, int64_t jb) {
     const HeadDim<kD> hd{cache.head_size};
     const int64_t D = hd.size(), N = cache.block_size, G = group;
     const Task& t = st.t;
     const int64_t rows = st.rows, lanes = st.lanes, padded_lanes = st.padded_lanes, context = st.context;
     const int64_t seq_len = st.seq_len;
-    const bool transposed = st.transposed;
+    const bool tiled = st.tiled;
     const int64_t nb = jb - ja + 1, s_ld = N + kF;
-    if (transposed) {
+    const C* kb = kt_block + (ja - j0);  // column 0: key ja
+    if (tiled) {
       // The block's keys, widened, as key tiles [D, kTile] one after another (kt), and its values, widened,
       // as head-dim tiles [nb, kTile] (vt): each tile contiguous, so it stays in L1 while every lane group
-      // passes over it. Read in place, rows kTile * 4 bytes long and (2 D) elements apart map onto few L1
-      // sets, and a 32 KB tile was re-read from L2 by every group.
-      const float* kf = reinterpret_cast<const float*>(kb + (ja - j0) * ks);
-      int64_t kf_ld = ks;
-      if constexpr (!std::is_same_v<C, float>) {
-        for (int64_t j = 0; j < nb; ++j) row_to_float(kb + (ja - j0 + j) * ks, kbuf.data() + j * D, D);
-        kf = kbuf.data();
-        kf_ld = D;
-      }
+      // passes over it. Read in place, rows kTile * 4 bytes long and N (keys) or D (values) elements apart
+      // map onto few L1 sets, and a 32 KB tile was re-read from L2 by every group.
       for (int64_t jt = 0; jt < nb; jt += kTile) {
-        transpose_keys(kf + jt * kf_ld, kf_ld, kt.data() + jt * D, kTile, std::min<int64_t>(kTile, nb - jt), D);
+        const int64_t nt = std::min<int64_t>(kTile, nb - jt);
+        for (int64_t d = 0; d < D; ++d) tile_row_to_float(kb + d * N + jt, kt.data() + jt * D + d * kTile, nt);
       }
       for (int64_t j = 0; j < nb; ++j) {
-        const C* vrow = vb + (ja - j0 + j) * ks;
+        const C* vrow = vb + (ja - j0 + j) * D;
         for (int64_t d0 = 0; d0 < D; d0 += kTile) {
-          row_to_float(vrow + d0, vt.data() + d0 * N + j * kTile, std::min<int64_t>(kTile, D - d0));
+          tile_row_to_float(vrow + d0, vt.data() + d0 * N + j * kTile, std::min<int64_t>(kTile, D - d0));
         }
       }
     }
@@ -610,29 +626,17 @@ struct ForwardTask {
     }
     // 1. scores of every lane over the block's keys [ja, jb]: key tiles outer, so a tile stays in L1 while
     //    every lane group passes over it
-    if (transposed) {
-      for (int64_t jt = 0; jt < nb; jt += kTile) {
-        const int64_t nt = std::min<int64_t>(kTile, nb - jt);
-        for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
-          if (glo[k] >= jt + nt || ghi[k] < jt) continue;  // scores no lane of the group reads
-          group_dot_transposed<kD>(qi.data() + k * kLanes * D, kt.data() + jt * D, kTile, nt, hd,
-                                   s.data() + k * kLanes * s_ld + jt, s_ld);
+    for (int64_t jt = 0; jt < nb; jt += kTile) {
+      const int64_t nt = std::min<int64_t>(kTile, nb - jt);
+      for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
+        if (glo[k] >= jt + nt || ghi[k] < jt) continue;  // scores no lane of the group reads
+        float* sk = s.data() + k * kLanes * s_ld + jt;
+        if (tiled) {
+          group_dot_transposed<kD>(qi.data() + k * kLanes * D, kt.data() + jt * D, kTile, nt, hd, sk, s_ld);
+        } else {
+          group_dot_transposed<kD>(qi.data() + k * kLanes * D, kb + jt, N, nt, hd, sk, s_ld);
         }
       }
-    } else {
-      // keys in steps, each prefetching the key rows kPrefetchAhead keys on
-      const int64_t row_bytes = D * static_cast<int64_t>(sizeof(C)), stride = ks * static_cast<int64_t>(sizeof(C));
-      const C* k0 = kb + (ja - j0) * ks;
-      prefetch_rows<3>(k0, stride, std::min(kPrefetchAhead, nb), row_bytes);
-      for (int64_t j = 0; j < nb; j += kPrefetchStep) {
-        const int64_t n = std::min(kPrefetchStep, nb - j), ahead = j + kPrefetchAhead;
-        if (ahead < nb) prefetch_rows<3>(k0 + ahead * ks, stride, std::min(kPrefetchStep, nb - ahead), row_bytes);
-        for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
-          group_dot_keys_decode<kD>(q.data() + k * kLanes * D, D, k0 + j * ks, ks, n, hd,
-                                    s.data() + k * kLanes * s_ld + j, s_ld);
-        }
-      }
-      if (next_k) prefetch_rows<2>(next_k, stride, std::min(kPrefetchAhead, N), row_bytes);  // for the next block
     }
     // 2. per lane: soft cap / ALiBi, the online-softmax update (acc rescaled); its scores become its
     //    probabilities in place (zero for the block's keys the lane does not see)
@@ -644,27 +648,12 @@ struct ForwardTask {
         continue;
       }
       const int64_t off = ra[r] - ja, n = re[r] - ra[r] + 1, pos = context + t.row0 + r;
-      const float block_max = adjust_scores(sc + off, n, t.kv_head * G + idx % G, pos - ra[r]);
-      const float m_old = m[idx];
-      const float m_new = std::max(m_old, block_max);
-      if (m_new == kNegInf) {  // every logit so far is -inf: nothing to add
+      if (!softmax_update(idx, sc + off, n, t.kv_head * G + idx % G, pos - ra[r])) {
         std::fill(sc, sc + nb, 0.f);
         continue;
       }
-      // (the max rarely moves after the first blocks: no exp then)
-      const float alpha = m_old == kNegInf ? 0.f : m_old == m_new ? 1.f : std::exp(m_old - m_new);
-      const float psum = exp_shifted(sc + off, n, m_new);
-      l_sum[idx] = l_sum[idx] * alpha + psum;
-      m[idx] = m_new;
       std::fill(sc, sc + off, 0.f);
       std::fill(sc + off + n, sc + nb, 0.f);
-      if (alpha != 1.f) {
-        float* ac = acc.data() + idx * D;
-        const fVec al(alpha);
-        int64_t d = 0;
-        for (; d + kF <= D; d += kF) (fVec::loadu(ac + d) * al).store(ac + d);
-        for (; d < D; ++d) ac[d] *= alpha;
-      }
     }
     // 3. acc += P V: head-dim tiles outer, so a tile of the block's values stays in L1 across groups
     for (int64_t d0 = 0; d0 < D; d0 += kTile) {
@@ -674,10 +663,10 @@ struct ForwardTask {
         if (n <= 0) continue;
         float* a = acc.data() + k * kLanes * D;
         const float* p = s.data() + k * kLanes * s_ld + lo;
-        if (transposed) {
+        if (tiled) {
           group_accumulate_tile(a, D, d0, p, s_ld, vt.data() + d0 * N + lo * kTile, kTile, n, dims);
         } else {
-          group_accumulate_tile(a, D, d0, p, s_ld, vb + (ja - j0 + lo) * ks + d0, ks, n, dims);
+          group_accumulate_tile(a, D, d0, p, s_ld, vb + (ja - j0 + lo) * D + d0, D, n, dims);
         }
       }
     }
@@ -715,31 +704,33 @@ struct ForwardTask {
     const KeyRange first = key_range(context + t.row0, seq_len, f);
     const KeyRange last = key_range(context + t.row1 - 1, seq_len, f);
     const int64_t lo = first.lo, hi = last.hi;
-    const bool transposed = lanes >= kTransposeLanes;
-    const TaskState st{t, rows, lanes, padded_lanes, context, seq_len, transposed};
+    const TaskState st{t, rows, lanes, padded_lanes, context, seq_len, lanes >= kTileLanes};
     const auto& tables = fp8_tables();
     const float* fp8_table = cache.format == KvFormat::kFp8E5m2 ? tables.e5m2.data() : tables.e4m3.data();
 
-    for (int64_t lb = lo / N; lb <= hi / N && hi >= lo; ++lb) {
+    // a decode over blocks smaller than a key tile: kTile / N blocks at a time
+    const int64_t span = cache.format == KvFormat::kAuto && rows == 1 && !st.tiled && N < kTile && N % kF == 0
+                             ? kTile / N : 0;
+    for (int64_t lb = lo / N; span && lb <= hi / N && hi >= lo; lb += span) {
+      attend_blocks_one_row(st, table, lb, std::min(lb + span - 1, hi / N), lo, hi);
+    }
+    for (int64_t lb = lo / N; !span && lb <= hi / N && hi >= lo; ++lb) {
       const int64_t j0 = lb * N;
       const int64_t ja = std::max(j0, lo), jb = std::min(j0 + N - 1, hi);
       const int64_t block = table[lb];
       const int64_t head_off = block * cache.stride_block + t.kv_head * cache.stride_head;
       if (cache.format == KvFormat::kAuto) {  // keys and values read in place (16-bit: widened in registers)
         const T* base = static_cast<const T*>(cache.data) + head_off;
-        const T* next = nullptr;
-        if (lb + 1 <= hi / N) {
-          next = static_cast<const T*>(cache.data) + table[lb + 1] * cache.stride_block +
-                 t.kv_head * cache.stride_head;
+        attend_block<T>(st, base, base + N * D, j0, ja, jb);
+      } else {  // fp8: the keys [ja, jb] and their values decoded (times the scale) into fp32 first
+        const uint8_t* codes = static_cast<const uint8_t*>(cache.data) + head_off;
+        for (int64_t d = 0; d < D; ++d) {
+          fp8_row_to_float(codes + d * N + (ja - j0), kbuf.data() + d * N + (ja - j0), jb - ja + 1, fp8_table,
+                           cache.k_scale);
         }
-        attend_block<T>(st, base, base + D, cache.stride_token, j0, ja, jb, next);
-      } else {  // fp8: decoded (times the scale) into fp32 rows first
-        for (int64_t j = ja; j <= jb; ++j) {
-          const uint8_t* src = static_cast<const uint8_t*>(cache.data) + head_off + (j - j0) * cache.stride_token;
-          fp8_row_to_float(src, kbuf.data() + (j - j0) * D, D, fp8_table, cache.k_scale);
-          fp8_row_to_float(src + D, vbuf.data() + (j - j0) * D, D, fp8_table, cache.v_scale);
-        }
-        attend_block<float>(st, kbuf.data(), vbuf.data(), D, j0, ja, jb, nullptr);
+        fp8_row_to_float(codes + N * D + (ja - j0) * D, vbuf.data() + (ja - j0) * D, (jb - ja + 1) * D, fp8_table,
+                         cache.v_scale);
+        attend_block<float>(st, kbuf.data(), vbuf.data(), j0, ja, jb);
       }
     }
     for (int64_t r = 0; r < rows; ++r) {
@@ -793,14 +784,14 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   for (const Task& t : tasks) max_rows = std::max(max_rows, t.row1 - t.row0);
   const int64_t lanes = max_rows * G, padded = (lanes + kLanes - 1) / kLanes * kLanes;
   const bool fp8 = cache.format != KvFormat::kAuto;
-  const bool may_transpose = lanes >= kTransposeLanes;
+  const bool may_tile = lanes >= kTileLanes;
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> q(padded * D), acc(padded * D), m(padded), l(padded), s_all(padded * (N + kF)),
+    std::vector<float> q(padded * D), acc(padded * D), m(padded), l(padded), s_all(padded * (std::max<int64_t>(N, kTile) + kF)),
         qi(padded * D);
-    std::vector<float> kbuf(fp8 || (may_transpose && !std::is_same_v<T, float>) ? N * D : 0);
+    std::vector<float> kbuf(fp8 ? N * D : 0);
     std::vector<float> vbuf(fp8 ? N * D : 0);
     const int64_t tiled_keys = (N + kTile - 1) / kTile * kTile, tiled_dims = (D + kTile - 1) / kTile * kTile;
-    std::vector<float> kt(may_transpose ? tiled_keys * D : 0), vt(may_transpose ? tiled_dims * N : 0);
+    std::vector<float> kt(may_tile ? tiled_keys * D : 0), vt(may_tile ? tiled_dims * N : 0);
     std::vector<int64_t> ra(max_rows), re(max_rows), glo(padded / kLanes), ghi(padded / kLanes);
     ForwardTask<T, kD> runner{out, query, cache, batch, f, G, q, acc, kbuf, vbuf, kt, s_all, m, l, qi, vt, ra, re, glo, ghi};
     for (int64_t w = begin; w < end; ++w) {
@@ -809,18 +800,25 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   });
 }
 
+// One token's D elements into the cache at element `off`, `stride` elements apart (1: a value row; the block
+// size: a key column), as T ("auto") or as fp8 codes of x / scale.
 template <typename T>
-void write_rows(const T* src, const PagedCache& cache, int64_t off, float scale) {
+void write_elements(const T* src, const PagedCache& cache, int64_t off, int64_t stride, float scale) {
   const int64_t D = cache.head_size;
   if (cache.format == KvFormat::kAuto) {
-    std::memcpy(static_cast<T*>(cache.data) + off, src, D * sizeof(T));
+    T* dst = static_cast<T*>(cache.data) + off;
+    if (stride == 1) {
+      std::memcpy(dst, src, D * sizeof(T));
+    } else {
+      for (int64_t d = 0; d < D; ++d) dst[d * stride] = src[d];
+    }
     return;
   }
   uint8_t* dst = static_cast<uint8_t*>(cache.data) + off;
   const bool e4m3 = cache.format == KvFormat::kFp8E4m3;
   for (int64_t d = 0; d < D; ++d) {
     const float x = static_cast<float>(src[d]) / scale;
-    dst[d] = e4m3 ? encode_e4m3(x) : encode_e5m2(x);
+    dst[d * stride] = e4m3 ? encode_e4m3(x) : encode_e5m2(x);
   }
 }
 
@@ -836,11 +834,13 @@ void reshape_and_cache(HeadRows<const T> key, HeadRows<const T> value, const int
                        const int64_t t = i / KVH, h = i % KVH;
                        const int64_t slot = slots[t];
                        if (slot < 0) continue;  // padding
-                       const int64_t off = (slot / N) * cache.stride_block + h * cache.stride_head +
-                                           (slot % N) * cache.stride_token;
-                       write_rows(key.data + t * key.stride_token + h * key.stride_head, cache, off, cache.k_scale);
-                       write_rows(value.data + t * value.stride_token + h * value.stride_head, cache, off + D,
-                                  cache.v_scale);
+                       const int64_t off = (slot / N) * cache.stride_block + h * cache.stride_head;
+                       // the key as column slot % N of the block's [D, N] keys, the value as row slot % N of
+                       // its [N, D] values after them
+                       write_elements(key.data + t * key.stride_token + h * key.stride_head, cache,
+                                      off + slot % N, N, cache.k_scale);
+                       write_elements(value.data + t * value.stride_token + h * value.stride_head, cache,
+                                      off + N * D + (slot % N) * D, 1, cache.v_scale);
                      }
                    });
 }

@@ -1,9 +1,12 @@
 // Raw-pointer entry points of the paged-attention kernels (attention.cpp), bound as
 // reference_cpu::reshape_and_cache and reference_cpu::paged_attention by attention_bindings.cpp.
 //
-// The paged KV cache of one layer is [num_blocks, num_kv_heads, block_size, 2 * head_size]: keys
-// in [..., :head_size], values in [..., head_size:]; slot s = block * block_size + offset. Its
-// elements are the model dtype (kv_cache_dtype "auto") or fp8 codes (e4m3fn / e5m2) of k / k_scale
+// The paged KV cache of one layer is a [num_blocks, num_kv_heads, block_size, 2 * head_size] tensor (the
+// attention contract's shape), slot s = block * block_size + offset, each (block, head) contiguous. Inside
+// a (block, head) the kernels keep their own packing: the block's keys transposed, [head_size, block_size]
+// (key of offset t in column t), then its values as rows, [block_size, head_size], so a decode's scores
+// are broadcast query elements times vectors of keys with no reduction (as vLLM's CPU writer packs them).
+// Its elements are the model dtype (kv_cache_dtype "auto") or fp8 codes (e4m3fn / e5m2) of k / k_scale
 // and v / v_scale, rounded to nearest even with saturation. Semantics: csrc/README.md (attention) and
 // the float64 reference in tests/kernels/test_attention_cpu.py.
 #pragma once
@@ -17,7 +20,7 @@ namespace reference_cpu {
 
 enum class KvFormat : int { kAuto = 0, kFp8E4m3 = 1, kFp8E5m2 = 2 };
 
-// The cache of one layer: element strides of its block, head and token dims (last dim contiguous).
+// The cache of one layer: element strides of its block and head dims (a head's block contiguous).
 // `data` holds T (kAuto) or uint8 fp8 codes.
 struct PagedCache {
   void* data = nullptr;
@@ -27,7 +30,6 @@ struct PagedCache {
   int64_t head_size = 0;
   int64_t stride_block = 0;
   int64_t stride_head = 0;
-  int64_t stride_token = 0;
   KvFormat format = KvFormat::kAuto;
   float k_scale = 1.0f;
   float v_scale = 1.0f;

@@ -55,6 +55,9 @@ PagedCache paged_cache(const at::Tensor& kv_cache, at::ScalarType model, KvForma
               ": kv_cache must be [num_blocks, num_kv_heads, block_size, 2 * head_size], got ", kv_cache.sizes());
   TORCH_CHECK(kv_cache.size(3) <= 1 || kv_cache.stride(3) == 1, op,
               ": kv_cache must be contiguous in its last dim (stride ", kv_cache.stride(3), ")");
+  TORCH_CHECK(kv_cache.size(2) <= 1 || kv_cache.stride(2) == kv_cache.size(3), op,
+              ": each block of kv_cache must be contiguous per head (token stride ", kv_cache.stride(2),
+              ", expected 2 * head_size = ", kv_cache.size(3), "): the kernels keep a block's keys transposed in it");
   TORCH_CHECK(kv_cache.size(2) >= 1 && kv_cache.size(1) >= 1, op, ": kv_cache ", kv_cache.sizes(),
               " has no heads or a zero block size");
   if (format == KvFormat::kAuto) {
@@ -74,7 +77,6 @@ PagedCache paged_cache(const at::Tensor& kv_cache, at::ScalarType model, KvForma
   c.head_size = kv_cache.size(3) / 2;
   c.stride_block = kv_cache.stride(0);
   c.stride_head = kv_cache.stride(1);
-  c.stride_token = kv_cache.stride(2);
   c.format = format;
   c.k_scale = static_cast<float>(k_scale);
   c.v_scale = static_cast<float>(v_scale);

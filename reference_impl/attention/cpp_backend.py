@@ -1,12 +1,14 @@
 """The C++ CPU paged-attention backend (`CPP`): the contract's impl and builder around the `reference_cpu`
 kernels `reshape_and_cache` and `paged_attention` (csrc/cpu/attention.cpp).
 
-Same cache layout and semantics as the reference backend (`[num_blocks, num_kv_heads, block_size,
-2 * head_size]`, keys then values, model dtype or fp8 codes in uint8; slots < 0 skipped; fp32 compute,
-one rounding). Declared exactly: decoder self-attention (causal or not) over the cache; fp32, fp16, bf16;
-kv cache dtypes auto, fp8, fp8_e4m3, fp8_e5m2 (not "float16"/"bfloat16" naming a cache dtype other than
-the model's); any block size and head size; sliding window, soft cap, ALiBi, sinks. The kernels build on
-first use (the `cpp` IR provider's library); `available()` says whether they can be built here.
+The reference backend's cache shape and semantics (`[num_blocks, num_kv_heads, block_size, 2 * head_size]`,
+model dtype or fp8 codes in uint8; slots < 0 skipped; fp32 compute, one rounding), with the kernels' own
+packing inside each (block, head): the keys transposed, then the values as rows (`as_token_rows` reads it
+back as the reference backend's token rows). Declared exactly: decoder self-attention (causal or not)
+over the cache; fp32, fp16, bf16; kv cache dtypes auto, fp8, fp8_e4m3, fp8_e5m2 (not "float16"/"bfloat16"
+naming a cache dtype other than the model's); any block size and head size; sliding window, soft cap,
+ALiBi, sinks. The kernels build on first use (the `cpp` IR provider's library); `available()` says whether
+they can be built here.
 """
 
 from __future__ import annotations
@@ -34,6 +36,20 @@ KV_CACHE_DTYPES = ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 def available() -> bool:
     """Whether the C++ kernels can be built (or are built) here: a compiler, ninja and the sources."""
     return _cpp_build.toolchain_problem() is None
+
+
+def as_token_rows(kv_cache: torch.Tensor) -> torch.Tensor:
+    """A copy of a cache the CPP kernels wrote, in the contract's token rows (the reference backend's
+    packing): `[num_blocks, num_kv_heads, block_size, 2 * head_size]`, token t of a block in row t.
+
+    The kernels keep the contract's shape but pack each (block, head) their own way: the keys transposed
+    (`[head_size, block_size]`), then the values as rows (`[block_size, head_size]`)."""
+    blocks, heads, block_size, width = kv_cache.shape
+    head_size = width // 2
+    flat = kv_cache.reshape(blocks, heads, block_size * width)
+    keys = flat[..., :block_size * head_size].reshape(blocks, heads, head_size, block_size).transpose(2, 3)
+    values = flat[..., block_size * head_size:].reshape(blocks, heads, block_size, head_size)
+    return torch.cat([keys, values], dim=-1)
 
 
 @dataclasses.dataclass

@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from reference_impl.attention.cpp_backend import as_token_rows
 from reference_impl.kernels import _cpp_build
 from reference_impl.kernels import cpu as cpu_kernels
 
@@ -256,7 +257,7 @@ def test_fp8_cache(ops, kv_cache_dtype, dtype):
     assert_close(out, ref, dtype, batch.pad)
     # the saturating value's code is the largest finite one
     slot = batch.slot(0, batch.seq_lens[0] - 1)
-    code = cache[slot // 32, 0, slot % 32, 0].view(fp8).float().item()
+    code = as_token_rows(cache)[slot // 32, 0, slot % 32, 0].view(fp8).float().item()
     assert code == FP8_MAX[fp8]
 
 
@@ -271,8 +272,9 @@ def test_fp8_writer_rounds_to_nearest_even(ops, kv_cache_dtype):
     slots = torch.randperm(48, generator=g)[:40] + 16  # blocks 1..3
     ops.reshape_and_cache(k, v, cache, slots, kv_cache_dtype, 0.75, 0.3)
     blk, off = slots // 16, slots % 16
-    got_k = cache[blk, :, off, :32]
-    got_v = cache[blk, :, off, 32:]
+    rows = as_token_rows(cache)
+    got_k = rows[blk, :, off, :32]
+    got_v = rows[blk, :, off, 32:]
     assert torch.equal(got_k, quantize_codes(k, 0.75, fp8))
     assert torch.equal(got_v, quantize_codes(v, 0.3, fp8))
     assert not torch.equal(got_k, truncated_codes(k, 0.75, fp8)), "test data cannot tell RNE from truncation"
@@ -287,28 +289,46 @@ def test_writer_touches_only_addressed_slots(ops, dtype):
     k, v, slots = batch.new_rows()
     assert (slots < 0).sum() == batch.pad
     ops.reshape_and_cache(k, v, cache, slots, "auto", 1.0, 1.0)
-    expected = before.clone()
+    expected = as_token_rows(before)
     for t, s in enumerate(slots.tolist()):
         if s >= 0:
             expected[s // 16, :, s % 16, :48] = k[t]
             expected[s // 16, :, s % 16, 48:] = v[t]
-    assert torch.equal(cache, expected)
+    assert torch.equal(as_token_rows(cache), expected)
     assert torch.equal(cache[0], before[0]), "the null block was written"
+    written = cache.clone()
     ops.reshape_and_cache(k, v, cache, torch.full_like(slots, -1), "auto", 1.0, 1.0)
-    assert torch.equal(cache, expected), "all -1 slots changed the cache"
+    assert torch.equal(cache, written), "all -1 slots changed the cache"
 
 
 def test_strided_key_value_and_cache_view(ops):
-    """k/v split from a fused qkv, and a cache that is a strided view of a larger buffer."""
+    """k/v split from a fused qkv, and a cache that is one layer's view of a cross-layer buffer
+    ([block, layer, head, token, 2 * head_size]: the block stride spans both layers)."""
     g = torch.Generator().manual_seed(5)
     qkv = torch.randn(6, 4 + 2 * 2, 32, generator=g)
     k, v = qkv[:, 4:6], qkv[:, 6:8]
-    buf = torch.zeros(3, 2, 8, 2, 64)
-    cache = buf[:, :, :, 1]  # [3, 2, 8, 64], token stride 128
+    buf = torch.zeros(3, 2, 2, 8, 64)
+    cache = buf[:, 1]  # [3, 2, 8, 64], block stride 2048
     slots = torch.tensor([8, 9, 10, 17, 23, -1])
     ops.reshape_and_cache(k, v, cache, slots, "auto", 1.0, 1.0)
-    assert torch.equal(cache[1, :, 0, :32], k[0]) and torch.equal(cache[2, :, 7, 32:], v[4])
-    assert (buf[:, :, :, 0] == 0).all()
+    rows = as_token_rows(cache)
+    assert torch.equal(rows[1, :, 0, :32], k[0]) and torch.equal(rows[2, :, 7, 32:], v[4])
+    assert (buf[:, 0] == 0).all(), "the other layer was written"
+    query = torch.randn(1, 4, 32, generator=g)
+    out = torch.empty_like(query)
+    ops.paged_attention(out, query, cache, torch.tensor([0, 1], dtype=torch.int32), torch.tensor([3], dtype=torch.int32),
+                        torch.tensor([[1]], dtype=torch.int32), 0.25, True, -1, 0.0, None, None, "auto", 1.0, 1.0)
+    keys, values = k[:3].repeat_interleave(2, dim=1), v[:3].repeat_interleave(2, dim=1)  # GQA: 2 heads a kv head
+    probs = torch.softmax(0.25 * torch.einsum("hd,thd->ht", query[0], keys), dim=-1)
+    torch.testing.assert_close(out[0], torch.einsum("ht,thd->hd", probs, values), rtol=1e-5, atol=1e-5)
+
+
+def test_a_cache_whose_token_rows_are_apart_is_refused(ops):
+    """The kernels pack each (block, head) of the cache their own way, so its token rows must be contiguous."""
+    k = torch.randn(2, 2, 32)
+    cache = torch.zeros(3, 2, 8, 2, 64)[:, :, :, 1]  # [3, 2, 8, 64], token stride 128
+    with pytest.raises(RuntimeError, match=r"each block of kv_cache must be contiguous per head \(token stride 128"):
+        ops.reshape_and_cache(k, k, cache, torch.tensor([8, 9]), "auto", 1.0, 1.0)
 
 
 def test_errors_name_the_problem(ops):
