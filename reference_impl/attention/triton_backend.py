@@ -1,5 +1,6 @@
 """The Triton paged-attention backend (`TRITON_PAGED`): the CPP backend's impl and builder over the
-`reference_triton` ops (reference_impl/kernels/triton/attention.py), which take the same arguments.
+`reference_triton` ops (reference_impl/kernels/triton/attention.py), which take the same arguments. Its
+cache holds token rows (the reference backend's packing), not the C++ kernels' transposed keys.
 
 Declared exactly: decoder self-attention (causal or not) over the paged cache; fp32, fp16, bf16; kv cache
 dtype "auto" only (no fp8); any block size; head sizes up to 512; sliding window, soft cap, ALiBi, sinks. It
