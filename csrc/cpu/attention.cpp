@@ -232,81 +232,13 @@ REFERENCE_CPU_INLINE void tile_row_to_float(const C* src, float* dst, int64_t n)
   }
 }
 
-// s[l * s_ld + j] = q_l . k_j for the kLanes lanes of a group (qi[d * kLanes + l]) and n keys of a
-// transposed key block kt ([D, ld], key j in column j; C = float or the model's 16-bit type, widened in
-// registers): per head-dim element one broadcast query value times vectors of keys, no reductions.
-// Not inlined: a call does 4 x n x D FMAs, and on its own the register allocator keeps its pointers in
+// s[l * s_ld + v * kF + i] = q_l . (key i of vector v) for the kLanes lanes of a group (qi[d * kLanes + l])
+// and nvec (<= kTileVecs) vectors of kF keys, element d of vector v's keys at vec[v] + d * ld (C = float or the
+// model's 16-bit type, widened in registers); the last vector holds `last` keys. Per head-dim element one
+// broadcast query value times vectors of keys, no reductions. The vectors may come from different blocks
+// (a decode over small blocks).
+// Not inlined: a call does 4 x 64 x D FMAs, and on its own the register allocator keeps its pointers in
 // registers (inlined into the block loop it shuttled them through vector registers and the stack).
-template <int kD, typename C>
-__attribute__((noinline)) void group_dot_transposed(const float* __restrict qi, const C* __restrict kt, int64_t ld,
-                                               int64_t n, HeadDim<kD> hd, float* __restrict s, int64_t s_ld) {
-  static_assert(kTileVecs % 2 == 0, "keys are loaded two vectors at a time");
-  const int64_t D = hd.size();
-  int64_t j = 0;
-  for (; j + kTile <= n; j += kTile) {
-    fVec a[kLanes][kTileVecs];
-#pragma GCC unroll 16
-    for (int64_t l = 0; l < kLanes; ++l) {
-#pragma GCC unroll 4
-      for (int64_t v = 0; v < kTileVecs; ++v) a[l][v] = fVec(0.f);
-    }
-    for (int64_t d = 0; d < D; ++d) {
-      const C* row = kt + d * ld + j;
-      fVec k[kTileVecs];
-#pragma GCC unroll 4
-      for (int64_t v = 0; v < kTileVecs; v += 2) load_f32x2(row + v * kF, kChunk, k[v], k[v + 1]);
-#pragma GCC unroll 4
-      for (int64_t v = 0; v < kTileVecs; ++v) in_register(k[v]);
-#pragma GCC unroll 4
-      for (int64_t l = 0; l < kLanes; ++l) {
-        const fVec qd(qi[d * kLanes + l]);
-#pragma GCC unroll 4
-        for (int64_t v = 0; v < kTileVecs; ++v) a[l][v] = at::vec::fmadd(qd, k[v], a[l][v]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int64_t l = 0; l < kLanes; ++l) {
-#pragma GCC unroll 4
-      for (int64_t v = 0; v < kTileVecs; ++v) a[l][v].store(s + l * s_ld + j + v * kF);
-    }
-  }
-  for (; j + kChunk <= n; j += kChunk) {  // a block's last keys (or a small block's): two vectors
-    fVec a[kLanes][2];
-#pragma GCC unroll 4
-    for (int64_t l = 0; l < kLanes; ++l) a[l][0] = a[l][1] = fVec(0.f);
-    for (int64_t d = 0; d < D; ++d) {
-      fVec x, y;
-      load_f32x2(kt + d * ld + j, kChunk, x, y);
-#pragma GCC unroll 4
-      for (int64_t l = 0; l < kLanes; ++l) {
-        const fVec qd(qi[d * kLanes + l]);
-        a[l][0] = at::vec::fmadd(qd, x, a[l][0]);
-        a[l][1] = at::vec::fmadd(qd, y, a[l][1]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int64_t l = 0; l < kLanes; ++l) {
-      a[l][0].store(s + l * s_ld + j);
-      a[l][1].store(s + l * s_ld + j + kF);
-    }
-  }
-  for (; j < n; j += kF) {  // then one vector (a 16-token block is one vector of keys)
-    const int64_t m = std::min<int64_t>(kF, n - j);
-    fVec a[kLanes];
-#pragma GCC unroll 4
-    for (int64_t l = 0; l < kLanes; ++l) a[l] = fVec(0.f);
-    for (int64_t d = 0; d < D; ++d) {
-      const fVec x = load_f32x1(kt + d * ld + j, m);
-#pragma GCC unroll 4
-      for (int64_t l = 0; l < kLanes; ++l) a[l] = at::vec::fmadd(fVec(qi[d * kLanes + l]), x, a[l]);
-    }
-#pragma GCC unroll 4
-    for (int64_t l = 0; l < kLanes; ++l) a[l].store(s + l * s_ld + j, m);
-  }
-}
-
-// group_dot_transposed for nvec (<= kTileVecs) vectors of kF keys, vector v's keys at vec[v] + d * ld (each
-// from its own block); the last vector holds `last` keys.
 template <int kD, typename C>
 __attribute__((noinline)) void group_dot_vectors(const float* __restrict qi, const C* const* vec, int64_t nvec,
                                             int64_t last, int64_t ld, HeadDim<kD> hd, float* __restrict s,
@@ -352,6 +284,18 @@ __attribute__((noinline)) void group_dot_vectors(const float* __restrict qi, con
     }
 #pragma GCC unroll 4
     for (int64_t l = 0; l < kLanes; ++l) a[l].store(s + l * s_ld + v * kF, m);
+  }
+}
+
+// The same for n keys of a transposed key block kt ([D, ld], key j in column j), a tile at a time.
+template <int kD, typename C>
+REFERENCE_CPU_INLINE void group_dot_transposed(const float* __restrict qi, const C* __restrict kt, int64_t ld,
+                                               int64_t n, HeadDim<kD> hd, float* __restrict s, int64_t s_ld) {
+  for (int64_t j = 0; j < n; j += kTile) {
+    const int64_t keys = std::min<int64_t>(kTile, n - j), nvec = (keys + kF - 1) / kF;
+    std::array<const C*, kTileVecs> vec;
+    for (int64_t v = 0; v < nvec; ++v) vec[v] = kt + j + v * kF;
+    group_dot_vectors<kD>(qi, vec.data(), nvec, keys - (nvec - 1) * kF, ld, hd, s + j, s_ld);
   }
 }
 
