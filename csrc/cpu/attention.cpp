@@ -402,7 +402,7 @@ struct ForwardTask {
   const AttentionFeatures& f;
   int64_t group;
   // scratch, reused across the tasks of one thread
-  std::vector<float>& q;
+  std::vector<float>& q;    // one query row, widened and scaled on its way into qi
   std::vector<float>& acc;
   std::vector<float>& kbuf;
   std::vector<float>& vbuf;
@@ -629,12 +629,11 @@ struct ForwardTask {
     const int64_t lanes = rows * G, padded_lanes = (lanes + kLanes - 1) / kLanes * kLanes;
     std::fill(acc.begin(), acc.begin() + padded_lanes * D, 0.f);
     std::fill(qi.begin(), qi.begin() + padded_lanes * D, 0.f);
-    std::fill(q.begin() + lanes * D, q.begin() + padded_lanes * D, 0.f);
     for (int64_t r = 0; r < rows; ++r) {
       const T* qrow = query.data + (q_begin + t.row0 + r) * query.stride_token;
       for (int64_t g = 0; g < G; ++g) {
         const int64_t h = t.kv_head * G + g, idx = r * G + g;
-        float* qf = q.data() + idx * D;
+        float* qf = q.data();
         row_to_float(qrow + h * query.stride_head, qf, D);
         float* qg = qi.data() + (idx / kLanes) * kLanes * D + idx % kLanes;
         for (int64_t d = 0; d < D; ++d) {
@@ -730,8 +729,8 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   const bool fp8 = cache.format != KvFormat::kAuto;
   const bool may_tile = lanes >= kTileLanes;
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> q(padded * D), acc(padded * D), m(padded), l(padded), s_all(padded * (std::max<int64_t>(N, kTile) + kF)),
-        qi(padded * D);
+    std::vector<float> q(D), acc(padded * D), m(padded), l(padded), qi(padded * D),
+        s_all(padded * (std::max<int64_t>(N, kTile) + kF));
     std::vector<float> kbuf(fp8 ? N * D : 0);
     std::vector<float> vbuf(fp8 ? N * D : 0);
     const int64_t tiled_keys = (N + kTile - 1) / kTile * kTile, tiled_dims = (D + kTile - 1) / kTile * kTile;

@@ -57,7 +57,8 @@ PagedCache paged_cache(const at::Tensor& kv_cache, at::ScalarType model, KvForma
               ": kv_cache must be contiguous in its last dim (stride ", kv_cache.stride(3), ")");
   TORCH_CHECK(kv_cache.size(2) <= 1 || kv_cache.stride(2) == kv_cache.size(3), op,
               ": each block of kv_cache must be contiguous per head (token stride ", kv_cache.stride(2),
-              ", expected 2 * head_size = ", kv_cache.size(3), "): the kernels keep a block's keys transposed in it");
+              ", expected 2 * head_size = ", kv_cache.size(3),
+              "): the kernels keep a block's keys transposed in it");
   TORCH_CHECK(kv_cache.size(2) >= 1 && kv_cache.size(1) >= 1, op, ": kv_cache ", kv_cache.sizes(),
               " has no heads or a zero block size");
   if (format == KvFormat::kAuto) {
