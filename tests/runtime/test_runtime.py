@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import _runtime_tp
 from reference_impl.models import (
@@ -212,6 +213,38 @@ def test_prepacked_cpu_gemms_compute_the_same_logits(tmp_path, dtype):
     assert not pack.is_current(packed.lm_head.weight)
     cpu_gemm.unpack_cpu_gemms(packed)
     assert not any("cpu_gemm" in m.__dict__ for m in packed.modules())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_16bit_packs_follow_the_cpus_arithmetic(dtype):
+    """A CPU with 16-bit arithmetic gets a 16-bit pack; another gets a float32 pack for every call of two rows
+    or more (oneDNN's emulated 16-bit kernel is ~4x slower there) and keeps an emulated pack, where oneDNN has
+    one, for one-row calls."""
+    from reference_impl.layers import cpu_gemm
+
+    if not cpu_gemm.available():
+        pytest.skip("this torch build has no oneDNN linear ops")
+    gen = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(96, 256, generator=gen).to(dtype), torch.randn(96, generator=gen).to(dtype)
+    pack = cpu_gemm.PackedCpuGemm(weight)
+    if cpu_gemm.computes_natively(dtype) and pack.compute_dtype == dtype:
+        assert pack.one_row is None
+    else:
+        assert pack.compute_dtype == torch.float32 and pack.packed.dtype == torch.float32
+        if cpu_gemm.computes_natively(dtype):
+            assert pack.one_row is None    # oneDNN refused the native pack: float32 alone
+    for rows in (1, 5):
+        x = torch.randn(rows, 256, generator=gen).to(dtype)
+        got = pack(x, bias)
+        assert got.dtype == dtype and got.shape == (rows, 96)
+        if pack.one_row is not None and rows == 1:
+            want = torch.ops.mkldnn._linear_pointwise(x, pack.one_row, bias, "none", [], "")
+        else:
+            want = torch.ops.mkldnn._linear_pointwise(x.to(pack.compute_dtype), pack.packed,
+                                                      bias.to(pack.compute_dtype), "none", [], "").to(dtype)
+        assert torch.equal(got, want)                        # the pack the rule picks, and no other
+        exact = F.linear(x.double(), weight.double(), bias.double())
+        torch.testing.assert_close(got.double(), exact, atol=0.25, rtol=2e-2)
 
 
 def _edit_config(directory, **changes):
