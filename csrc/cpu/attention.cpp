@@ -10,8 +10,8 @@
 // writer packs them so; attention.h). Per block: scores for every lane in groups of four lanes, each a
 // broadcast query element times vectors of keys (no reductions), then the softmax update, then the values
 // in groups of four lanes. A decode reads the block in place, 16-bit keys and values widened in registers;
-// a task of eight lanes or more (a prefill) first copies the block, widened, into L1-sized tiles; fp8
-// blocks are decoded to fp32 first. Head sizes 64, 80, 96, 128 and 256 get unrolled loops; any other size
+// a task of eight lanes or more (a prefill) first copies the block, widened, into L1-sized tiles (blocks of
+// 64 tokens or fewer gathered, 128 keys per softmax update); fp8 blocks are decoded to fp32 first. Head sizes 64, 80, 96, 128 and 256 get unrolled loops; any other size
 // runs the same code with runtime trip counts and partial-vector tails.
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Float8_e5m2.h>
@@ -388,6 +388,11 @@ inline int64_t rows_per_task(int64_t group) { return std::max<int64_t>(1, 512 / 
 // for all of them; fewer lanes (a decode) read the block in place.
 constexpr int64_t kTileLanes = 8;
 
+// Keys a tiled task scores per softmax update: blocks smaller than half of it are gathered, several
+// blocks' keys and values into the same tiles. One 16-token block at a time, every block repeated the
+// softmax bookkeeping and every query broadcast of the scores for 16 keys.
+constexpr int64_t kSpanKeys = 128;
+
 struct Task {
   int64_t seq, kv_head, row0, row1;  // rows relative to the request's first query row
 };
@@ -520,35 +525,47 @@ struct ForwardTask {
     }
   }
 
-  // One key block [ja, jb] (keys transposed at kt: key j's element d at kt[d * N + (j - j0)]; values as rows
-  // at vb + (j - j0) * D; C = float or the model's 16-bit type): scores, the online-softmax update and the
-  // values, for every lane of the task.
+  // Keys [ka, kb] of one block whose first key is j0 (keys transposed at kt_block: key j's element d at
+  // kt_block[d * N + (j - j0)]; values as rows at vb + (j - j0) * D; C = float or the model's 16-bit type),
+  // widened into the tiles at key position p0 of a span of `span_keys` keys: the keys as key tiles [D, kTile]
+  // one after another (kt), the values as head-dim tiles [span_keys, kTile] (vt). Each tile is contiguous, so
+  // it stays in L1 while every lane group passes over it. Read in place, rows kTile * 4 bytes long and N
+  // (keys) or D (values) elements apart map onto few L1 sets, and a 32 KB tile was re-read from L2 by every
+  // group.
   template <typename C>
-  void attend_block(const TaskState& st, const C* kt_block, const C* vb, int64_t j0, int64_t ja, int64_t jb) {
+  void tile_keys(const C* kt_block, const C* vb, int64_t j0, int64_t ka, int64_t kb, int64_t p0,
+                 int64_t span_keys) {
+    const int64_t D = cache.head_size, N = cache.block_size, nk = kb - ka + 1;
+    const C* keys = kt_block + (ka - j0);
+    for (int64_t j = 0; j < nk;) {  // a run of keys within one key tile
+      const int64_t p = p0 + j, col = p % kTile, nt = std::min(kTile - col, nk - j);
+      float* tile = kt.data() + (p - col) * D + col;
+      for (int64_t d = 0; d < D; ++d) tile_row_to_float(keys + d * N + j, tile + d * kTile, nt);
+      j += nt;
+    }
+    for (int64_t j = 0; j < nk; ++j) {
+      const C* vrow = vb + (ka - j0 + j) * D;
+      for (int64_t d0 = 0; d0 < D; d0 += kTile) {
+        tile_row_to_float(vrow + d0, vt.data() + d0 * span_keys + (p0 + j) * kTile, std::min<int64_t>(kTile, D - d0));
+      }
+    }
+  }
+
+  // Keys [ja, jb] of a span whose first key is j0, for every lane of the task: scores, the online-softmax
+  // update and the values. A tiled task reads the span from the tiles (tile_keys filled them; span_keys is
+  // their capacity); an untiled one reads one block in place (span_keys = N; keys transposed at kt_block,
+  // values as rows at vb, as in tile_keys).
+  template <typename C>
+  void attend_block(const TaskState& st, const C* kt_block, const C* vb, int64_t j0, int64_t ja, int64_t jb,
+                    int64_t span_keys) {
     const HeadDim<kD> hd{cache.head_size};
     const int64_t D = hd.size(), N = cache.block_size, G = group;
     const Task& t = st.t;
     const int64_t rows = st.rows, lanes = st.lanes, padded_lanes = st.padded_lanes, context = st.context;
     const int64_t seq_len = st.seq_len;
     const bool tiled = st.tiled;
-    const int64_t nb = jb - ja + 1, s_ld = N + kF;
-    const C* kb = kt_block + (ja - j0);  // column 0: key ja
-    if (tiled) {
-      // The block's keys, widened, as key tiles [D, kTile] one after another (kt), and its values, widened,
-      // as head-dim tiles [nb, kTile] (vt): each tile contiguous, so it stays in L1 while every lane group
-      // passes over it. Read in place, rows kTile * 4 bytes long and N (keys) or D (values) elements apart
-      // map onto few L1 sets, and a 32 KB tile was re-read from L2 by every group.
-      for (int64_t jt = 0; jt < nb; jt += kTile) {
-        const int64_t nt = std::min<int64_t>(kTile, nb - jt);
-        for (int64_t d = 0; d < D; ++d) tile_row_to_float(kb + d * N + jt, kt.data() + jt * D + d * kTile, nt);
-      }
-      for (int64_t j = 0; j < nb; ++j) {
-        const C* vrow = vb + (ja - j0 + j) * D;
-        for (int64_t d0 = 0; d0 < D; d0 += kTile) {
-          tile_row_to_float(vrow + d0, vt.data() + d0 * N + j * kTile, std::min<int64_t>(kTile, D - d0));
-        }
-      }
-    }
+    const int64_t nb = jb - ja + 1, s_ld = span_keys + kF;
+    const C* kb = tiled ? nullptr : kt_block + (ja - j0);  // column 0: key ja
     // each row's keys [ra, re] in this block (ra > re: none)
     for (int64_t r = 0; r < rows; ++r) {
       const KeyRange range = key_range(context + t.row0 + r, seq_len, f);
@@ -608,7 +625,7 @@ struct ForwardTask {
         float* a = acc.data() + k * kLanes * D;
         const float* p = s.data() + k * kLanes * s_ld + lo;
         if (tiled) {
-          group_accumulate_tile(a, D, d0, p, s_ld, vt.data() + d0 * N + lo * kTile, kTile, n, dims);
+          group_accumulate_tile(a, D, d0, p, s_ld, vt.data() + d0 * span_keys + lo * kTile, kTile, n, dims);
         } else {
           group_accumulate_tile(a, D, d0, p, s_ld, vb + (ja - j0 + lo) * D + d0, D, n, dims);
         }
@@ -657,24 +674,43 @@ struct ForwardTask {
     for (int64_t lb = lo / N; span && lb <= hi / N && hi >= lo; lb += span) {
       attend_blocks_one_row(st, table, lb, std::min(lb + span - 1, hi / N), lo, hi);
     }
-    for (int64_t lb = lo / N; !span && lb <= hi / N && hi >= lo; ++lb) {
-      const int64_t j0 = lb * N;
-      const int64_t ja = std::max(j0, lo), jb = std::min(j0 + N - 1, hi);
-      const int64_t block = table[lb];
-      const int64_t head_off = block * cache.stride_block + t.kv_head * cache.stride_head;
-      if (cache.format == KvFormat::kAuto) {  // keys and values read in place (16-bit: widened in registers)
+    // Block lb's keys transposed and values as rows: in place, or fp8 decoded (times the scales) into kbuf
+    // and vbuf (the keys [ka, kb] and their values)
+    const auto with_block = [&](int64_t lb, int64_t ka, int64_t kb, auto&& use) {
+      const int64_t j0 = lb * N, head_off = table[lb] * cache.stride_block + t.kv_head * cache.stride_head;
+      if (cache.format == KvFormat::kAuto) {  // 16-bit keys and values are widened in registers
         const T* base = static_cast<const T*>(cache.data) + head_off;
-        attend_block<T>(st, base, base + N * D, j0, ja, jb);
-      } else {  // fp8: the keys [ja, jb] and their values decoded (times the scale) into fp32 first
+        use(base, base + N * D);
+      } else {
         const uint8_t* codes = static_cast<const uint8_t*>(cache.data) + head_off;
         for (int64_t d = 0; d < D; ++d) {
-          fp8_row_to_float(codes + d * N + (ja - j0), kbuf.data() + d * N + (ja - j0), jb - ja + 1, fp8_table,
+          fp8_row_to_float(codes + d * N + (ka - j0), kbuf.data() + d * N + (ka - j0), kb - ka + 1, fp8_table,
                            cache.k_scale);
         }
-        fp8_row_to_float(codes + N * D + (ja - j0) * D, vbuf.data() + (ja - j0) * D, (jb - ja + 1) * D, fp8_table,
+        fp8_row_to_float(codes + N * D + (ka - j0) * D, vbuf.data() + (ka - j0) * D, (kb - ka + 1) * D, fp8_table,
                          cache.v_scale);
-        attend_block<float>(st, kbuf.data(), vbuf.data(), j0, ja, jb);
+        use(kbuf.data(), vbuf.data());
       }
+    };
+    // a tiled task over blocks of at most kSpanKeys / 2 keys: kSpanKeys / N blocks' keys into the same tiles
+    const int64_t per_span = st.tiled && 2 * N <= kSpanKeys ? kSpanKeys / N : 1;
+    const int64_t span_keys = per_span > 1 ? kSpanKeys : N;
+    for (int64_t lb0 = lo / N; !span && lb0 <= hi / N && hi >= lo; lb0 += per_span) {
+      const int64_t lb1 = std::min(lb0 + per_span - 1, hi / N);
+      const int64_t j0 = lb0 * N, ja = std::max(j0, lo), jb = std::min((lb1 + 1) * N - 1, hi);
+      if (!st.tiled) {
+        with_block(lb0, ja, jb, [&](const auto* keys, const auto* values) {
+          attend_block(st, keys, values, j0, ja, jb, N);
+        });
+        continue;
+      }
+      for (int64_t lb = lb0; lb <= lb1; ++lb) {
+        const int64_t ka = std::max(ja, lb * N), kb = std::min(jb, lb * N + N - 1);
+        with_block(lb, ka, kb, [&](const auto* keys, const auto* values) {
+          tile_keys(keys, values, lb * N, ka, kb, ka - ja, span_keys);
+        });
+      }
+      attend_block<float>(st, nullptr, nullptr, j0, ja, jb, span_keys);
     }
     for (int64_t r = 0; r < rows; ++r) {
       T* orow = out.data + (q_begin + t.row0 + r) * out.stride_token;
@@ -730,13 +766,15 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   const bool may_tile = lanes >= kTileLanes;
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> q(D), acc(padded * D), m(padded), l(padded), qi(padded * D),
-        s_all(padded * (std::max<int64_t>(N, kTile) + kF));
+        s_all(padded * (std::max({N, kTile, may_tile ? kSpanKeys : 0}) + kF));
     std::vector<float> kbuf(fp8 ? N * D : 0);
     std::vector<float> vbuf(fp8 ? N * D : 0);
-    const int64_t tiled_keys = (N + kTile - 1) / kTile * kTile, tiled_dims = (D + kTile - 1) / kTile * kTile;
-    std::vector<float> kt(may_tile ? tiled_keys * D : 0), vt(may_tile ? tiled_dims * N : 0);
+    const int64_t span_keys = std::max(N, kSpanKeys);   // a tiled task's keys per span (ForwardTask::run)
+    const int64_t tiled_keys = (span_keys + kTile - 1) / kTile * kTile, tiled_dims = (D + kTile - 1) / kTile * kTile;
+    std::vector<float> kt(may_tile ? tiled_keys * D : 0), vt(may_tile ? tiled_dims * span_keys : 0);
     std::vector<int64_t> ra(max_rows), re(max_rows), glo(padded / kLanes), ghi(padded / kLanes);
-    ForwardTask<T, kD> runner{out, query, cache, batch, f, G, q, acc, kbuf, vbuf, kt, s_all, m, l, qi, vt, ra, re, glo, ghi};
+    ForwardTask<T, kD> runner{out, query, cache, batch, f, G, q, acc, kbuf, vbuf,
+                              kt, s_all, m, l, qi, vt, ra, re, glo, ghi};
     for (int64_t w = begin; w < end; ++w) {
       for (int64_t i = next.fetch_add(1); i < n_tasks; i = next.fetch_add(1)) runner.run(tasks[order[i]]);
     }

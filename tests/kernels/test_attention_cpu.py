@@ -219,7 +219,7 @@ def test_features(ops, feature, dtype):
 
 @pytest.mark.parametrize("heads,kv_heads,head,block", [
     (14, 2, 128, 16), (9, 3, 80, 32), (8, 8, 48, 128), (7, 1, 96, 16), (4, 2, 256, 32), (6, 3, 40, 16),
-    (3, 1, 5, 4),
+    (3, 1, 5, 4), (8, 1, 64, 48),
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 def test_shapes(ops, heads, kv_heads, head, block, dtype):
