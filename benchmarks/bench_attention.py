@@ -13,6 +13,10 @@ Every implementation's output is checked against ours before timing (max abs dif
     python benchmarks/bench_attention.py --quick         # fewer rounds, batch 1 and 8 only
     python benchmarks/bench_attention.py --no-vllm --no-reference
     python benchmarks/bench_attention.py --threads 1 --cases prefill   # one row, one thread
+    python benchmarks/bench_attention.py --block-size 16 --no-vllm     # the runtime's block size
+
+`--block-size` changes the KV-cache block size (default 128). vLLM's column needs a multiple of 32, the block
+sizes its CPU attention backend declares; at any other size it is skipped, with that reason.
 
 On a shared machine run it more than once: two-thread rows move with whatever else runs (a descheduled
 worker stalls a whole parallel region); one-thread rows (`--threads 1`) move less, and `--threads 1 --cpu-time`
@@ -36,7 +40,8 @@ from collections.abc import Callable
 
 import torch
 
-HEADS, KV_HEADS, HEAD, BLOCK = 32, 8, 128, 128
+HEADS, KV_HEADS, HEAD, BLOCK = 32, 8, 128, 128   # BLOCK: the default --block-size
+VLLM_BLOCK_MULTIPLE = 32   # vLLM 0.32's CPU attention backend declares block sizes that are multiples of 32
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -54,12 +59,12 @@ class Problem:
     """One batch: a paged cache layout (permuted blocks from 1; 0 is the null block), K/V of every position,
     the queries, and the metadata tensors."""
 
-    def __init__(self, requests: list[tuple[int, int]], dtype: torch.dtype, seed: int = 0):
+    def __init__(self, requests: list[tuple[int, int]], dtype: torch.dtype, seed: int = 0, block: int = BLOCK):
         g = torch.Generator().manual_seed(seed)
-        self.dtype = dtype
+        self.dtype, self.block = dtype, block
         self.query_lens = [n for _, n in requests]
         self.seq_lens = [c + n for c, n in requests]
-        blocks = [math.ceil(s / BLOCK) for s in self.seq_lens]
+        blocks = [math.ceil(s / block) for s in self.seq_lens]
         self.num_blocks = sum(blocks) + 1
         perm = (torch.randperm(sum(blocks), generator=g) + 1).tolist()
         self.block_table = torch.zeros(len(requests), max(blocks), dtype=torch.int32)
@@ -70,7 +75,7 @@ class Problem:
         total = sum(self.seq_lens)
         self.keys = torch.randn(total, KV_HEADS, HEAD, generator=g).to(dtype)
         self.values = torch.randn(total, KV_HEADS, HEAD, generator=g).to(dtype)
-        self.slots = torch.tensor([int(self.block_table[i, p // BLOCK]) * BLOCK + p % BLOCK
+        self.slots = torch.tensor([int(self.block_table[i, p // block]) * block + p % block
                                    for i, s in enumerate(self.seq_lens) for p in range(s)], dtype=torch.int64)
         self.tokens = sum(self.query_lens)
         self.query = torch.randn(self.tokens, HEADS, HEAD, generator=g).to(dtype)
@@ -87,7 +92,7 @@ def ours(p: Problem) -> tuple[Callable[[], None], torch.Tensor]:
     from reference_impl.kernels import _cpp_build
 
     ops = _cpp_build.ops()
-    cache = torch.zeros(p.num_blocks, KV_HEADS, BLOCK, 2 * HEAD, dtype=p.dtype)
+    cache = torch.zeros(p.num_blocks, KV_HEADS, p.block, 2 * HEAD, dtype=p.dtype)
     ops.reshape_and_cache(p.keys, p.values, cache, p.slots, "auto", 1.0, 1.0)
     out = torch.empty_like(p.query)
 
@@ -105,13 +110,13 @@ def reference(p: Problem) -> tuple[Callable[[], None], torch.Tensor]:
         _k_scale_float = _v_scale_float = _q_scale_float = 1.0
 
     impl = ReferenceAttentionBackend.get_impl_cls()(HEADS, HEAD, p.scale, KV_HEADS)
-    cache = torch.zeros(p.num_blocks, KV_HEADS, BLOCK, 2 * HEAD, dtype=p.dtype)
+    cache = torch.zeros(p.num_blocks, KV_HEADS, p.block, 2 * HEAD, dtype=p.dtype)
     impl.do_kv_cache_update(Layer, p.keys, p.values, cache, p.slots)
     common = CommonAttentionMetadata(query_start_loc=p.qsl, query_start_loc_cpu=p.qsl, seq_lens=p.seq_lens_t,
                                      num_reqs=len(p.seq_lens), num_actual_tokens=p.tokens,
                                      max_query_len=max(p.query_lens), max_seq_len=max(p.seq_lens),
                                      block_table_tensor=p.block_table, slot_mapping=p.slots[:p.tokens])
-    spec = AttentionSpec(BLOCK, KV_HEADS, HEAD, p.dtype)
+    spec = AttentionSpec(p.block, KV_HEADS, HEAD, p.dtype)
     md = ReferenceAttentionBackend.get_builder_cls()(spec, ["l0"], None, torch.device("cpu")).build(0, common)
     out = torch.empty_like(p.query)
     return (lambda: impl.forward(Layer, p.query, None, None, cache, md, out)), out
@@ -132,9 +137,9 @@ def vllm_cpu(p: Problem) -> tuple[Callable[[], None], torch.Tensor]:
     from vllm import _custom_ops as vops
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-    isa = _get_attn_isa(p.dtype, BLOCK, HEAD, "auto")
-    cache = torch.zeros(p.num_blocks, KV_HEADS, BLOCK, 2 * HEAD, dtype=p.dtype)
-    key_cache, value_cache = cache.view(p.num_blocks, KV_HEADS, 2 * BLOCK, HEAD).chunk(2, dim=2)
+    isa = _get_attn_isa(p.dtype, p.block, HEAD, "auto")
+    cache = torch.zeros(p.num_blocks, KV_HEADS, p.block, 2 * HEAD, dtype=p.dtype)
+    key_cache, value_cache = cache.view(p.num_blocks, KV_HEADS, 2 * p.block, HEAD).chunk(2, dim=2)
     vops.cpu_attn_reshape_and_cache(p.keys, p.values, key_cache, value_cache, p.slots, isa)
     meta = vops.cpu_attn_get_scheduler_metadata(num_reqs=len(p.seq_lens), num_heads=HEADS, num_kv_heads=KV_HEADS,
                                                 head_dim=HEAD, seq_lens=p.seq_lens_t, dtype=p.dtype,
@@ -190,26 +195,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM's CPU attention")
     parser.add_argument("--no-reference", action="store_true", help="skip the pure-torch reference backend")
     parser.add_argument("--threads", type=int, help="torch threads for every implementation (default: torch's)")
+    parser.add_argument("--block-size", type=int, default=BLOCK,
+                        help=f"KV-cache block size (default {BLOCK}, vLLM's CPU default; the runtime's is 16)")
     parser.add_argument("--cases", help="only the cases whose label contains this text (e.g. 'prefill', 'b=8')")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time the thread's CPU time, not the wall clock (needs --threads 1)")
     args = parser.parse_args(argv)
     if args.cpu_time and args.threads != 1:
         parser.error("--cpu-time needs --threads 1 (other threads' CPU time would not be counted)")
+    if args.block_size < 1:
+        parser.error(f"--block-size must be a positive number of tokens, got {args.block_size}")
     if args.threads:
         torch.set_num_threads(args.threads)
     rounds = args.rounds or (3 if args.quick else 7)
     from _isa import follow_torch_isa   # beside this script (its folder is on sys.path when it runs)
 
     isa = follow_torch_isa()
-    vllm_problem = "skipped (--no-vllm)" if args.no_vllm else load_vllm()
+    vllm_problem = ("skipped (--no-vllm)" if args.no_vllm else
+                    f"skipped (its CPU attention backend takes block sizes that are multiples of {VLLM_BLOCK_MULTIPLE}, "
+                    f"not {args.block_size})" if args.block_size % VLLM_BLOCK_MULTIPLE else load_vllm())
     impls: dict[str, Callable] = {"cpp": ours}
     if not args.no_reference:
         impls["reference"] = reference
     if vllm_problem is None:
         impls["vllm"] = vllm_cpu
     print(f"machine: {machine(isa)}; timing: {'thread CPU time' if args.cpu_time else 'wall clock'}", file=sys.stderr)
-    print(f"H={HEADS} KVH={KV_HEADS} D={HEAD} block={BLOCK}; vLLM: {vllm_problem or 'vLLM 0.32 CPU_ATTN kernels'}",
+    print(f"H={HEADS} KVH={KV_HEADS} D={HEAD} block={args.block_size}; vLLM: {vllm_problem or 'vLLM 0.32 CPU_ATTN kernels'}",
           file=sys.stderr)
     headers = ["case", "dtype", "impl", "ms", "tok/s", "KV GB/s", "cpp speed-up", "max |diff| vs cpp"]
     rows = []
@@ -218,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, requests in cases(args.quick):
             if args.cases and args.cases not in label:
                 continue
-            p = Problem(requests, dtype)
+            p = Problem(requests, dtype, block=args.block_size)
             built = {name: make(p) for name, make in impls.items()}
             fns = {name: fn for name, (fn, _) in built.items()}
             for fn in fns.values():
