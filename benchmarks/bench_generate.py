@@ -267,6 +267,10 @@ def compare(args) -> None:
     import _generate_engines as engines
     from reference_impl.models.checkpoint import write_random_checkpoint
 
+    from reference_impl.models.host_memory import keep_freed_memory
+
+    # as the runtime's command does on the CPU (models/host_memory.py); transformers runs in this process too
+    host_memory = "freed memory kept for reuse" if keep_freed_memory() else "system malloc"
     missing = {name: engines.importable(module) for name, module in (("transformers", "transformers"),
                                                                       ("vLLM", "vllm"))}
     missing = {k: v for k, v in missing.items() if v is not None and not (k == "vLLM" and args.no_vllm)}
@@ -275,7 +279,8 @@ def compare(args) -> None:
                for _ in range(max(args.batches))]
     print(f"random Llama 125M (vocab 32000, hidden 768, 12 layers, 12/4 heads); prompts of {args.prompt_len} tokens, "
           f"{args.new_tokens} greedy tokens; {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
-          f"{os.environ.get('OMP_WAIT_POLICY', 'unset (OpenMP default)')}, load average {os.getloadavg()[0]:.1f} "
+          f"{os.environ.get('OMP_WAIT_POLICY', 'unset (OpenMP default)')}, host memory (this process): {host_memory}, "
+          f"load average {os.getloadavg()[0]:.1f} "
           "at start (shared machine: ratios within one run are what to read)")
     for name, why in missing.items():
         print(f"{name}: not measured ({why})")

@@ -222,6 +222,11 @@ def run(args: argparse.Namespace, prompts: list[list[int]], rank: int = 0) -> di
     chosen = activate_platform(args.platform) if args.platform else contextlib.nullcontext(get_current_platform())
     with chosen as platform:
         device = platform.device_type
+        host_memory = "system"
+        if device == "cpu":
+            from reference_impl.models.host_memory import keep_freed_memory
+
+            host_memory = "kept for reuse" if keep_freed_memory() else "system"
         model = _load(args, dtype, device)
         max_len = max(len(p) for p in prompts) + args.max_new_tokens
         runner, backend = model, None
@@ -264,7 +269,7 @@ def run(args: argparse.Namespace, prompts: list[list[int]], rank: int = 0) -> di
         "prefill_tokens": result.prompt_tokens, "prefill_seconds": result.prefill_seconds,
         "decode_tokens": decode_tokens, "decode_seconds": result.decode_seconds,
         "graphs_compiled": backend.num_compilations if backend is not None else None,
-        "cpu_gemm_layers": packed,
+        "cpu_gemm_layers": packed, "host_memory": host_memory,
         "attention_backends": model.attention_backends, "kv_cache_block_size": cache.block_size,
     }
     if rank == 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
+import platform
 import queue as queue_mod
 import subprocess
 import sys
@@ -377,6 +378,8 @@ def test_command_end_to_end(tmp_path):
     assert "prefill: 14 tokens in" in run.stdout and "decode: 9 tokens of 3 sequences (up to 3 steps) in" in run.stdout
     assert report["stop_token_ids"] == [] and "stop tokens" not in run.stdout
     assert report["prefill_tokens"] == 14 and report["decode_tokens"] == 9 and report["decode_seconds"] > 0
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert report["host_memory"] == ("kept for reuse" if glibc else "system")   # models/host_memory.py
 
 
 def test_command_tp2_gives_the_single_process_tokens(tmp_path):
