@@ -6,6 +6,9 @@ MLP output) is faulted in again page by page, on every call. With mmap and heap 
 stay in the heap and the next forward reuses them. Measured 2026-11-28 (2-core AVX-512 VM, the 125M Llama,
 fp32, 8 prompts of 512 tokens, three processes each): prefill 2.53-2.56 s against 2.87-3.29 s. The cost is
 that the process keeps its peak heap. vLLM's CPU backend asks for the same effect with a preloaded tcmalloc.
+A kernel that reclaims cold pages (DAMON on some VMs) can still page kept memory out, so a forward may fault
+some of it in again; a large allocation can also miss a kept block a little too small for it (an aligned
+allocation asks for a few bytes more) and grow the heap once more before the heap settles.
 """
 
 from __future__ import annotations
