@@ -212,16 +212,17 @@ def main(argv: list[str] | None = None) -> int:
 
     isa = follow_torch_isa()
     vllm_problem = ("skipped (--no-vllm)" if args.no_vllm else
-                    f"skipped (its CPU attention backend takes block sizes that are multiples of {VLLM_BLOCK_MULTIPLE}, "
-                    f"not {args.block_size})" if args.block_size % VLLM_BLOCK_MULTIPLE else load_vllm())
+                    "skipped (its CPU attention backend takes block sizes that are multiples of "
+                    f"{VLLM_BLOCK_MULTIPLE}, not {args.block_size})" if args.block_size % VLLM_BLOCK_MULTIPLE
+                    else load_vllm())
     impls: dict[str, Callable] = {"cpp": ours}
     if not args.no_reference:
         impls["reference"] = reference
     if vllm_problem is None:
         impls["vllm"] = vllm_cpu
     print(f"machine: {machine(isa)}; timing: {'thread CPU time' if args.cpu_time else 'wall clock'}", file=sys.stderr)
-    print(f"H={HEADS} KVH={KV_HEADS} D={HEAD} block={args.block_size}; vLLM: {vllm_problem or 'vLLM 0.32 CPU_ATTN kernels'}",
-          file=sys.stderr)
+    print(f"H={HEADS} KVH={KV_HEADS} D={HEAD} block={args.block_size}; "
+          f"vLLM: {vllm_problem or 'vLLM 0.32 CPU_ATTN kernels'}", file=sys.stderr)
     headers = ["case", "dtype", "impl", "ms", "tok/s", "KV GB/s", "cpp speed-up", "max |diff| vs cpp"]
     rows = []
     for dtype_name in args.dtypes.split(","):

@@ -36,16 +36,11 @@ def computes_natively(dtype: torch.dtype) -> bool:
     """Whether this CPU has arithmetic for `dtype` (oneDNN emulates bf16 on plain AVX-512, slowly)."""
     if dtype == torch.float32:
         return True
-    cpu = torch.cpu
-    if dtype == torch.bfloat16:
-        checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    elif dtype == torch.float16:
-        checks = ("_is_amx_fp16_supported",)
-        if getattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", lambda: False)():   # AVX512_FP16 or AMX-FP16
-            return True
-    else:
-        return False
-    return any(getattr(cpu, name, lambda: False)() for name in checks)
+    if dtype == torch.float16 and getattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", lambda: False)():
+        return True   # AVX512_FP16 or AMX-FP16, by torch's oneDNN check
+    checks = {torch.bfloat16: ("_is_avx512_bf16_supported", "_is_amx_tile_supported"),
+              torch.float16: ("_is_amx_fp16_supported",)}.get(dtype, ())
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
 class PackedCpuGemm:
