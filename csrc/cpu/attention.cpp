@@ -233,6 +233,37 @@ REFERENCE_CPU_INLINE void tile_row_to_float(const C* src, float* dst, int64_t n)
   }
 }
 
+// Bytes a decode reads next, prefetched into L2 by the score loop, one or two lines an iteration (iteration
+// i: from p + i * step). A decode reads a block in place in column strips (a tile of keys, then of head dims,
+// across all its rows); AMD Zen 3's prefetchers do not follow that, and a one-thread fp32 decode read its
+// cache at 5 GB/s where a plain sum reads 12-22 GB/s. Only the score loop prefetches: in the value loop the
+// same two prefetches made GCC 12 keep the 16-bit kernels' accumulators on the stack (AVX2 and AVX-512).
+alignas(64) inline const char kNoPrefetchLine[64] = {};
+
+struct Prefetch {
+  const char* p = kNoPrefetchLine;
+  int64_t step = 0;  // bytes per iteration: the region's size over the iterations (0: nothing to prefetch)
+  int64_t half = 0;  // step / 2: a second line an iteration where step is over 64 bytes
+
+  // Two prefetches, both inside the region (i * step + half < iters * step <= bytes), no branches: with a
+  // loop or a bounds check here GCC spilled the micro-kernels' accumulators to the stack.
+  REFERENCE_CPU_INLINE void at(int64_t i) const {
+    const char* q = p + i * step;
+    __builtin_prefetch(q, 0, 2);
+    __builtin_prefetch(q + half, 0, 2);
+  }
+  // the rest of the region, from iteration `iters` on
+  Prefetch after(int64_t iters) const { return {p + iters * step, step, half}; }
+};
+
+// `bytes` bytes at `region` spread over `iters` iterations (lines past two an iteration are left to the
+// hardware)
+inline Prefetch prefetch_over(const void* region, int64_t bytes, int64_t iters) {
+  if (region == nullptr || bytes <= 0 || iters <= 0) return {};
+  const int64_t step = bytes / iters;
+  return {static_cast<const char*>(region), step, step / 2};
+}
+
 // s[l * s_ld + v * kF + i] = q_l . (key i of vector v) for the kLanes lanes of a group (qi[d * kLanes + l])
 // and nvec (<= kTileVecs) vectors of kF keys, element d of vector v's keys at vec[v] + d * ld (C = float or the
 // model's 16-bit type, widened in registers); the last vector holds `last` keys. Per head-dim element one
@@ -243,7 +274,7 @@ REFERENCE_CPU_INLINE void tile_row_to_float(const C* src, float* dst, int64_t n)
 template <int kD, typename C>
 __attribute__((noinline)) void group_dot_vectors(const float* __restrict qi, const C* const* vec, int64_t nvec,
                                             int64_t last, int64_t ld, HeadDim<kD> hd, float* __restrict s,
-                                            int64_t s_ld) {
+                                            int64_t s_ld, Prefetch pf = {}) {
   const int64_t D = hd.size();
   if (nvec == kTileVecs && last == kF) {
     fVec a[kLanes][kTileVecs];
@@ -253,6 +284,7 @@ __attribute__((noinline)) void group_dot_vectors(const float* __restrict qi, con
       for (int64_t v = 0; v < kTileVecs; ++v) a[l][v] = fVec(0.f);
     }
     for (int64_t d = 0; d < D; ++d) {
+      pf.at(d);
       fVec k[kTileVecs];
 #pragma GCC unroll 4
       for (int64_t v = 0; v < kTileVecs; ++v) {
@@ -279,6 +311,7 @@ __attribute__((noinline)) void group_dot_vectors(const float* __restrict qi, con
 #pragma GCC unroll 4
     for (int64_t l = 0; l < kLanes; ++l) a[l] = fVec(0.f);
     for (int64_t d = 0; d < D; ++d) {
+      if (v == 0) pf.at(d);
       const fVec x = load_f32x1(vec[v] + d * ld, m);
 #pragma GCC unroll 4
       for (int64_t l = 0; l < kLanes; ++l) a[l] = at::vec::fmadd(fVec(qi[d * kLanes + l]), x, a[l]);
@@ -291,12 +324,14 @@ __attribute__((noinline)) void group_dot_vectors(const float* __restrict qi, con
 // The same for n keys of a transposed key block kt ([D, ld], key j in column j), a tile at a time.
 template <int kD, typename C>
 REFERENCE_CPU_INLINE void group_dot_transposed(const float* __restrict qi, const C* __restrict kt, int64_t ld,
-                                               int64_t n, HeadDim<kD> hd, float* __restrict s, int64_t s_ld) {
+                                               int64_t n, HeadDim<kD> hd, float* __restrict s, int64_t s_ld,
+                                               Prefetch pf = {}) {
   for (int64_t j = 0; j < n; j += kTile) {
     const int64_t keys = std::min<int64_t>(kTile, n - j), nvec = (keys + kF - 1) / kF;
     std::array<const C*, kTileVecs> vec;
     for (int64_t v = 0; v < nvec; ++v) vec[v] = kt + j + v * kF;
-    group_dot_vectors<kD>(qi, vec.data(), nvec, keys - (nvec - 1) * kF, ld, hd, s + j, s_ld);
+    group_dot_vectors<kD>(qi, vec.data(), nvec, keys - (nvec - 1) * kF, ld, hd, s + j, s_ld,
+                          pf.after(j / kTile * hd.size()));
   }
 }
 
@@ -556,9 +591,10 @@ struct ForwardTask {
   // update and the values. A tiled task reads the span from the tiles (tile_keys filled them; span_keys is
   // their capacity); an untiled one reads one block in place (span_keys = N; keys transposed at kt_block,
   // values as rows at vb, as in tile_keys).
+  // `next`: the next block's keys and values (next_bytes, contiguous), prefetched when read in place.
   template <typename C>
   void attend_block(const TaskState& st, const C* kt_block, const C* vb, int64_t j0, int64_t ja, int64_t jb,
-                    int64_t span_keys) {
+                    int64_t span_keys, const void* next = nullptr, int64_t next_bytes = 0) {
     const HeadDim<kD> hd{cache.head_size};
     const int64_t D = hd.size(), N = cache.block_size, G = group;
     const Task& t = st.t;
@@ -586,6 +622,14 @@ struct ForwardTask {
       glo[k] = lo;
       ghi[k] = hi;
     }
+    // Read in place, what the task reads after these keys is prefetched while they are scored: this block's
+    // values over the first half of the key tiles, then the next block's keys (its values come with the next
+    // block's scores); with one key tile, or fp8 values decoded already, the next block whole.
+    const int64_t tiles = (nb + kTile - 1) / kTile;
+    const int64_t first = !tiled && cache.format == KvFormat::kAuto && tiles > 1 ? (tiles + 1) / 2 : 0;
+    const Prefetch values_ahead =
+        first ? prefetch_over(vb + (ja - j0) * D, nb * D * sizeof(C), first * D) : Prefetch{};
+    const Prefetch next_ahead = prefetch_over(next, first ? next_bytes / 2 : next_bytes, (tiles - first) * D);
     // 1. scores of every lane over the block's keys [ja, jb]: key tiles outer, so a tile stays in L1 while
     //    every lane group passes over it
     for (int64_t jt = 0; jt < nb; jt += kTile) {
@@ -596,7 +640,10 @@ struct ForwardTask {
         if (tiled) {
           group_dot_transposed<kD>(qi.data() + k * kLanes * D, kt.data() + jt * D, kTile, nt, hd, sk, s_ld);
         } else {
-          group_dot_transposed<kD>(qi.data() + k * kLanes * D, kb + jt, N, nt, hd, sk, s_ld);
+          group_dot_transposed<kD>(qi.data() + k * kLanes * D, kb + jt, N, nt, hd, sk, s_ld,
+                                   k > 0                ? Prefetch{}
+                                   : jt / kTile < first ? values_ahead.after(jt / kTile * D)
+                                                        : next_ahead.after((jt / kTile - first) * D));
         }
       }
     }
@@ -700,8 +747,14 @@ struct ForwardTask {
       const int64_t lb1 = std::min(lb0 + per_span - 1, hi / N);
       const int64_t j0 = lb0 * N, ja = std::max(j0, lo), jb = std::min((lb1 + 1) * N - 1, hi);
       if (!st.tiled) {
+        // the next block's keys and values (this head's, contiguous: 16-bit or fp32 elements, or fp8 codes)
+        const int64_t elem = cache.format == KvFormat::kAuto ? sizeof(T) : 1;
+        const void* next =
+            lb0 + 1 > hi / N ? nullptr
+                             : static_cast<const char*>(cache.data) +
+                                   (table[lb0 + 1] * cache.stride_block + t.kv_head * cache.stride_head) * elem;
         with_block(lb0, ja, jb, [&](const auto* keys, const auto* values) {
-          attend_block(st, keys, values, j0, ja, jb, N);
+          attend_block(st, keys, values, j0, ja, jb, N, next, 2 * N * D * elem);
         });
         continue;
       }
