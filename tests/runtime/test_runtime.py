@@ -219,8 +219,8 @@ def test_prepacked_cpu_gemms_compute_the_same_logits(tmp_path, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_16bit_packs_follow_the_cpus_arithmetic(dtype):
     """A CPU with 16-bit arithmetic gets a 16-bit pack; another gets a float32 pack for every call of two rows
-    or more (oneDNN's emulated 16-bit kernel is ~4x slower there) and keeps an emulated pack, where oneDNN has
-    one, for one-row calls."""
+    or more (oneDNN's emulated 16-bit kernel is ~4x slower there) and, for one-row calls, keeps an emulated pack
+    where oneDNN has one, else reads the 16-bit weight itself through F.linear (half the bytes of float32)."""
     from reference_impl.layers import cpu_gemm
 
     if not cpu_gemm.available():
@@ -233,13 +233,19 @@ def test_16bit_packs_follow_the_cpus_arithmetic(dtype):
     else:
         assert pack.compute_dtype == torch.float32 and pack.packed.dtype == torch.float32
         if cpu_gemm.computes_natively(dtype):
-            assert pack.one_row is None    # oneDNN refused the native pack: float32 alone
+            assert pack.one_row is None and pack.one_row_weight is None  # oneDNN refused the native pack
+        else:   # one of the two one-row paths, by whether oneDNN takes a 16-bit weight on this CPU
+            assert (pack.one_row is None) != (pack.one_row_weight is None)
+            if pack.one_row_weight is not None:
+                assert pack.one_row_weight.data_ptr() == weight.data_ptr()   # the layer's weight, not a copy
     for rows in (1, 5):
         x = torch.randn(rows, 256, generator=gen).to(dtype)
         got = pack(x, bias)
         assert got.dtype == dtype and got.shape == (rows, 96)
         if pack.one_row is not None and rows == 1:
             want = torch.ops.mkldnn._linear_pointwise(x, pack.one_row, bias, "none", [], "")
+        elif pack.one_row_weight is not None and rows == 1:
+            want = F.linear(x, weight, bias)
         else:
             want = torch.ops.mkldnn._linear_pointwise(x.to(pack.compute_dtype), pack.packed,
                                                       bias.to(pack.compute_dtype), "none", [], "").to(dtype)
