@@ -11,6 +11,7 @@ import importlib.util
 
 import pytest
 
+from _vllm_cpu import FP8_REFUSED, fp8_refused_here
 from harness_runner import run_harness
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -43,18 +44,6 @@ def _one(run, check, **fields):
     return found[0]
 
 
-# vLLM 0.32's CPU builder refuses an fp8 cache without AVX-512 or AMX (and with a head size not divisible by 32),
-# although CPU_ATTN declares fp8 on every machine (supported_kv_cache_dtypes)
-FP8_REFUSED = ("FP8 KV cache on CPU requires x86 with AVX-512 or AMX", "FP8 KV cache requires head_size divisible "
-               "by 32 on CPU")
-
-
-def _fp8_refused_here() -> bool:
-    """What vLLM's _get_attn_isa asks of this machine before it takes an fp8 cache."""
-    import torch
-    return not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())
-
-
 @needs_vllm
 def test_fp8_truncation_is_a_quality_warning_naming_the_quantiser(attention_run):
     """With AVX-512 or AMX vLLM writes fp8 by truncation: a QUALITY_WARNING naming the quantiser. Without them its
@@ -62,7 +51,7 @@ def test_fp8_truncation_is_a_quality_warning_naming_the_quantiser(attention_run)
     naming the refusal (the refusal on a head size is the same on every machine)."""
     fp8 = [r for r in _graded(attention_run) if "fp8" in r["case"]]
     assert fp8
-    refused_here = _fp8_refused_here()
+    refused_here = fp8_refused_here()
     for r in fp8:
         if refused_here:
             assert any(refusal in r["message"] for refusal in FP8_REFUSED), r
