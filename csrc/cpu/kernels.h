@@ -84,4 +84,20 @@ template <typename T>
 void dynamic_group_quant_fp8(const T* x, RowIndex x_rows, uint8_t* out, float* scale_out,
                              int64_t rows, int64_t hidden, int64_t group_size);
 
+// ----- few-row GEMM on a panel-packed weight -------------------------------------------------------
+// The weight [n, k] is packed once into column panels of gemm_panel_cols() columns, each stored k-major:
+// panels[p][kk][c] = weight[p * cols + c][kk] (zero past n). A GEMM with few rows then reads its weight
+// as one sequential stream, which is what bounds it.
+int64_t gemm_panel_cols();
+
+// panels ([ceil(n / cols), k, cols], contiguous) from weight rows `w_stride` apart.
+template <typename T>
+void pack_gemm_panels(const T* weight, int64_t w_stride, int64_t n, int64_t k, T* panels);
+
+// out[m, :n] (rows `out_stride` apart) = x[m, :k] (rows `x_stride` apart) W^T + bias (bias may be null),
+// accumulated in fp32 and rounded to T once.
+template <typename T>
+void panel_gemm(const T* x, int64_t x_stride, int64_t m, int64_t k, const T* panels, int64_t n, const T* bias,
+                T* out, int64_t out_stride);
+
 }  // namespace reference_cpu

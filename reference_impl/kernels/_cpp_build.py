@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 LIBRARY = "reference_cpu"
 CSRC_DIR = csrc_dir() / "cpu"
 SOURCES = ("bindings.cpp", "norm.cpp", "activation.cpp", "rotary.cpp", "quant.cpp", "attention.cpp",
-           "attention_bindings.cpp")
+           "attention_bindings.cpp", "gemm.cpp", "gemm_bindings.cpp")
 # Files the sources include (hashed into the build name); paths relative to CSRC_DIR.
 HEADERS = ("kernels.h", "vec_common.h", "attention.h", "../common/binding_utils.h", "../common/schemas.inc",
            "../common/impls.inc", "../common/row_index.h")

@@ -1,25 +1,32 @@
-"""Prepacked oneDNN GEMMs for the linear layers and the LM head of a model on the CPU.
+"""Prepacked GEMMs for the linear layers and the LM head of a model on the CPU.
 
-The same product `x W^T + b` as `F.linear`, from a weight reordered once into oneDNN's blocked layout
-(what vLLM's CPU backend does after loading, `create_onednn_mm`). With few rows (decode steps of a
-small batch) torch's default CPU GEMM runs several times slower than oneDNN on a prepacked weight,
-on AVX2 machines especially.
+The same product `x W^T + b` as `F.linear`, from copies of the weight laid out once for a faster kernel:
+
+- Calls of up to `PANEL_MAX_ROWS` rows (decode steps, short prompts) run the C++ panel GEMM
+  (`reference_cpu::panel_gemm`, csrc/cpu/gemm.cpp) on the weight packed into column panels in its own
+  dtype. Such a product reads every weight once and is bound by that read; oneDNN's prepacked kernels read
+  a 125M Llama's float32 weights at 10-13 GB/s on a 2-core AVX2 EPYC, the panels at 15-18 GB/s (1.4x at
+  1-16 rows), and 16-bit weights are read as 16-bit (2.9x oneDNN's float32 pack at 8 rows on that CPU).
+  Sums are fp32 and rounded to the weight's dtype once, as a 16-bit GEMM does.
+- Other calls (prefills) run oneDNN on a weight reordered into its blocked layout (what vLLM's CPU backend
+  does after loading, `create_onednn_mm`).
 
 16-bit weights on a CPU without 16-bit arithmetic (bf16: AVX512_BF16 or AMX; fp16: AVX512_FP16 or AMX-FP16)
-are packed as float32 copies: bf16 products are exact in float32 and both paths accumulate in float32, so only
+get a float32 oneDNN pack: bf16 products are exact in float32 and both paths accumulate in float32, so only
 the summation order differs from a bf16 GEMM. oneDNN does run bf16 on a plain AVX-512 CPU, emulated, and
 torch's own bf16 `F.linear` takes that path, but it is about 4x slower than float32 from two rows on (2048x768,
-512 rows: 27 ms against 6 ms). With a single row, a product bound by reading the weight, the emulated kernel
-reads half the bytes and is 1.7-2.4x faster, so such a CPU also keeps the 16-bit pack, for one-row calls. Where
-oneDNN has no 16-bit kernel at all (an AVX2-only CPU), one-row calls read the layer's own 16-bit weight through
-`F.linear` instead: 1.6-2.1x faster than the float32 pack with the weights in DRAM (AMD EPYC, AVX2, 2 threads:
-the 125M Llama's shapes, 768x2048 227 against 437 us, its 32000x768 LM head 3.7 against 5.9 ms).
+512 rows: 27 ms against 6 ms).
+
+Without the C++ kernels (no compiler, or REFERENCE_IMPL_DISABLE_CPP_KERNELS set), few-row calls take oneDNN
+too, and one-row 16-bit calls on such a CPU read 16 bits a weight another way: oneDNN's emulated 16-bit pack
+where it has one (1.7-2.4x faster than float32 for a single row), else the layer's own weight through
+`F.linear` (AVX2: 1.6-2.1x faster than the float32 pack).
 
 `pack_cpu_gemms(model)` installs one per layer (`layer.cpu_gemm`); layers call `linear(self, x, W, b)`,
 which uses it when it is current and falls back to `F.linear` otherwise (no pack, another device,
-torch.compile tracing, or a weight written since it was packed). The pack is an extra copy of each
-weight (twice the weight memory; three times for 16-bit weights packed as float32, four where the
-emulated 16-bit pack is kept beside it).
+torch.compile tracing, or a weight written since it was packed). Memory: the oneDNN pack and the panels are
+each a copy of the weight (three times the weight memory in float32; for 16-bit weights packed as float32,
+four times).
 """
 
 from __future__ import annotations
@@ -46,17 +53,41 @@ def computes_natively(dtype: torch.dtype) -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
+# Rows up to which a call takes the panel GEMM: at 64 rows it was still 1.23x oneDNN in float32 on a 2-core
+# AVX2 EPYC (1.4x at 1-16 rows); prefills of hundreds of rows keep oneDNN's blocked kernels.
+PANEL_MAX_ROWS = 64
+
+
+def panel_ops():
+    """`torch.ops.reference_cpu` when the C++ kernels can be used here (built now on first use), else None."""
+    from reference_impl.kernels import _cpp_build
+
+    if _cpp_build.toolchain_problem() is not None:
+        return None
+    try:
+        return _cpp_build.ops()
+    except _cpp_build.CppKernelBuildError:
+        return None
+
+
 class PackedCpuGemm:
-    """One weight `[out, in]` reordered for oneDNN; `__call__(x, bias)` gives `x W^T + bias` in x's dtype.
+    """One weight `[out, in]` prepacked; `__call__(x, bias)` gives `x W^T + bias` in x's dtype.
 
-    `packed` is the pack in `compute_dtype` (the weight's dtype where the CPU computes it natively, else
-    float32); for one-row calls, `one_row` is the emulated 16-bit pack, or None, and `one_row_weight` the 16-bit
-    weight itself where oneDNN has no 16-bit kernel, or None (module docstring)."""
+    `panels` is the weight in column panels for calls of up to PANEL_MAX_ROWS rows (None without the C++
+    kernels); `packed` the oneDNN pack in `compute_dtype` (the weight's dtype where the CPU computes it
+    natively, else float32). Without panels, for one-row calls, `one_row` is oneDNN's emulated 16-bit pack,
+    or None, and `one_row_weight` the 16-bit weight itself where oneDNN has no 16-bit kernel, or None
+    (module docstring)."""
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, panels: bool = True):
         w = weight.detach()
         self.source = (weight.data_ptr(), weight._version)
-        self.one_row = self.one_row_weight = None
+        self.out_features = w.shape[0]
+        self.one_row = self.one_row_weight = self.panels = None
+        ops = panel_ops() if panels else None
+        if ops is not None:
+            self.panels = ops.pack_gemm_panels(w.contiguous())
+            self._panel_gemm = ops.panel_gemm
         if computes_natively(w.dtype):
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
@@ -64,7 +95,7 @@ class PackedCpuGemm:
                 return
             except RuntimeError:   # no oneDNN kernel for this dtype: float32 below
                 pass
-        else:
+        elif self.panels is None:
             try:
                 self.one_row = torch.ops.mkldnn._reorder_linear_weight(w, None)
             except RuntimeError:   # oneDNN has no 16-bit kernel here (AVX2): F.linear reads the weight itself
@@ -77,9 +108,14 @@ class PackedCpuGemm:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         dtype = x.dtype
-        if x.shape[0] == 1 and self.one_row is not None:
+        rows = x.shape[0]
+        if self.panels is not None and rows <= PANEL_MAX_ROWS and dtype == self.panels.dtype:
+            if bias is not None:
+                bias = bias.to(dtype).contiguous()
+            return self._panel_gemm(x if x.stride(-1) == 1 else x.contiguous(), self.panels, self.out_features, bias)
+        if rows == 1 and self.one_row is not None:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.one_row, bias, "none", [], "")
-        if x.shape[0] == 1 and self.one_row_weight is not None:
+        if rows == 1 and self.one_row_weight is not None:
             return F.linear(x, self.one_row_weight, bias)
         if dtype != self.compute_dtype:
             x = x.to(self.compute_dtype)
@@ -98,7 +134,7 @@ def linear(layer: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.
     return pack(x, bias)
 
 
-MIN_PACKED_ELEMENTS = 1 << 18   # smaller weights: oneDNN's ~25 us call overhead outweighs the faster kernel
+MIN_PACKED_ELEMENTS = 1 << 18   # smaller weights: oneDNN's ~25 us call overhead outweighs its faster kernel
 
 
 def pack_cpu_gemms(model: nn.Module, min_elements: int = MIN_PACKED_ELEMENTS) -> int:

@@ -218,16 +218,18 @@ def test_prepacked_cpu_gemms_compute_the_same_logits(tmp_path, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_16bit_packs_follow_the_cpus_arithmetic(dtype):
-    """A CPU with 16-bit arithmetic gets a 16-bit pack; another gets a float32 pack for every call of two rows
-    or more (oneDNN's emulated 16-bit kernel is ~4x slower there) and, for one-row calls, keeps an emulated pack
-    where oneDNN has one, else reads the 16-bit weight itself through F.linear (half the bytes of float32)."""
+    """Without the panel GEMM: a CPU with 16-bit arithmetic gets a 16-bit oneDNN pack; another gets a float32
+    pack for every call of two rows or more (oneDNN's emulated 16-bit kernel is ~4x slower there) and, for
+    one-row calls, keeps an emulated pack where oneDNN has one, else reads the 16-bit weight itself through
+    F.linear (half the bytes of float32)."""
     from reference_impl.layers import cpu_gemm
 
     if not cpu_gemm.available():
         pytest.skip("this torch build has no oneDNN linear ops")
     gen = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(96, 256, generator=gen).to(dtype), torch.randn(96, generator=gen).to(dtype)
-    pack = cpu_gemm.PackedCpuGemm(weight)
+    pack = cpu_gemm.PackedCpuGemm(weight, panels=False)
+    assert pack.panels is None
     if cpu_gemm.computes_natively(dtype) and pack.compute_dtype == dtype:
         assert pack.one_row is None
     else:
@@ -252,6 +254,36 @@ def test_16bit_packs_follow_the_cpus_arithmetic(dtype):
         assert torch.equal(got, want)                        # the pack the rule picks, and no other
         exact = F.linear(x.double(), weight.double(), bias.double())
         torch.testing.assert_close(got.double(), exact, atol=0.25, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_few_row_calls_take_the_panel_gemm_and_prefills_take_onednn(dtype):
+    """With the C++ kernels, calls of up to PANEL_MAX_ROWS rows run the panel GEMM on the weight's own dtype
+    (no emulated or one-row pack is kept then); longer calls run the oneDNN pack."""
+    from reference_impl.kernels import cpu as cpu_kernels
+    from reference_impl.layers import cpu_gemm
+
+    if not cpu_gemm.available() or not cpu_kernels.SUPPORTED:
+        pytest.skip("needs oneDNN's linear ops and the C++ CPU kernels")
+    gen = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(96, 256, generator=gen).to(dtype), torch.randn(96, generator=gen).to(dtype)
+    pack = cpu_gemm.PackedCpuGemm(weight)
+    ops = cpu_gemm.panel_ops()
+    assert pack.panels is not None and pack.panels.dtype == dtype
+    assert pack.one_row is None and pack.one_row_weight is None
+    for rows in (1, 8, cpu_gemm.PANEL_MAX_ROWS):
+        x = torch.randn(rows, 256, generator=gen).to(dtype)
+        assert torch.equal(pack(x, bias), ops.panel_gemm(x, pack.panels, 96, bias))
+        assert torch.equal(pack(x, None), ops.panel_gemm(x, pack.panels, 96, None))
+    x = torch.randn(cpu_gemm.PANEL_MAX_ROWS + 1, 256, generator=gen).to(dtype)
+    want = torch.ops.mkldnn._linear_pointwise(x.to(pack.compute_dtype), pack.packed, bias.to(pack.compute_dtype),
+                                              "none", [], "").to(dtype)
+    assert torch.equal(pack(x, bias), want)
+    for rows in (1, 8, cpu_gemm.PANEL_MAX_ROWS + 1):
+        x = torch.randn(rows, 256, generator=gen).to(dtype)
+        exact = F.linear(x.double(), weight.double(), bias.double())
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(pack(x, bias).double(), exact, atol=tol * 16, rtol=tol)
 
 
 def _edit_config(directory, **changes):
