@@ -9,7 +9,21 @@ for an AVX2-only machine (same cores and caches, 256-bit vectors); a real one ca
 
 from __future__ import annotations
 
+import platform
+
 import torch
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def follow_torch_isa() -> str:

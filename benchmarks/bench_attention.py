@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -174,15 +173,9 @@ def best_times(fns: dict[str, Callable[[], None]], rounds: int, min_time: float,
 
 
 def machine(isa: str) -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{model}; ISA {isa}; {torch.get_num_threads()} threads; "
+    from _isa import cpu_model   # beside this script (its folder is on sys.path when it runs)
+
+    return (f"{cpu_model()}; ISA {isa}; {torch.get_num_threads()} threads; "
             f"torch {torch.__version__}")
 
 
