@@ -12,21 +12,11 @@ import pytest
 import torch
 
 from reference_impl.attention.cpp_backend import as_token_rows
-from reference_impl.kernels import _cpp_build
-from reference_impl.kernels import cpu as cpu_kernels
 
 FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 # Max abs error of outputs (values ~N(0,1) averaged by softmax) against float64, as vLLM's CPU tests allow.
 ATOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
-
-
-@pytest.fixture(scope="module")
-def ops():
-    if not cpu_kernels.SUPPORTED:
-        pytest.skip(f"C++ CPU kernels unavailable: {_cpp_build.toolchain_problem()}")
-    _cpp_build.load()
-    return torch.ops.reference_cpu
 
 
 def quantize_codes(x: torch.Tensor, scale: float, fp8: torch.dtype) -> torch.Tensor:

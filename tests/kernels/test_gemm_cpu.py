@@ -8,21 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference_impl.kernels import _cpp_build
-from reference_impl.kernels import cpu as cpu_kernels
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (rows, out_features, in_features): one row; a row group's tail; more rows than one row block (64) holds;
 # n and k that are no multiple of any vector; k larger than one k-tile; a single column and feature.
 SHAPES = [(1, 96, 256), (5, 33, 7), (8, 1280, 768), (13, 17, 513), (70, 100, 300), (131, 40, 2100), (3, 1, 1)]
-
-
-@pytest.fixture(scope="module")
-def ops():
-    if not cpu_kernels.SUPPORTED:
-        pytest.skip(f"C++ CPU kernels unavailable: {_cpp_build.toolchain_problem()}")
-    _cpp_build.load()
-    return torch.ops.reference_cpu
 
 
 def random(shape, dtype, gen):

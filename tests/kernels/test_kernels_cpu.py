@@ -42,14 +42,6 @@ needs_build = pytest.mark.skipif(not cpu_kernels.SUPPORTED,
                                  reason=f"C++ CPU kernels unavailable: {_cpp_build.toolchain_problem()}")
 
 
-@pytest.fixture(scope="module")
-def built():
-    if not cpu_kernels.SUPPORTED:
-        pytest.skip(f"C++ CPU kernels unavailable: {_cpp_build.toolchain_problem()}")
-    _cpp_build.load()
-    return torch.ops.reference_cpu
-
-
 def _cases(level: str):
     for name in cpu_kernels.OPS:
         for case in getattr(ir.ops, name).cases:
@@ -77,7 +69,7 @@ def _assert_matches_native(op, args, out, dtype, context):
 # ----- numerics against native ------------------------------------------------------------------
 @needs_build
 @pytest.mark.parametrize("name,case", list(_cases("standard")))
-def test_kernel_matches_native(built, name, case):
+def test_kernel_matches_native(ops, name, case):
     op = getattr(ir.ops, name)
     impl = op.impls[PROVIDER]
     for dtype in case.dtypes or DTYPES:
@@ -96,7 +88,7 @@ def test_kernel_matches_native(built, name, case):
 
 @needs_build
 @pytest.mark.parametrize("name", cpu_kernels.OPS)
-def test_kernel_matches_native_on_random_inputs(built, name):
+def test_kernel_matches_native_on_random_inputs(ops, name):
     """The op's hypothesis strategy: odd widths (vector tails), strides, variance sizes, scales."""
     op = getattr(ir.ops, name)
     impl = op.impls[PROVIDER]
@@ -114,20 +106,20 @@ def test_kernel_matches_native_on_random_inputs(built, name):
 
 
 @needs_build
-def test_fp8_encoding_is_exact_over_the_whole_range(built):
+def test_fp8_encoding_is_exact_over_the_whole_range(ops):
     """Every sampled fp32 in [-448, 448], the midpoints between fp8 codes and NaN encode as torch does."""
     bits = torch.arange(0, 0x43E00001, 997, dtype=torch.int64).to(torch.int32)   # 1.1M patterns
     values = bits.view(torch.float32)
     codes = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
     midpoints = ((codes[:-1] + codes[1:]) / 2).float()
     x = torch.cat([values, -values, midpoints, -midpoints, torch.tensor([float("nan"), -0.0, 1e-30])])
-    q = built.static_quant_fp8(x.reshape(1, -1), torch.ones(1))
+    q = ops.static_quant_fp8(x.reshape(1, -1), torch.ones(1))
     ref = x.reshape(1, -1).clamp(-448, 448).to(torch.float8_e4m3fn)
     assert torch.equal(q.view(torch.uint8), ref.view(torch.uint8))
 
 
 @needs_build
-def test_fast_gelu_math_is_close_to_float64(built):
+def test_fast_gelu_math_is_close_to_float64(ops):
     """The fast GELU math (polynomial exp, rational erf) stays within a few fp32 ulp of the exact functions."""
     x = torch.linspace(-12, 12, 200_001, dtype=torch.float64)
     x32 = x.float().reshape(1, -1)
@@ -138,7 +130,7 @@ def test_fast_gelu_math_is_close_to_float64(built):
         "quick_gelu": x * torch.sigmoid(1.702 * x),
     }
     for name, ref in exact.items():
-        got = getattr(built, name)(x32).double().flatten()
+        got = getattr(ops, name)(x32).double().flatten()
         excess = (got - ref).abs() - (1e-6 + 2e-6 * ref.abs())
         assert excess.max() <= 0, f"{name}: error beyond 1e-6 + 2e-6 |ref| at x={x[excess.argmax()]:.4f}"
     # gelu_and_mul with up = 1 is gelu itself; 16-bit inputs take the fast erf/tanh.
@@ -147,14 +139,14 @@ def test_fast_gelu_math_is_close_to_float64(built):
             g = x.to(dtype).double()
             ref = torch.nn.functional.gelu(g, approximate=approximate).to(dtype).double()
             inp = torch.cat([x.to(dtype).reshape(1, -1), torch.ones(1, x.numel(), dtype=dtype)], dim=1)
-            got = built.gelu_and_mul(inp, approximate).double().flatten()
+            got = ops.gelu_and_mul(inp, approximate).double().flatten()
             ulp = torch.finfo(dtype).eps * ref.abs().clamp(min=torch.finfo(dtype).tiny)
             assert ((got - ref).abs() <= ulp + 1e-6).all(), f"gelu_and_mul {approximate} {dtype}: off by more than 1 ulp"
 
 
 @needs_build
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
-def test_fp32_gated_gelu_keeps_the_native_formula_to_a_few_ulp(built, approximate):
+def test_fp32_gated_gelu_keeps_the_native_formula_to_a_few_ulp(ops, approximate):
     """fp32 gelu_and_mul evaluates native's 0.5 x (1 + erf) / 0.5 x (1 + tanh) with inlined erf and tanh: within 3
     units of eps (|gelu(x)| + 0.5 |x|) of the float64 formula, i.e. 3 ulp plus 3 steps of the formula's own
     cancellation in 1 + erf / 1 + tanh. Judged against the mathematics, not fp32 native, whose erf differs by ISA:
@@ -167,7 +159,7 @@ def test_fp32_gated_gelu_keeps_the_native_formula_to_a_few_ulp(built, approximat
     # native's value too, on either ISA); NaN propagates; 1e30 * 1 and -1e30 * 0 (erf saturates to -1 exactly).
     special = {inf: inf, -inf: nan, nan: nan, 1e30: 1e30, -1e30: -0.0}
     x = torch.cat([finite_x, torch.tensor(list(special))])
-    got = built.gelu_and_mul(torch.cat([x, torch.ones_like(x)]).reshape(1, -1), approximate).flatten()
+    got = ops.gelu_and_mul(torch.cat([x, torch.ones_like(x)]).reshape(1, -1), approximate).flatten()
     expected = torch.tensor(list(special.values()))   # float32, as the inputs: 1e30 is the float32 nearest it
     for value, want, out in zip(special, expected.tolist(), got[finite_x.numel():].tolist()):
         assert math.isnan(out) if math.isnan(want) else out == want, f"gelu({value:g}) = {out:g}, not {want:g}"
@@ -181,7 +173,7 @@ def test_fp32_gated_gelu_keeps_the_native_formula_to_a_few_ulp(built, approximat
 
 @needs_build
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_reduced_precision_sigmoid_forms_stay_within_one_ulp_on_16_bit_outputs(built, dtype):
+def test_reduced_precision_sigmoid_forms_stay_within_one_ulp_on_16_bit_outputs(ops, dtype):
     """16-bit outputs use a degree-5 exp and the bare 14-bit reciprocal: every 16-bit input gives
     the exactly rounded result or a neighbour (1 ulp), and most give it exactly."""
     bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
@@ -197,9 +189,9 @@ def test_reduced_precision_sigmoid_forms_stay_within_one_ulp_on_16_bit_outputs(b
     }
     for name, ref64 in exact.items():
         if name == "silu_and_mul":
-            got = built.silu_and_mul(torch.cat([x.reshape(1, -1), torch.ones_like(x).reshape(1, -1)], dim=1))
+            got = ops.silu_and_mul(torch.cat([x.reshape(1, -1), torch.ones_like(x).reshape(1, -1)], dim=1))
         else:
-            got = getattr(built, name)(x.reshape(1, -1))
+            got = getattr(ops, name)(x.reshape(1, -1))
         # results below 1e-30 (exp's argument past fp32 range) come out 0, as native's do
         kept = (ref64.abs() > 1e-30) | (ref64 == 0)
         got = got.flatten().double()[kept]
@@ -212,7 +204,7 @@ def test_reduced_precision_sigmoid_forms_stay_within_one_ulp_on_16_bit_outputs(b
 
 @needs_build
 @pytest.mark.parametrize("group_size", [32, 48, 64, 128, 256])
-def test_group_quant_division_is_exact_over_wide_magnitudes(built, group_size):
+def test_group_quant_division_is_exact_over_wide_magnitudes(ops, group_size):
     """Group scales span 2^-20..2^20 (and one all-zero group holding -0): codes and scales equal
     native's x / scale bit for bit, for group sizes held in registers and for the generic path."""
     gen = torch.Generator().manual_seed(11)
@@ -232,7 +224,7 @@ def test_group_quant_division_is_exact_over_wide_magnitudes(built, group_size):
 @pytest.mark.parametrize("name,extra", [("gelu_new", ()), ("quick_gelu", ()), ("relu2", ()),
                                         ("silu_and_mul", ()), ("fatrelu_and_mul", (0.1,))])
 @pytest.mark.parametrize("shape", [(1024, 4096), (1025, 4095)], ids=["aligned_rows", "unaligned_rows"])
-def test_large_fp32_outputs_match_native(built, name, extra, shape):
+def test_large_fp32_outputs_match_native(ops, name, extra, shape):
     """fp32 outputs of 16 MB and more take non-temporal stores (64-byte aligned rows only), element-wise and
     gated (whose input is twice as wide)."""
     op = getattr(ir.ops, name)
@@ -251,7 +243,7 @@ def test_large_fp32_outputs_match_native(built, name, extra, shape):
     ("dynamic_group_quant_fp8", (128,), 256),                 # groups held in registers
     ("dynamic_group_quant_fp8", (48,), 240),                  # the generic group path
     ("static_quant_fp8", (), 256)])
-def test_quant_propagates_nan_and_inf_like_native(built, name, extra, hidden, dtype):
+def test_quant_propagates_nan_and_inf_like_native(ops, name, extra, hidden, dtype):
     """NaN (either sign) and inf inputs give the scales and codes native gives, bit for bit: the
     absmax on bit patterns, the unclamped dynamic encoding and the encoder's NaN folding."""
     op = getattr(ir.ops, name)
@@ -277,7 +269,7 @@ def test_quant_propagates_nan_and_inf_like_native(built, name, extra, hidden, dt
 @needs_build
 @pytest.mark.parametrize("name", INPLACE_OPS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_maybe_inplace_writes_into_the_donated_inputs(built, name, dtype):
+def test_maybe_inplace_writes_into_the_donated_inputs(ops, name, dtype):
     op = getattr(ir.ops, name)
     assert op.impls[PROVIDER].inplace is True
     for case in op.cases:
@@ -299,7 +291,7 @@ def test_maybe_inplace_writes_into_the_donated_inputs(built, name, dtype):
 
 @needs_build
 @pytest.mark.parametrize("name", INPLACE_OPS)
-def test_functional_call_leaves_inputs_untouched(built, name):
+def test_functional_call_leaves_inputs_untouched(ops, name):
     op = getattr(ir.ops, name)
     for case in op.cases:
         if not case.runs_at("quick") or _declined(case) or (case.dtypes and torch.bfloat16 not in case.dtypes):
@@ -353,7 +345,7 @@ DECLINED = {
 
 @needs_build
 @pytest.mark.parametrize("what", list(DECLINED))
-def test_supports_args_declines(built, what):
+def test_supports_args_declines(ops, what):
     name, make = DECLINED[what]
     op = getattr(ir.ops, name)
     args = make()
@@ -390,7 +382,7 @@ def test_supports_args_does_not_depend_on_batch_size(name):
 
 
 @needs_build
-def test_cpu_platform_dispatches_to_cpp_by_default(built):
+def test_cpu_platform_dispatches_to_cpp_by_default(ops):
     from reference_impl.platforms import activate_platform
 
     x, w = _x(3, 64), _x(64)
@@ -410,12 +402,12 @@ def test_default_priority_names_cpp_first_for_every_op():
 
 # ----- torch library schemas -------------------------------------------------------------------
 @needs_build
-def test_schemas_mark_mutated_arguments(built):
-    schema = built.fused_add_rms_norm.default._schema
+def test_schemas_mark_mutated_arguments(ops):
+    schema = ops.fused_add_rms_norm.default._schema
     assert [a.alias_info is not None and a.alias_info.is_write for a in schema.arguments][:2] == [True, True]
-    rope = built.rotary_embedding.default._schema
+    rope = ops.rotary_embedding.default._schema
     assert [a.name for a in rope.arguments if a.alias_info is not None and a.alias_info.is_write] == ["query", "key"]
-    assert all(a.alias_info is None for a in built.rms_norm.default._schema.arguments)
+    assert all(a.alias_info is None for a in ops.rms_norm.default._schema.arguments)
 
 
 @needs_build
@@ -428,16 +420,16 @@ def test_schemas_mark_mutated_arguments(built):
     ("dynamic_quant_fp8", lambda: (_x(3, 64), True, None)),
     ("dynamic_group_quant_fp8", lambda: (_x(3, 256), 128)),
 ])
-def test_opcheck(built, op_name, make):
+def test_opcheck(ops, op_name, make):
     """Schema, fake (meta) implementation and tracing agree with the real kernel."""
-    torch.library.opcheck(getattr(built, op_name).default, make(),
+    torch.library.opcheck(getattr(ops, op_name).default, make(),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
 @needs_build
-def test_inplace_kernel_compiles_with_functionalization(built):
+def test_inplace_kernel_compiles_with_functionalization(ops):
     def f(x, r, w):
-        built.fused_add_rms_norm(x, r, w, 1e-6, None)
+        ops.fused_add_rms_norm(x, r, w, 1e-6, None)
         return x * 2, r
 
     x, r, w = _x(5, 64), _x(5, 64), _x(64)
@@ -449,7 +441,7 @@ def test_inplace_kernel_compiles_with_functionalization(built):
 
 
 @needs_build
-def test_kernel_errors_name_the_problem(built):
+def test_kernel_errors_name_the_problem(ops):
     """The argument checks raise named errors. The calls run in a child process: an error path that
     crashes the library (a worker died here on a GPU machine) fails this test with the child's
     signal and native stack instead of killing the pytest worker."""
@@ -524,7 +516,7 @@ def test_without_compiler_provider_is_off_and_dispatch_uses_native():
 
 
 @needs_build
-def test_cached_build_is_reused_without_rebuilding(built):
+def test_cached_build_is_reused_without_rebuilding(ops):
     directory = _cpp_build.build_directory(_cpp_build.build_name())
     assert (directory / f"{_cpp_build.build_name()}.so").is_file()
     result = _child("""
