@@ -5,8 +5,8 @@ The same product `x W^T + b` as `F.linear`, from copies of the weight laid out o
 - Calls of up to `PANEL_MAX_ROWS` rows (decode steps, short prompts) run the C++ panel GEMM
   (`reference_cpu::panel_gemm`, csrc/cpu/gemm.cpp) on the weight packed into column panels in its own
   dtype. Such a product reads every weight once and is bound by that read; oneDNN's prepacked kernels read
-  a 125M Llama's float32 weights at 10-13 GB/s on a 2-core AVX2 EPYC, the panels at 15-18 GB/s (1.4x at
-  1-16 rows), and 16-bit weights are read as 16-bit (2.9x oneDNN's float32 pack at 8 rows on that CPU).
+  a 125M Llama's float32 weights at 10-22 GB/s on a 2-core AVX2 EPYC, the panels at 16-25 GB/s (1.12-1.52x
+  at 1-16 rows, two runs), and 16-bit weights are read as 16-bit (2.64x oneDNN's float32 pack at 8 rows there).
   Sums are fp32 and rounded to the weight's dtype once, as a 16-bit GEMM does.
 - Other calls (prefills) run oneDNN on a weight reordered into its blocked layout (what vLLM's CPU backend
   does after loading, `create_onednn_mm`).
@@ -53,8 +53,8 @@ def computes_natively(dtype: torch.dtype) -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
-# Rows up to which a call takes the panel GEMM: at 64 rows it was still 1.23x oneDNN in float32 on a 2-core
-# AVX2 EPYC (1.4x at 1-16 rows); prefills of hundreds of rows keep oneDNN's blocked kernels.
+# Rows up to which a call takes the panel GEMM: at 64 rows it was still 1.21-1.25x oneDNN in float32 on a 2-core
+# AVX2 EPYC, 0.99x at 128; prefills of hundreds of rows keep oneDNN's blocked kernels.
 PANEL_MAX_ROWS = 64
 
 
