@@ -62,36 +62,6 @@ const Fp8Tables& fp8_tables() {
   return tables;
 }
 
-// ----- rows to and from fp32 ------------------------------------------------------------------------
-template <typename T>
-inline void row_to_float(const T* src, float* dst, int64_t n) {
-  int64_t i = 0;
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(dst, src, n * sizeof(float));
-    return;
-  } else {
-    using TVec = at::vec::Vectorized<T>;
-    for (; i + kChunk <= n; i += kChunk) {
-      auto [a, b] = at::vec::convert_to_float<T>(TVec::loadu(src + i));  // in order
-      a.store(dst + i);
-      b.store(dst + i + kF);
-    }
-    for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
-  }
-}
-
-template <typename T>
-inline void row_from_float(const float* src, T* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(dst, src, n * sizeof(float));
-  } else {
-    int64_t i = 0;
-    for (; i + kChunk <= n; i += kChunk) {
-      at::vec::convert_from_float<T>(fVec::loadu(src + i), fVec::loadu(src + i + kF)).store(dst + i);
-    }
-    for (; i < n; ++i) dst[i] = static_cast<T>(src[i]);  // round to nearest even
-  }
-}
 
 inline void fp8_row_to_float(const uint8_t* src, float* dst, int64_t n, const float* table, float scale) {
 #if defined(CPU_CAPABILITY_AVX512)

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "attention.h"
+#include "cpu_bindings.h"
 
 namespace reference_cpu {
 namespace {
@@ -20,13 +21,6 @@ KvFormat kv_format(c10::string_view name, const char* op) {
   if (name == "fp8_e5m2") return KvFormat::kFp8E5m2;
   TORCH_CHECK(false, op, ": kv_cache_dtype '", std::string(name),
               "' is not supported (auto, fp8, fp8_e4m3, fp8_e5m2)");
-}
-
-void check_float(const at::Tensor& t, const char* op, const char* name) {
-  TORCH_CHECK(t.device().is_cpu(), op, ": ", name, " must be a CPU tensor, got ", t.device());
-  const auto st = t.scalar_type();
-  TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16, op, ": ", name, " dtype ", st,
-              " is not supported (float32, float16, bfloat16)");
 }
 
 // A [tokens, heads, head_size] tensor with a contiguous last dim.
@@ -82,18 +76,6 @@ PagedCache paged_cache(const at::Tensor& kv_cache, at::ScalarType model, KvForma
   c.k_scale = static_cast<float>(k_scale);
   c.v_scale = static_cast<float>(v_scale);
   return c;
-}
-
-template <typename Fn>
-void dispatch(at::ScalarType st, Fn&& fn) {
-  switch (st) {
-    case at::kFloat:
-      return fn.template operator()<float>();
-    case at::kHalf:
-      return fn.template operator()<c10::Half>();
-    default:
-      return fn.template operator()<c10::BFloat16>();
-  }
 }
 
 at::Tensor int_vector(const at::Tensor& t, at::ScalarType st, int64_t size, const char* op, const char* name) {

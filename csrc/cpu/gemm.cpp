@@ -126,9 +126,7 @@ void panel_gemm(const T* x, int64_t x_stride, int64_t m, int64_t k, const T* pan
     xf_stride = x_stride;
   } else {
     x32.resize(static_cast<size_t>(m * k));
-    for (int64_t r = 0; r < m; ++r) {
-      for (int64_t kk = 0; kk < k; ++kk) x32[r * k + kk] = static_cast<float>(x[r * x_stride + kk]);
-    }
+    for (int64_t r = 0; r < m; ++r) row_to_float(x + r * x_stride, x32.data() + r * k, k);
     xf = x32.data();
     xf_stride = k;
   }

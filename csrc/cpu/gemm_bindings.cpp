@@ -7,26 +7,11 @@
 
 #include <optional>
 
+#include "cpu_bindings.h"
 #include "kernels.h"
 
 namespace reference_cpu {
 namespace {
-
-void check_float(const at::Tensor& t, const char* op, const char* name) {
-  TORCH_CHECK(t.device().is_cpu(), op, ": ", name, " must be a CPU tensor, got ", t.device());
-  const auto st = t.scalar_type();
-  TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16, op, ": ", name, " dtype ", st,
-              " is not supported (float32, float16, bfloat16)");
-}
-
-template <typename F>
-void dispatch(at::ScalarType st, F&& f) {
-  switch (st) {
-    case at::kFloat: return f(float{});
-    case at::kHalf: return f(c10::Half{});
-    default: return f(c10::BFloat16{});
-  }
-}
 
 at::Tensor pack_gemm_panels_op(const at::Tensor& weight) {
   constexpr const char* op = "pack_gemm_panels";
@@ -36,8 +21,7 @@ at::Tensor pack_gemm_panels_op(const at::Tensor& weight) {
               weight.stride(1), ")");
   const int64_t n = weight.size(0), k = weight.size(1), cols = gemm_panel_cols();
   at::Tensor panels = at::empty({(n + cols - 1) / cols, k, cols}, weight.options());
-  dispatch(weight.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch(weight.scalar_type(), [&]<typename T>() {
     pack_gemm_panels<T>(weight.const_data_ptr<T>(), weight.stride(0), n, k, panels.mutable_data_ptr<T>());
   });
   return panels;
@@ -70,8 +54,7 @@ at::Tensor panel_gemm_op(const at::Tensor& x, const at::Tensor& panels, int64_t 
                 ": bias must be a contiguous [", out_features, "] tensor, got ", b->sizes());
   }
   at::Tensor out = at::empty({m, out_features}, x.options());
-  dispatch(x.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch(x.scalar_type(), [&]<typename T>() {
     panel_gemm<T>(x.const_data_ptr<T>(), x.stride(0), m, k, panels.const_data_ptr<T>(), out_features,
                   b == nullptr ? nullptr : b->const_data_ptr<T>(), out.mutable_data_ptr<T>(), out_features);
   });

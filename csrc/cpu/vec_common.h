@@ -227,6 +227,39 @@ inline void store_n(T* p, int64_t n, const fVec& a, const fVec& b) {
   }
 }
 
+// ----- rows to and from fp32 ------------------------------------------------------------------------
+// A row of T to and from contiguous fp32, in order (not Io<T>'s lane order): the attention kernels' queries
+// and outputs, the panel GEMM's inputs.
+template <typename T>
+inline void row_to_float(const T* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  } else {
+    using TVec = at::vec::Vectorized<T>;
+    for (; i + kChunk <= n; i += kChunk) {
+      auto [a, b] = at::vec::convert_to_float<T>(TVec::loadu(src + i));  // in order
+      a.store(dst + i);
+      b.store(dst + i + kF);
+    }
+    for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+  }
+}
+
+template <typename T>
+inline void row_from_float(const float* src, T* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, n * sizeof(float));
+  } else {
+    int64_t i = 0;
+    for (; i + kChunk <= n; i += kChunk) {
+      at::vec::convert_from_float<T>(fVec::loadu(src + i), fVec::loadu(src + i + kF)).store(dst + i);
+    }
+    for (; i < n; ++i) dst[i] = static_cast<T>(src[i]);  // round to nearest even
+  }
+}
+
 // ----- streaming (non-temporal) stores -------------------------------------------------------------
 // fp32 outputs far larger than the caches are written with non-temporal stores (as large memcpys
 // are): the lines go to memory without first being read for ownership, which otherwise adds a read

@@ -32,8 +32,8 @@ CSRC_DIR = csrc_dir() / "cpu"
 SOURCES = ("bindings.cpp", "norm.cpp", "activation.cpp", "rotary.cpp", "quant.cpp", "attention.cpp",
            "attention_bindings.cpp", "gemm.cpp", "gemm_bindings.cpp")
 # Files the sources include (hashed into the build name); paths relative to CSRC_DIR.
-HEADERS = ("kernels.h", "vec_common.h", "attention.h", "../common/binding_utils.h", "../common/schemas.inc",
-           "../common/impls.inc", "../common/row_index.h")
+HEADERS = ("kernels.h", "vec_common.h", "attention.h", "cpu_bindings.h", "../common/binding_utils.h",
+           "../common/schemas.inc", "../common/impls.inc", "../common/row_index.h")
 # Set to 1 to turn the provider off (dispatch then falls back to the next provider).
 DISABLE_ENV = "REFERENCE_IMPL_DISABLE_CPP_KERNELS"
 
