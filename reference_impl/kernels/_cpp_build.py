@@ -1,10 +1,11 @@
 """JIT build and load of the C++ CPU kernels (`csrc/cpu/`) as the torch library `reference_cpu`.
 
 Built on first use with `torch.utils.cpp_extension.load` (ninja, TUs in parallel, no build
-isolation, nothing downloaded) into `$TORCH_EXTENSIONS_DIR` (default: torch's extension root),
-under a name that hashes the sources, flags, compiler and torch version, so a cached build is
-reused across processes and a changed source rebuilds. The vector ISA (AVX512 / AVX2 / none)
-follows torch's own CPU capability detection (plus AVX512_BF16 conversions where the CPU has them).
+isolation, nothing downloaded) under `$TORCH_EXTENSIONS_DIR` (default: torch's extension root).
+The library's name hashes the contents of the sources, the flags, compiler, torch and Python, not
+where the sources live: a checkout and an installed wheel (or two venvs) with the same sources load
+one cached library, and a changed source rebuilds. The vector ISA (AVX512 / AVX2 / none) follows
+torch's own CPU capability detection (plus AVX512_BF16 conversions where the CPU has them).
 """
 
 from __future__ import annotations
@@ -102,11 +103,9 @@ def build_flags() -> list[str]:
 
 
 def build_name() -> str:
-    """Extension name: ISA tag plus a hash of everything that changes the binary, and of where the sources
-    live: torch's build files record absolute source paths, so two checkouts sharing one build directory
-    would rebuild it for each other (and one's interrupted build would leave the other waiting on its lock)."""
+    """Library name: ISA tag plus a hash of everything that changes the binary (source and header bytes, flags,
+    compiler, torch and Python versions); where the sources live is not part of it."""
     h = hashlib.sha256()
-    h.update(str(CSRC_DIR.resolve()).encode())
     for name in SOURCES + HEADERS:
         h.update(name.encode())
         h.update((CSRC_DIR / name).read_bytes())
@@ -117,11 +116,30 @@ def build_name() -> str:
     return f"{LIBRARY}_{isa().lower()}_{h.hexdigest()[:12]}"
 
 
-def build_directory(name: str) -> Path:
+def _extensions_root() -> Path:
     from torch.utils.cpp_extension import get_default_build_root
 
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
-    return Path(root) / name
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+
+
+def library_path(name: str) -> Path:
+    """Where the built library `name` is cached: one file per content hash, whichever sources built it."""
+    return _extensions_root() / name / f"{name}.so"
+
+
+def build_directory(name: str) -> Path:
+    """Where ninja builds `name` from the sources at CSRC_DIR: one directory per source location under the
+    library's, since torch's build files record absolute source paths (two checkouts sharing one would rebuild
+    it for each other, and one's interrupted build would leave the other waiting on its lock)."""
+    where = hashlib.sha256(str(CSRC_DIR.resolve()).encode()).hexdigest()[:8]
+    return _extensions_root() / name / f"build-{where}"
+
+
+def _load_library(library: Path) -> None:
+    global _loaded
+    torch.ops.load_library(str(library))
+    register_fakes(LIBRARY)
+    _loaded = True
 
 
 def _to_stderr(line: str) -> None:
@@ -129,10 +147,10 @@ def _to_stderr(line: str) -> None:
 
 
 def load(announce: Callable[[str], None] = _to_stderr) -> None:
-    """Build (first use only) and load the library; idempotent and thread-safe. A build (not a cached load)
-    first passes its one-line notice to `announce` (stderr by default; the conformance harness passes its
-    terminal, which pytest's output capture cannot hide)."""
-    global _loaded, _failure
+    """Load the cached library, building it first if no process has (ninja, into `build_directory`, then copied to
+    `library_path`); idempotent and thread-safe. A build first passes its one-line notice to `announce` (stderr by
+    default; the conformance harness passes its terminal, which pytest's output capture cannot hide)."""
+    global _failure, _loaded
     if _loaded:
         return
     with _lock:
@@ -142,13 +160,16 @@ def load(announce: Callable[[str], None] = _to_stderr) -> None:
             raise _failure
         check_toolchain()
         name = build_name()
+        library = library_path(name)
+        if library.is_file():
+            _load_library(library)
+            logger.info("reference C++ CPU kernels loaded from %s", library)
+            return
         directory = build_directory(name)
         directory.mkdir(parents=True, exist_ok=True)
-        cached = (directory / f"{name}.so").is_file()
-        if not cached:
-            jobs = min(len(SOURCES), os.cpu_count() or 1)
-            estimate = 10 * -(-len(SOURCES) // jobs) + 5
-            announce(f"building reference C++ CPU kernels (first use, ~{estimate} s) in {directory} ...")
+        jobs = min(len(SOURCES), os.cpu_count() or 1)
+        estimate = 10 * -(-len(SOURCES) // jobs) + 5
+        announce(f"building reference C++ CPU kernels (first use, ~{estimate} s) in {directory} ...")
         from torch.utils.cpp_extension import load as cpp_load
 
         start = time.perf_counter()
@@ -156,12 +177,15 @@ def load(announce: Callable[[str], None] = _to_stderr) -> None:
             cpp_load(name=name, sources=[str(CSRC_DIR / s) for s in SOURCES],
                      extra_cflags=build_flags(), extra_ldflags=["-fopenmp"],
                      build_directory=str(directory), is_python_module=False, verbose=False)
+            # Published under its content name by an atomic rename: a concurrent reader sees all of it or none.
+            partial = library.with_name(f".{library.name}.{os.getpid()}.partial")
+            shutil.copyfile(directory / f"{name}.so", partial)
+            os.replace(partial, library)
         except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError
             _failure = CppKernelBuildError(
                 f"building the reference C++ CPU kernels in {directory} failed: {exc}")
             raise _failure from exc
-        logger.info("reference C++ CPU kernels %s in %.1f s", "loaded" if cached else "built",
-                    time.perf_counter() - start)
+        logger.info("reference C++ CPU kernels built in %.1f s", time.perf_counter() - start)
         register_fakes(LIBRARY)
         _loaded = True
 
@@ -170,20 +194,16 @@ def load_if_built() -> bool:
     """Load the library if a previous process built it for these sources, flags and torch (never
     build); whether it is loaded now. For compiled code that inductor serves from its cache: it
     calls `torch.ops.reference_cpu` directly, before any kernel call would have loaded it."""
-    global _loaded
     if _loaded:
         return True
     if toolchain_problem() is not None:
         return False
     with _lock:
         if not _loaded:
-            name = build_name()
-            library = build_directory(name) / f"{name}.so"
+            library = library_path(build_name())
             if not library.is_file():
                 return False
-            torch.ops.load_library(str(library))
-            register_fakes(LIBRARY)
-            _loaded = True
+            _load_library(library)
             logger.info("reference C++ CPU kernels loaded from %s", library)
     return True
 

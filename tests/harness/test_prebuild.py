@@ -63,10 +63,12 @@ def test_the_notice_reaches_the_terminal_of_a_run_with_xdist_workers(tmp_path):
         pytest.skip(f"C++ CPU kernels unavailable: {_cpp_build.toolchain_problem()}")
     _cpp_build.load()
     name = _cpp_build.build_name()
-    cached = _cpp_build.build_directory(name)
+    cached = _cpp_build.library_path(name).parent   # the library and this checkout's build directory
     extensions = tmp_path / "torch_extensions"
     shutil.copytree(cached, extensions / name)
+    build = extensions / name / _cpp_build.build_directory(name).name
     (extensions / name / f"{name}.so").unlink()
+    (build / f"{name}.so").unlink()
     run = run_harness(tmp_path, "cpu", "-n", "2", "-k", "rms_norm and float32 and ir_case and 128 and not 1280 and not "
                       "fused", env={"TORCH_EXTENSIONS_DIR": str(extensions)})
     assert run.returncode == 0, run.output[-3000:]

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -516,9 +518,40 @@ def test_without_compiler_provider_is_off_and_dispatch_uses_native():
 
 
 @needs_build
+def test_the_same_sources_elsewhere_load_the_cached_library_and_a_changed_one_is_a_new_name(ops, tmp_path):
+    """The cache is keyed by the sources' bytes, not their place: an installed wheel or a second checkout loads the
+    library this one built; one changed byte names another library (which would be built)."""
+    copy = tmp_path / "csrc"
+    shutil.copytree(Path(_cpp_build.CSRC_DIR).parent, copy)
+    result = _child(f"""
+        import torch
+        from pathlib import Path
+        from reference_impl.kernels import _cpp_build
+        _cpp_build.CSRC_DIR = Path({str(copy / "cpu")!r})
+        print(_cpp_build.build_name())
+        _cpp_build.load()
+        print(torch.ops.reference_cpu.relu2(torch.tensor([-1.0, 3.0])).tolist())
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[0] == _cpp_build.build_name()
+    assert "[0.0, 9.0]" in result.stdout
+    assert "building reference C++ CPU kernels" not in result.stderr
+    with (copy / "cpu" / "gemm.cpp").open("a") as f:
+        f.write("\n")
+    changed = _child(f"""
+        from pathlib import Path
+        from reference_impl.kernels import _cpp_build
+        _cpp_build.CSRC_DIR = Path({str(copy / "cpu")!r})
+        print(_cpp_build.build_name(), _cpp_build.build_directory(_cpp_build.build_name()))
+    """)
+    name, directory = changed.stdout.split()
+    assert name != _cpp_build.build_name() and name.startswith("reference_cpu_")
+    assert Path(directory).parent.name == name and Path(directory) != _cpp_build.build_directory(name)
+
+
+@needs_build
 def test_cached_build_is_reused_without_rebuilding(ops):
-    directory = _cpp_build.build_directory(_cpp_build.build_name())
-    assert (directory / f"{_cpp_build.build_name()}.so").is_file()
+    assert _cpp_build.library_path(_cpp_build.build_name()).is_file()
     result = _child("""
         import torch
         from reference_impl.kernels import _cpp_build

@@ -1,5 +1,8 @@
-"""The built wheel is the product: it ships csrc/, so the `cpp` provider JIT-builds from an installed
+"""The built wheel is the product: it ships csrc/, so the `cpp` provider works from an installed
 package, and its `conformance` script and pytest plugin work from a directory outside the checkout.
+The installed sources hash to the checkout's build name (the same bytes of every source and header),
+so the installed package loads the library the checkout built instead of building it again; a cold
+build from an installed wheel is what tox's conformance environments do (CI runs one).
 
 The wheel is built without build isolation and installed with --no-deps into a fresh virtual
 environment that reaches this interpreter's packages (torch, pytest, ...) through a .pth file, so
@@ -74,21 +77,24 @@ def installed(wheel, tmp_path_factory) -> Path:
     return venv
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "REFERENCE_IMPL_PLUGINS", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
-    env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "torch_extensions")  # a cold JIT build from the packaged sources
-    return env
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items()
+            if k not in ("PYTHONPATH", "REFERENCE_IMPL_PLUGINS", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
 
 
 def test_installed_wheel_runs_the_harness_outside_the_checkout_with_cpp_kernels(installed, tmp_path):
+    from reference_impl.kernels import _cpp_build
+
+    _cpp_build.load()   # the checkout's library (built here if no test has yet)
     python, script = installed / "bin" / "python", installed / "bin" / "conformance"
-    env = _env(tmp_path)
+    env = _env()
     where = _run([str(python), "-c", "import conformance, reference_impl; from reference_impl.kernels import _cpp_build;"
-                  "print(conformance.__file__); print(reference_impl.__file__); print(_cpp_build.CSRC_DIR)"],
+                  "print(conformance.__file__); print(reference_impl.__file__); print(_cpp_build.CSRC_DIR);"
+                  "print(_cpp_build.build_name())"],
                  cwd=tmp_path, env=env).stdout.split()
-    assert all(Path(p).is_relative_to(installed) for p in where), f"not imported from the installed wheel: {where}"
+    assert all(Path(p).is_relative_to(installed) for p in where[:3]), f"not imported from the installed wheel: {where}"
     assert Path(where[2]).parts[-3:] == ("reference_impl", "_csrc", "cpu")
+    assert where[3] == _cpp_build.build_name(), "the packaged kernel sources differ from the checkout's"
 
     assert "repro" in _run([str(script), "--help"], cwd=tmp_path, env=env).stdout
 
@@ -104,7 +110,7 @@ def test_installed_wheel_runs_the_harness_outside_the_checkout_with_cpp_kernels(
     # Without the packaged sources the provider registers supported=False: every result NOT_SUPPORTED.
     assert len(passed) >= len(cpp) * 3 // 4, sorted((r["case"], r["outcome"], r["message"]) for r in cpp)
     assert {r["outcome"] for r in cpp} <= {"PASS", "NOT_SUPPORTED"}
-    assert list((tmp_path / "torch_extensions").glob("reference_cpu_*/reference_cpu_*.so")), "no JIT build happened"
+    assert "building reference C++ CPU kernels" not in run.stdout + run.stderr, "the checkout's build was not reused"
 
     selected = _run([str(python), "-c",
                      "import torch\n"
