@@ -1,8 +1,8 @@
 """The built wheel is the product: it ships csrc/, so the `cpp` provider works from an installed
 package, and its `conformance` script and pytest plugin work from a directory outside the checkout.
-The installed sources hash to the checkout's build name (the same bytes of every source and header),
-so the installed package loads the library the checkout built instead of building it again; a cold
-build from an installed wheel is what tox's conformance environments do (CI runs one).
+The installed sources hash to the checkout's build name (the same bytes of every source and header,
+the same flags, compiler and torch), so the installed package loads the library the checkout built:
+what a cold build from the wheel's sources would make, without building it a second time.
 
 The wheel is built without build isolation and installed with --no-deps into a fresh virtual
 environment that reaches this interpreter's packages (torch, pytest, ...) through a .pth file, so
