@@ -177,10 +177,6 @@ def load(announce: Callable[[str], None] = _to_stderr) -> None:
             cpp_load(name=name, sources=[str(CSRC_DIR / s) for s in SOURCES],
                      extra_cflags=build_flags(), extra_ldflags=["-fopenmp"],
                      build_directory=str(directory), is_python_module=False, verbose=False)
-            # Published under its content name by an atomic rename: a concurrent reader sees all of it or none.
-            partial = library.with_name(f".{library.name}.{os.getpid()}.partial")
-            shutil.copyfile(directory / f"{name}.so", partial)
-            os.replace(partial, library)
         except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError
             _failure = CppKernelBuildError(
                 f"building the reference C++ CPU kernels in {directory} failed: {exc}")
@@ -188,6 +184,19 @@ def load(announce: Callable[[str], None] = _to_stderr) -> None:
         logger.info("reference C++ CPU kernels built in %.1f s", time.perf_counter() - start)
         register_fakes(LIBRARY)
         _loaded = True
+        _publish(directory / f"{name}.so", library)
+
+
+def _publish(built: Path, library: Path) -> None:
+    """Copy a fresh build to its content name, by an atomic rename (a concurrent reader sees all of it or none).
+    A failure only costs the next process a ninja run over the build directory, so it is logged, not raised."""
+    partial = library.with_name(f".{library.name}.{os.getpid()}.partial")
+    try:
+        shutil.copyfile(built, partial)
+        os.replace(partial, library)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        logger.warning("reference C++ CPU kernels built but not cached at %s: %s", library, exc)
 
 
 def load_if_built() -> bool:

@@ -8,6 +8,7 @@ toolchain the kernel tests skip with the reason and the no-compiler tests still 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -515,6 +516,20 @@ def test_without_compiler_provider_is_off_and_dispatch_uses_native():
     assert "ERROR: reference C++ CPU kernels unavailable: no C++ compiler: '/nonexistent/bin/c++'" in result.stdout
     assert "C++ CPU kernels are off" in result.stderr  # the import-time warning
     assert "building reference C++ CPU kernels" not in result.stderr
+
+
+def test_a_fresh_build_is_published_whole_and_a_failed_copy_is_logged_not_raised(tmp_path, caplog):
+    built = tmp_path / "build" / "lib.so"
+    built.parent.mkdir()
+    built.write_bytes(b"\x7fELF library bytes")
+    (tmp_path / "cache").mkdir()
+    _cpp_build._publish(built, tmp_path / "cache" / "lib.so")
+    assert (tmp_path / "cache" / "lib.so").read_bytes() == built.read_bytes()
+    (tmp_path / "cache" / "taken.so").mkdir()   # a directory where the library would go: the rename fails
+    with caplog.at_level(logging.WARNING, logger=_cpp_build.__name__):
+        _cpp_build._publish(built, tmp_path / "cache" / "taken.so")
+    assert "reference C++ CPU kernels built but not cached at" in caplog.text and "taken.so" in caplog.text
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["lib.so", "lib.so"]   # no partial left
 
 
 @needs_build
