@@ -137,7 +137,11 @@ def build_directory(name: str) -> Path:
 
 def _load_library(library: Path) -> None:
     global _loaded
-    torch.ops.load_library(str(library))
+    try:
+        torch.ops.load_library(str(library))
+    except OSError as exc:   # not a library this process can load (damaged, or made for another system)
+        raise CppKernelBuildError(f"the cached reference C++ CPU kernels {library} do not load ({exc}); delete "
+                                  "that file to rebuild them") from exc
     register_fakes(LIBRARY)
     _loaded = True
 

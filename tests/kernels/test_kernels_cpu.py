@@ -532,6 +532,14 @@ def test_a_fresh_build_is_published_whole_and_a_failed_copy_is_logged_not_raised
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["lib.so", "lib.so"]   # no partial left
 
 
+def test_a_cached_library_that_does_not_load_is_named_with_the_fix(tmp_path):
+    damaged = tmp_path / "reference_cpu_x.so"
+    damaged.write_bytes(b"not a shared object")
+    with pytest.raises(_cpp_build.CppKernelBuildError, match=r"the cached reference C\+\+ CPU kernels .*"
+                       r"reference_cpu_x\.so do not load \(.*\); delete that file to rebuild them"):
+        _cpp_build._load_library(damaged)
+
+
 @needs_build
 def test_the_same_sources_elsewhere_load_the_cached_library_and_a_changed_one_is_a_new_name(ops, tmp_path):
     """The cache is keyed by the sources' bytes, not their place: an installed wheel or a second checkout loads the
