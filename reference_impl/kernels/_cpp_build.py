@@ -32,7 +32,8 @@ LIBRARY = "reference_cpu"
 CSRC_DIR = csrc_dir() / "cpu"
 SOURCES = ("bindings.cpp", "norm.cpp", "activation.cpp", "rotary.cpp", "quant.cpp", "attention.cpp",
            "attention_bindings.cpp", "gemm.cpp", "gemm_bindings.cpp")
-# Files the sources include (hashed into the build name); paths relative to CSRC_DIR.
+# Files the sources include (a build needs them present); paths relative to CSRC_DIR. The build name hashes every
+# C++ file of cpu/ and common/ (`hashed_files`), listed here or not: a cached library is loaded without asking ninja.
 HEADERS = ("kernels.h", "vec_common.h", "attention.h", "cpu_bindings.h", "../common/binding_utils.h",
            "../common/schemas.inc", "../common/impls.inc", "../common/row_index.h")
 # Set to 1 to turn the provider off (dispatch then falls back to the next provider).
@@ -102,11 +103,20 @@ def build_flags() -> list[str]:
     return ["-O3", "-DNDEBUG", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", *arch]
 
 
+def hashed_files() -> list[str]:
+    """Every C++ source, header and .inc file under cpu/ and common/, as paths relative to CSRC_DIR, sorted: a
+    header added or edited there renames the build, whether or not HEADERS lists it."""
+    roots = (CSRC_DIR, CSRC_DIR.parent / "common")
+    found = {os.path.relpath(p, CSRC_DIR) for root in roots for p in root.rglob("*")
+             if p.is_file() and p.suffix in (".cpp", ".h", ".inc")}
+    return sorted(found)
+
+
 def build_name() -> str:
-    """Library name: ISA tag plus a hash of everything that changes the binary (source and header bytes, flags,
+    """Library name: ISA tag plus a hash of everything that changes the binary (the bytes of `hashed_files`, flags,
     compiler, torch and Python versions); where the sources live is not part of it."""
     h = hashlib.sha256()
-    for name in SOURCES + HEADERS:
+    for name in hashed_files():
         h.update(name.encode())
         h.update((CSRC_DIR / name).read_bytes())
     h.update(" ".join(build_flags()).encode())

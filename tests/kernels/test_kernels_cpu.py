@@ -543,7 +543,7 @@ def test_a_cached_library_that_does_not_load_is_named_with_the_fix(tmp_path):
 @needs_build
 def test_the_same_sources_elsewhere_load_the_cached_library_and_a_changed_one_is_a_new_name(ops, tmp_path):
     """The cache is keyed by the sources' bytes, not their place: an installed wheel or a second checkout loads the
-    library this one built; one changed byte names another library (which would be built)."""
+    library this one built; a new header (listed nowhere) or one changed byte names another library (to be built)."""
     copy = tmp_path / "csrc"
     shutil.copytree(Path(_cpp_build.CSRC_DIR).parent, copy)
     result = _child(f"""
@@ -559,17 +559,20 @@ def test_the_same_sources_elsewhere_load_the_cached_library_and_a_changed_one_is
     assert result.stdout.split("\n")[0] == _cpp_build.build_name()
     assert "[0.0, 9.0]" in result.stdout
     assert "building reference C++ CPU kernels" not in result.stderr
-    with (copy / "cpu" / "gemm.cpp").open("a") as f:
-        f.write("\n")
-    changed = _child(f"""
-        from pathlib import Path
-        from reference_impl.kernels import _cpp_build
-        _cpp_build.CSRC_DIR = Path({str(copy / "cpu")!r})
-        print(_cpp_build.build_name(), _cpp_build.build_directory(_cpp_build.build_name()))
-    """)
-    name, directory = changed.stdout.split()
-    assert name != _cpp_build.build_name() and name.startswith("reference_cpu_")
-    assert Path(directory).parent.name == name and Path(directory) != _cpp_build.build_directory(name)
+    names = []
+    gemm = copy / "cpu" / "gemm.cpp"
+    for path, text in ((copy / "common" / "unlisted.h", "// a header no list names\n"), (gemm, gemm.read_text() + "\n")):
+        path.write_text(text)
+        changed = _child(f"""
+            from pathlib import Path
+            from reference_impl.kernels import _cpp_build
+            _cpp_build.CSRC_DIR = Path({str(copy / "cpu")!r})
+            print(_cpp_build.build_name(), _cpp_build.build_directory(_cpp_build.build_name()))
+        """)
+        name, directory = changed.stdout.split()
+        assert name.startswith("reference_cpu_") and name not in [_cpp_build.build_name(), *names]
+        assert Path(directory).parent.name == name and Path(directory) != _cpp_build.build_directory(name)
+        names.append(name)
 
 
 @needs_build
