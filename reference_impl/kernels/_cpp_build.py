@@ -156,6 +156,16 @@ def _load_library(library: Path) -> None:
     _loaded = True
 
 
+def _load_cached(name: str) -> bool:
+    """Load the cached library `name` if a process built it; whether it did. The caller holds `_lock`."""
+    library = library_path(name)
+    if not library.is_file():
+        return False
+    _load_library(library)
+    logger.info("reference C++ CPU kernels loaded from %s", library)
+    return True
+
+
 def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -174,10 +184,7 @@ def load(announce: Callable[[str], None] = _to_stderr) -> None:
             raise _failure
         check_toolchain()
         name = build_name()
-        library = library_path(name)
-        if library.is_file():
-            _load_library(library)
-            logger.info("reference C++ CPU kernels loaded from %s", library)
+        if _load_cached(name):
             return
         directory = build_directory(name)
         directory.mkdir(parents=True, exist_ok=True)
@@ -198,7 +205,7 @@ def load(announce: Callable[[str], None] = _to_stderr) -> None:
         logger.info("reference C++ CPU kernels built in %.1f s", time.perf_counter() - start)
         register_fakes(LIBRARY)
         _loaded = True
-        _publish(directory / f"{name}.so", library)
+        _publish(directory / f"{name}.so", library_path(name))
 
 
 def _publish(built: Path, library: Path) -> None:
@@ -222,13 +229,7 @@ def load_if_built() -> bool:
     if toolchain_problem() is not None:
         return False
     with _lock:
-        if not _loaded:
-            library = library_path(build_name())
-            if not library.is_file():
-                return False
-            _load_library(library)
-            logger.info("reference C++ CPU kernels loaded from %s", library)
-    return True
+        return _loaded or _load_cached(build_name())
 
 
 def ops():
