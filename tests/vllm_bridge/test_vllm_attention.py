@@ -23,7 +23,7 @@ SELECTION = ("attention and (dispatch or compile or (steps and float32) or "
 
 @pytest.fixture(scope="module")
 def attention_run(tmp_path_factory):
-    run = run_harness(tmp_path_factory.mktemp("vllm_attention"), "vllm", "-n", "2", "-k", SELECTION,
+    run = run_harness(tmp_path_factory.mktemp("vllm_attention"), "vllm", "-k", SELECTION,
                       level="standard", timeout=900)
     assert run.doc is not None and run.doc["run"]["complete"], run.output[-3000:]
     return run

@@ -25,7 +25,7 @@ SELECTION = ("silu_and_mul or gelu_and_mul or quick_gelu or (rms_norm and not ge
 
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory):
-    run = run_harness(tmp_path_factory.mktemp("vllm_good"), "vllm", "-n", "2", "-k", SELECTION, dist=GOOD,
+    run = run_harness(tmp_path_factory.mktemp("vllm_good"), "vllm", "-k", SELECTION, dist=GOOD,
                       timeout=600)
     assert run.doc is not None and run.doc["run"]["complete"], run.output[-3000:]
     return run
