@@ -16,10 +16,11 @@ import os
 import sys
 import warnings
 from collections.abc import Iterator
-from importlib.metadata import EntryPoint, entry_points, packages_distributions
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from conformance.collect.inventory import PlatformSetupError
+from conformance.collect.origin import distribution_of_module
 
 # vLLM releases whose vllm/ir, model_executor/custom_op.py and plugins/__init__.py the bridge is
 # written against: 0.32 is tested; 0.33 ships the same three, file for file (docs/vllm.md).
@@ -201,12 +202,12 @@ def vllm_distribution() -> dict[str, str]:
 
 @functools.cache
 def _vllm_distribution() -> tuple[tuple[str, str], ...]:
-    # packages_distributions() reads every installed distribution's file list (about a second): once a process, as
-    # attention unit listing asks for every selector config of every check
+    # the map of every installed distribution's modules that attribution reads too (built once a process); cached
+    # here as well, as attention unit listing asks for every selector config of every check
     from importlib.metadata import version
 
-    names = packages_distributions().get("vllm") or ["vllm"]
-    return (("distribution", names[0]), ("version", version(names[0])))
+    name, found_version = distribution_of_module("vllm") or ("vllm", version("vllm"))
+    return (("distribution", name), ("version", found_version))
 
 
 def resolve() -> ResolvedPlatform:
