@@ -39,6 +39,18 @@ def test_upstream_is_a_known_runtime_that_is_not_under_test():
     assert not is_upstream(None, "acme", runtimes)                # unknown code is never excused
 
 
+def test_the_module_map_names_what_packages_distributions_names_for_every_installed_module():
+    """The one-pass map reads files as importlib.metadata does: for each module it finds in a distribution's files,
+    the first distribution packages_distributions() lists, with that distribution's version."""
+    from importlib.metadata import packages_distributions, version
+
+    origin_mod._module_distributions.cache_clear()
+    expected = {module: names[0] for module, names in packages_distributions().items() if names}
+    assert expected and "conformance" in expected
+    for module, name in expected.items():
+        assert distribution_of_module(module) == (name, version(name)), module
+
+
 def test_module_distribution_from_installed_files_and_from_entry_points(tmp_path, monkeypatch):
     assert distribution_of_module("conformance.report.scorecard")[0] == "reference-impl-conformance"
     # a plugin laid out as a package beside a dist-info with no file list (as the committed fixtures are)
