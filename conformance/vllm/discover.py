@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
 import sys
 import warnings
@@ -196,18 +195,12 @@ def check_general_plugins_kept(platform_ep: EntryPoint) -> None:
 
 
 def vllm_distribution() -> dict[str, str]:
-    """{"distribution", "version"} of the installed distribution that provides the `vllm` package."""
-    return dict(_vllm_distribution())
-
-
-@functools.cache
-def _vllm_distribution() -> tuple[tuple[str, str], ...]:
-    # the map of every installed distribution's modules that attribution reads too (built once a process); cached
-    # here as well, as attention unit listing asks for every selector config of every check
+    """{"distribution", "version"} of the installed distribution that provides the `vllm` package (from the map of
+    installed modules that attribution builds once a process, so cheap to ask for every selector config)."""
     from importlib.metadata import version
 
     name, found_version = distribution_of_module("vllm") or ("vllm", version("vllm"))
-    return (("distribution", name), ("version", found_version))
+    return {"distribution": name, "version": found_version}
 
 
 def resolve() -> ResolvedPlatform:
