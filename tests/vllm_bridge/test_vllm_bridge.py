@@ -143,8 +143,12 @@ print(json.dumps({"close": bool(torch.allclose(a, b)), "changed_env": sorted(aft
                   "namespaces": [hasattr(torch.ops, n) for n in ("reference_ir", "vllm_ir")],
                   "bridged": inv.ir_providers.get("rms_norm", [])}))
 """
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=harness_env(), capture_output=True,
-                         text=True, timeout=300)
+    # torch writes its inductor cache directory into os.environ the first time it looks it up (vLLM's import compiles
+    # a function): set, as an earlier compile in this pytest worker would have set it, so the result is the same
+    # whatever ran before
+    env = harness_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     facts = json.loads(out.stdout.strip().splitlines()[-1])
     assert facts["close"] and facts["namespaces"] == [True, True] and "vllm:vllm_c" in facts["bridged"]
