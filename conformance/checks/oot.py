@@ -15,10 +15,8 @@ on an out-of-tree platform, whose `enabled()` says no, or whose `dispatch_forwar
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import torch
 
@@ -26,6 +24,7 @@ from conformance.checks import lookup
 from conformance.checks.common import CheckContext, Verdict, call_impl, clone_args, failed, passed
 from conformance.checks.numerics import build_layer_pair
 from conformance.checks.record import check
+from conformance.collect.dispatch_target import DispatchTarget
 from conformance.collect.inventory import Inventory
 from conformance.collect.units import Unit, dtype_from_name
 from conformance.results.result import Outcome
@@ -33,19 +32,6 @@ from conformance.results.result import Outcome
 _MACHINERY = (torch.nn.Module, object)
 # module prefixes of code that is not a reference_impl plugin's own
 REFERENCE_UPSTREAM = ("reference_impl.", "torch.", "builtins")
-
-
-@dataclasses.dataclass(frozen=True)
-class DispatchTarget:
-    """What a CustomOp dispatcher built for a replaced layer and which forward it picked (custom ops on)."""
-
-    layer: Any                  # the instance the dispatcher's CustomOp.__new__ built
-    in_tree: type               # the class the replacement replaces, in that dispatcher's registry
-    method: Callable            # the bound forward its dispatch_forward picked for this platform
-    platform_method: str        # what the base dispatch_forward picks here when enabled: forward_oot on an OOT platform
-    dispatcher: str             # whose dispatch it is, for messages: "vLLM", "the reference CustomOp"
-    upstream: tuple[str, ...]   # module prefixes of code that is not the vendor's
-    enabled: bool               # what the built class's enabled() (or enforce_enable) says with custom ops on
 
 
 def reference_target(layer, in_tree: type) -> DispatchTarget:

@@ -175,13 +175,13 @@ UPSTREAM = ("vllm.", "torch.", "builtins", "conformance.", "reference_impl.")
 
 
 def vllm_dispatch(layer, theirs: type):
-    """What vLLM built and picked for `layer` (conformance.checks.oot.DispatchTarget): its class (a vendor's
+    """What vLLM built and picked for `layer` (conformance.collect.dispatch_target.DispatchTarget): its class (a vendor's
     register_oot class or vLLM's own), the forward vLLM's dispatch_forward chose at construction, the one
     vLLM's own CustomOp.dispatch_forward picks on this platform when enabled, and the class's enabled()."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.custom_op import CustomOp as VllmCustomOp
 
-    from conformance.checks.oot import DispatchTarget
+    from conformance.collect.dispatch_target import DispatchTarget
     from conformance.vllm.worker_setup import vllm_config
 
     if not isinstance(layer, VllmCustomOp):   # a PluggableLayer: no per-platform dispatch
