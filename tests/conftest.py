@@ -32,3 +32,14 @@ def inductor_env(monkeypatch, tmp_path):
     torch._dynamo.reset()
     with activate_platform(CompileTestPlatform()), providers(), torch.no_grad():
         yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say it loudly when tests were skipped for want of vLLM: without `bash scripts/setup.sh --vllm` the bridge and
+    engine tests (a large part of what CI runs) are skipped, and a short 'N skipped' would hide that."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if "vLLM is not installed" in str(getattr(r, "longrepr", ""))]
+    if skipped:
+        terminalreporter.write_line(
+            f"{len(skipped)} tests skipped because vLLM is not installed here: the full test run needs "
+            "`bash scripts/setup.sh --vllm` (README, Set-up)", yellow=True, bold=True)
