@@ -149,7 +149,7 @@ def attribution(inventory) -> Attribution:
 def _attention_origins(table: Attribution, platform) -> dict[str, Origin]:
     """The origin of each attention backend the platform brings (a bridge's adapter names vLLM's class in its
     `conformance_code`), so a bridged plugin's results for vLLM's own backend are upstream."""
-    from conformance.checks.attention_units import brought_backends
+    from conformance.collect.attention import brought_backends
     from reference_impl.attention.registry import resolve
 
     out = {}

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conformance.checks import CheckContext, run_unit
-from conformance.checks.attention import bad_requests
+from conformance.checks.attention.checks import bad_requests
 from conformance.collect.inventory import activate
 from conformance.collect.units import Unit
 from conformance.results.result import Outcome
@@ -127,7 +127,7 @@ def cpu():
 
 
 def test_the_size_cases_are_forward_units_in_one_dtype_and_the_blocks_case_a_cache_write_unit(cpu):
-    from conformance.checks.attention_units import aliasing_units, cache_write_units, forward_units, steps_units
+    from conformance.checks.attention.units import aliasing_units, cache_write_units, forward_units, steps_units
 
     inventory, _ = cpu
     forward = [u for u in forward_units(inventory, "attention", "forward", "standard") if u.provider == "CPP"]
@@ -290,7 +290,7 @@ def test_bad_requests_counts_tokens_and_runs_of_requests_and_skips_empty_request
 # most of an hour; so here the blocks case (4 requests in a cache past 65,535 blocks, ~5 s), and every standard size
 # case where a GPU runs the kernels.
 def _triton_child(names: list[str]) -> dict:
-    from conformance.checks.attention import grade
+    from conformance.checks.attention.checks import grade
     from reference_impl.attention.triton_backend import TritonAttentionBackend
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -238,8 +238,9 @@ def test_a_runner_attending_plugin_gets_not_covered_units_never_a_pass(bridge, m
     import torch
     from vllm.platforms import current_platform
 
-    from conformance.checks.attention import _not_brought
-    from conformance.checks.attention_units import NONE, OP, brought_backends
+    from conformance.checks.attention.checks import _not_brought
+    from conformance.checks.attention.units import NONE, OP
+    from conformance.collect.attention import brought_backends
     from conformance.collect.units import Unit
     from conformance.results.result import Outcome
     from conformance.vllm import worker_setup
@@ -262,7 +263,7 @@ def test_a_runner_attending_plugin_gets_not_covered_units_never_a_pass(bridge, m
 
 
 def test_cases_move_to_a_declared_block_size_keeping_what_fits_of_a_shared_prefix():
-    from conformance.checks.attention_units import declared_block
+    from conformance.checks.attention.units import declared_block
     from reference_impl.attention.backend import AttentionBackend, MultipleOf
     from reference_impl.attention.cases import CASES_BY_NAME
 

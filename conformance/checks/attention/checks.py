@@ -2,18 +2,18 @@
 batches, against the float64 oracle (reference_impl/attention/oracle.py) and the reference backend as native.
 
 forward: the output against the oracle, graded like numerics; a FAIL names what the backend computes instead
-(conformance.checks.attention_diagnosis). cache_write: blocks the slot mapping does not address (the null block,
+(conformance.checks.attention.diagnosis). cache_write: blocks the slot mapping does not address (the null block,
 the spare ones) byte-identical through every write; forward leaves the cache alone when the layer writes it.
 aliasing: the result is in `output`, inputs and metadata unchanged. steps: one impl and builder over a sequence
 of batches. dispatch: the selection resolves, and each declared capability matches behaviour.
-Units and which backends a platform brings: conformance.checks.attention_units.
+Units and which backends a platform brings: conformance.checks.attention.units.
 """
 
 from __future__ import annotations
 
 import torch
 
-from conformance.checks.attention_units import (
+from conformance.checks.attention.units import (
     NONE,
     OP,
     aliasing_units,
@@ -74,7 +74,7 @@ def _not_brought(ctx: CheckContext, unit: Unit) -> Verdict | None:
 def _backend(ctx: CheckContext, unit: Unit):
     """The unit's backend class. A registry name a kernel module registers when the platform first selects it is
     known in this process once the platform has been asked (as the controller asked it to list the units)."""
-    from conformance.checks.attention_units import brought_backends
+    from conformance.collect.attention import brought_backends
     from reference_impl.attention.registry import AttentionBackendEnum, resolve
 
     known = unit.provider in AttentionBackendEnum and (AttentionBackendEnum[unit.provider].value is not None
@@ -173,7 +173,7 @@ def bad_requests(got: torch.Tensor, native: torch.Tensor, query_lens, atol: floa
 def grade(got: torch.Tensor, native: torch.Tensor, problem, case, dtype: torch.dtype):
     """Comparison of the backend's rows against native, graded against the float64 oracle; a FAIL's advice names
     what the backend computes instead where one perturbation of the oracle matches."""
-    from conformance.checks.attention_diagnosis import followed_perturbation
+    from conformance.checks.attention.diagnosis import followed_perturbation
     from reference_impl.attention.oracle import oracle
 
     atol, rtol = _tolerance(dtype)
@@ -187,8 +187,8 @@ def grade(got: torch.Tensor, native: torch.Tensor, problem, case, dtype: torch.d
 
 
 def _truncation(got, problem, dtype) -> str | None:
-    """attention_diagnosis.fp8_truncation at the dtype's tolerance: the backend's fp8 writer truncates."""
-    from conformance.checks.attention_diagnosis import fp8_truncation
+    """diagnosis.fp8_truncation at the dtype's tolerance: the backend's fp8 writer truncates."""
+    from conformance.checks.attention.diagnosis import fp8_truncation
 
     atol, rtol = _tolerance(dtype)
     return fp8_truncation(got, problem, dtype, atol, rtol)
@@ -229,7 +229,7 @@ def _returned_elsewhere(out, returned, tokens) -> str | None:
 @check("attention", "forward", units=forward_units)
 @attention_errors
 def forward(ctx: CheckContext, unit: Unit) -> Verdict:
-    from conformance.checks.attention_diagnosis import fp8_truncation
+    from conformance.checks.attention.diagnosis import fp8_truncation
     from reference_impl.attention.batch import BackendRun, make_batch
     from reference_impl.attention.cases import case_named, ordered_for
 
