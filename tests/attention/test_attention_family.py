@@ -1,5 +1,6 @@
 """The attention check family's verdicts on backends defined here: fp8 truncation as a quality finding, the dispatch
-probes' three answers, a platform that brings no backend, and a selection hook that answers wrongly."""
+probes' three answers, a platform that brings no backend, and a selection hook that answers wrongly (compile:
+test_attention_compile.py)."""
 
 from __future__ import annotations
 
@@ -144,25 +145,3 @@ def test_a_builder_with_a_reorder_threshold_gets_decodes_first():
         results = _run(f"{__name__}.DecodeFirst", check, level="standard")
         bad = [f"{u.id}: {v.outcome.value} {v.message[:300]}" for u, v in results if v.outcome is not Outcome.PASS]
         assert not bad, bad
-
-
-class OpaquePlatform(OnePlatform):
-    def opaque_attention_op(self):
-        return True
-
-
-def test_compile_says_the_backend_was_not_traced_where_attention_is_one_opaque_op():
-    platform = OpaquePlatform(f"{__name__}.CorrectUndeclared")
-    ctx = CheckContext("test", platform, seed=1234, level="quick")
-    units = records()["attention.compile"].units(Inventory("test", platform, {}, {}, {}), "attention", "compile",
-                                                 "quick")
-    assert [u.dtype for u in units] == ["float32"]
-    verdict, _ = run_unit(ctx, units[0])
-    assert verdict.outcome is Outcome.PASS, verdict.message
-    assert "reused the graph" in verdict.message and "the backend's own code was not traced" in verdict.message
-
-
-def test_compile_fails_a_backend_that_cannot_be_traced_on_a_platform_without_the_opaque_op():
-    ((_, verdict),) = _run(f"{__name__}.CorrectUndeclared", "compile")
-    assert verdict.outcome is Outcome.FAIL
-    assert "cannot trace the backend, and the platform does not run attention as one opaque op" in verdict.message

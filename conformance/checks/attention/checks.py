@@ -5,7 +5,9 @@ forward: the output against the oracle, graded like numerics; a FAIL names what 
 (conformance.checks.attention.diagnosis). cache_write: blocks the slot mapping does not address (the null block,
 the spare ones) byte-identical through every write; forward leaves the cache alone when the layer writes it.
 aliasing: the result is in `output`, inputs and metadata unchanged. steps: one impl and builder over a sequence
-of batches. dispatch: the selection resolves, and each declared capability matches behaviour.
+of batches. compile: the backend's own code traced by torch.compile against eager (a SKIP where the platform runs
+attention as one opaque op, which Dynamo never enters). dispatch: the selection resolves, and each declared
+capability matches behaviour.
 Units and which backends a platform brings: conformance.checks.attention.units.
 """
 
@@ -473,26 +475,38 @@ def _fresh_note(i, backend, case, dtype, kv, seed, ctx, native) -> str:
 
 
 # ----- compile --------------------------------------------------------------------------------------------------
+def not_traced(ctx: CheckContext, unit: Unit) -> Verdict | None:
+    """SKIP where the platform runs attention as one opaque custom op (`opaque_attention_op()` True: vLLM's CPU, CUDA
+    and ROCm platforms, our cpu platform): torch.compile then never enters the backend, and a compiled run calls the
+    same backend code eagerly, so comparing it with eager would grade only the op wrapped around it. None where the
+    platform lets Dynamo trace the backend."""
+    if not call_impl("the platform's opaque_attention_op", ctx.platform.opaque_attention_op):
+        return None
+    bridged = getattr(ctx.platform, "conformance_class", None)
+    who = (f"{bridged}.opaque_attention_op() is True, so vLLM runs" if isinstance(bridged, str) else
+           f"the platform's opaque_attention_op() is True ({type(ctx.platform).__qualname__}), so it runs")
+    return Verdict(Outcome.SKIP, f"not traced: {who} attention as one opaque custom op and torch.compile never "
+                   f"traces {unit.provider}'s code (compiled and eager run the same calls); nothing of the backend is "
+                   "graded here")
+
+
 @check("attention", "compile", units=compile_units)
 @attention_errors
 def compile(ctx: CheckContext, unit: Unit) -> Verdict:  # noqa: A001 - the check's name
-    """The layer under torch.compile(fullgraph=True, dynamic=True) against eager on two batches; the second (fewer
-    requests and tokens) must reuse the graph. Where the platform runs attention as one opaque op, say that the
-    backend's own code was not traced."""
+    """The backend's own code traced: the layer (the cache write through the backend's `do_kv_cache_update`, then
+    its `forward`) under torch.compile(fullgraph=True, dynamic=True) against eager on two batches; outputs and cache
+    bytes must equal eager's, and the second batch (fewer requests and tokens) must reuse the graph. A platform
+    that never lets Dynamo into the backend (opaque_attention_op) is a SKIP saying so (`not_traced`)."""
     from conformance.checks.compile import availability
     from reference_impl.attention.batch import BackendRun, make_batch
     from reference_impl.attention.cases import ordered_for
-    from reference_impl.attention.forward_context import set_forward_context
 
     if (verdict := _not_brought(ctx, unit)) is not None:
         return verdict
     if (reason := availability()) is not None:
         return Verdict(Outcome.SKIP, reason)
-    bridged = getattr(ctx.platform, "conformance_class", None)
-    if isinstance(bridged, str) and call_impl("the platform's opaque_attention_op", ctx.platform.opaque_attention_op):
-        return Verdict(Outcome.SKIP, f"not traced: {bridged}.opaque_attention_op() is True, so vLLM runs attention "
-                       f"as one opaque custom op and torch.compile never traces {unit.provider}'s code (compiled and "
-                       "eager run the same calls); nothing of the backend is graded here")
+    if (verdict := not_traced(ctx, unit)) is not None:
+        return verdict
     backend = _backend(ctx, unit)
     dtype, seed = unit_dtype(unit), _seed(ctx, unit)
     sequence = step_cases()
@@ -500,7 +514,6 @@ def compile(ctx: CheckContext, unit: Unit) -> Verdict:  # noqa: A001 - the check
     batches = [make_batch(c, dtype, "auto", seed + i, ctx.device) for i, c in enumerate(cases)]
     first = BackendRun(backend, batches[0], call=call_impl)
     layer = first.layer
-    opaque = bool(call_impl("the platform's opaque_attention_op", ctx.platform.opaque_attention_op))
     graphs = []
 
     def counting(gm, example_inputs):
@@ -508,12 +521,8 @@ def compile(ctx: CheckContext, unit: Unit) -> Verdict:  # noqa: A001 - the check
         return gm.forward
 
     torch._dynamo.reset()
-    if opaque:
-        compiled = torch.compile(lambda q, k, v, cache: layer(q, k, v, cache, opaque=True), backend=counting,
-                                 fullgraph=True, dynamic=True)
-    else:
-        compiled = torch.compile(lambda q, k, v, cache, md, slots: layer(q, k, v, cache, md, slots),
-                                 backend=counting, fullgraph=True, dynamic=True)
+    compiled = torch.compile(lambda q, k, v, cache, md, slots: layer(q, k, v, cache, md, slots),
+                             backend=counting, fullgraph=True, dynamic=True)
     where = (f" [backend {unit.provider}, {unit.dtype}, batches {cases[0].describe()} then {cases[1].describe()}; "
              f"seed {ctx.seed}]")
     counts = []
@@ -525,14 +534,8 @@ def compile(ctx: CheckContext, unit: Unit) -> Verdict:  # noqa: A001 - the check
         slots = batch.metadata.slot_mapping
         eager = call_impl("the layer, eager", layer, batch.query, batch.key, batch.value, eager_cache, md, slots)
         try:
-            if opaque:
-                with set_forward_context({layer.layer_name: (md, slots)}):
-                    got = compiled(batch.query, batch.key, batch.value, compiled_cache)
-            else:
-                got = compiled(batch.query, batch.key, batch.value, compiled_cache, md, slots)
+            got = compiled(batch.query, batch.key, batch.value, compiled_cache, md, slots)
         except Exception as exc:  # noqa: BLE001 - a tracing failure is the result
-            if opaque:
-                raise KernelRaised("the layer under torch.compile (attention as one opaque op)", exc) from exc
             return failed(f"torch.compile(fullgraph=True) cannot trace the backend, and the platform does not run "
                           f"attention as one opaque op (opaque_attention_op() is False): {exception_line(exc)}. Make "
                           f"the backend traceable, or return True from opaque_attention_op{where}")
@@ -549,10 +552,9 @@ def compile(ctx: CheckContext, unit: Unit) -> Verdict:  # noqa: A001 - the check
         return failed(f"the second batch ({len(cases[1].query_lens)} requests, {sum(cases[1].query_lens)} tokens, "
                       f"after {len(cases[0].query_lens)} and {sum(cases[0].query_lens)}) compiled another graph: the "
                       f"graph guards on a batch's sizes or metadata, so every batch recompiles{where}")
-    how = ("attention ran as one opaque op (the platform's opaque_attention_op() is True): the backend's own code "
-           "was not traced, only the graph around it" if opaque else "the backend's code was traced")
-    return passed(f"compiled (fullgraph, dynamic) equals eager on two batches, cache included, and the second batch "
-                  f"reused the graph; {how}")
+    return passed(f"the backend's code traced in one graph (fullgraph, dynamic): its cache write and forward, "
+                  f"compiled, equal eager on two batches, cache included, and the second batch reused the graph "
+                  f"({counts[0]} graph{'s' if counts[0] != 1 else ''})")
 
 
 # ----- dispatch -------------------------------------------------------------------------------------------------
