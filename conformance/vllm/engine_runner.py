@@ -1,12 +1,12 @@
 """`python -m conformance.vllm.engine_runner`: vLLM's `LLM` engine on the platform vLLM resolves here, run on the
 requests of the jobs it reads from stdin, with every generated token's logprobs written where each job says (JSON).
 
-The `engine` family (conformance/checks/engine.py) starts this in a process of its own, so an engine that crashes
+The `engine` family (conformance/checks/engine/) starts this in a process of its own, so an engine that crashes
 or hangs costs that one result. The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): no
 further processes to leak; the process stays up between jobs, so a diagnosis pays vLLM's import once. A job lists
 runs; each run is one engine (model, dtype, eager or compiled, chunked prefill and prefix caching on or off) and
 its waves of requests, submitted one `generate` call per wave so that a later wave meets the prefix cache the
-earlier ones filled; `"waves": "fixed"` asks for the family's fixed requests (conformance/checks/engine_models.py),
+earlier ones filled; `"waves": "fixed"` asks for the family's fixed requests (conformance/checks/engine/models.py),
 laid out for the KV block size the engine chose. A job's results file is rewritten after every run, so the runs
 that finished before a crash are kept. Token ids go in directly (`skip_tokenizer_init`): the checkpoints have no tokenizer.
 """
@@ -73,7 +73,7 @@ def run_one(run: dict) -> dict:
     facts = _facts(llm)
     waves = run["waves"]
     if waves == "fixed":   # the family's fixed requests, laid out for the block size this engine chose
-        from conformance.checks import engine_models
+        from conformance.checks.engine import models as engine_models
 
         waves = engine_models.to_json(engine_models.requests(facts["block_size"]))
     outputs = []

@@ -14,7 +14,8 @@ import os
 
 import pytest
 
-from conformance.checks import engine, engine_models
+from conformance.checks import engine
+from conformance.checks.engine import models as engine_models
 from conformance.checks.common import CheckContext
 from conformance.collect.units import Unit
 from conformance.results.result import Outcome

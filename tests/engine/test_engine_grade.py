@@ -1,5 +1,5 @@
 """The engine family without an engine: its units, requests, checkpoints, oracle and grade, and how its engine
-process's death or silence is reported (conformance/checks/engine*.py, conformance/vllm/engine_process.py)."""
+process's death or silence is reported (conformance/checks/engine/, conformance/vllm/engine_process.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import types
 import pytest
 import torch
 
-from conformance.checks import engine, engine_models
-from conformance.checks.engine_oracle import grade, logprob_tolerance, oracle_logprobs
+from conformance.checks import engine
+from conformance.checks.engine import models as engine_models
+from conformance.checks.engine.oracle import grade, logprob_tolerance, oracle_logprobs
 from conformance.collect.inventory import Inventory
 from conformance.results.result import Outcome
 from conformance.vllm.engine_process import EngineFailed, EngineProcess

@@ -1,5 +1,5 @@
 """The engine family on a platform written against our own API: the reference runtime on the platform under test
-(conformance/checks/engine_runtime.py), graded by the float64 oracle; a planted attention bug fails naming the
+(conformance/checks/engine/runtime.py), graded by the float64 oracle; a planted attention bug fails naming the
 request, the step and whether the batch is involved."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from conformance.checks.engine_models import randomize_weights
+from conformance.checks.engine.models import randomize_weights
 
 BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128)

@@ -2,14 +2,14 @@
 attention backend, sampler and kernels together), against the reference runtime as the oracle.
 
 Under `--platform=vllm` a unit is one dtype and one mode (eager, every model; compiled, at the full level, one
-model a unit): tiny random checkpoints of the models in `engine_models.MODELS` are written by transformers'
+model a unit): tiny random checkpoints of the models in `models.MODELS` are written by transformers'
 `save_pretrained`, and one engine process (conformance/vllm/engine_process.py) runs each model's fixed requests
 through an engine with chunked prefill forced (a token budget below the longest prompt) and prefix caching on, greedily, asking for logprobs. The
-oracle (engine_oracle.py) is the reference decoder on native everything in float64, teacher-forced on the engine's
+oracle (oracle.py) is the reference decoder on native everything in float64, teacher-forced on the engine's
 tokens. A divergence is located (model, request, step) and then explained: the same engine process reruns that
 request alone, and the batch without chunked prefill and without prefix caching, and the verdict says which of
 them makes it match. On a platform written against our own API the units run the reference runtime
-(`reference_impl.models`) on the platform instead, graded by the same oracle (engine_runtime.py). The family
+(`reference_impl.models`) on the platform instead, graded by the same oracle (runtime.py). The family
 has no units at the quick level: an engine costs tens of seconds.
 """
 
@@ -44,7 +44,7 @@ def is_vllm_platform(platform) -> bool:
 def engine_units(inventory: Inventory, family: str, check_name: str, level: str) -> list[Unit]:
     """Standard: float32 and bfloat16 eager (every model in one unit); full: every dtype eager, and under the vLLM
     bridge compiled per model (op = the model). On other platforms the units run the reference runtime on them."""
-    from conformance.checks.engine_oracle import tolerances
+    from conformance.checks.engine.oracle import tolerances
 
     if level == "quick":
         return []
@@ -52,7 +52,7 @@ def engine_units(inventory: Inventory, family: str, check_name: str, level: str)
     if level == "standard":
         dtypes = [d for d in dtypes if d in STANDARD_DTYPES]
     units = [Unit(family, check_name, None, None, d, "eager") for d in dtypes]
-    if not is_vllm_platform(inventory.platform):   # the reference runtime on it (engine_runtime.py): eager only,
+    if not is_vllm_platform(inventory.platform):   # the reference runtime on it (runtime.py): eager only,
         return units                                # model.decoder compiles the runtime's decoder
     if level == "full":   # vLLM compiles each model for a minute or more on 2 cores: one unit per model
         units += [Unit(family, check_name, m, None, d, "compiled") for d in dtypes for m in _models()]
@@ -60,14 +60,14 @@ def engine_units(inventory: Inventory, family: str, check_name: str, level: str)
 
 
 def _models() -> list[str]:
-    from conformance.checks.engine_models import MODELS
+    from conformance.checks.engine.models import MODELS
 
     return list(MODELS)
 
 
 def base_run(name: str, checkpoint: Path, dtype: str, compiled: bool, **changes) -> dict:
     """The engine_runner run dict of the family's configuration: chunked prefill and prefix caching on."""
-    from conformance.checks.engine_models import MAX_MODEL_LEN, TOKEN_BUDGET
+    from conformance.checks.engine.models import MAX_MODEL_LEN, TOKEN_BUDGET
 
     run = dict(name=name, model=str(checkpoint), dtype=dtype, compiled=compiled, chunked_prefill=True,
                prefix_caching=True, token_budget=TOKEN_BUDGET, max_model_len=MAX_MODEL_LEN, max_num_seqs=8,
@@ -91,7 +91,7 @@ class ModelResult:
 
 @check("engine", "generate", units=engine_units)
 def generate(ctx: CheckContext, unit: Unit) -> Verdict:
-    from conformance.checks import engine_models
+    from conformance.checks.engine import models as engine_models
     from conformance.vllm.engine_process import EngineFailed, EngineProcess
 
     if unit.case not in CASES:
@@ -127,8 +127,8 @@ def generate(ctx: CheckContext, unit: Unit) -> Verdict:
 
 
 def _grade_run(run: dict, checkpoint: Path, dtype) -> ModelResult:
-    from conformance.checks import engine_models
-    from conformance.checks.engine_oracle import grade, logprob_tolerance, oracle_logprobs
+    from conformance.checks.engine import models as engine_models
+    from conformance.checks.engine.oracle import grade, logprob_tolerance, oracle_logprobs
 
     if "error" in run:
         return ModelResult(run["name"], {}, error=f"{run['error']}\n{run.get('traceback', '')}")
@@ -144,10 +144,10 @@ def _grade_run(run: dict, checkpoint: Path, dtype) -> ModelResult:
 # ----- the reference runtime on a platform written against our API ---------------------------------
 def _on_runtime(ctx: CheckContext, unit: Unit, dtype) -> Verdict:
     """Every model of the level through `reference_impl.models` on the platform, graded like vLLM's engine."""
-    from conformance.checks import engine_models
+    from conformance.checks.engine import models as engine_models
     from conformance.checks.common import call_impl
-    from conformance.checks.engine_oracle import grade, logprob_tolerance, oracle_logprobs
-    from conformance.checks.engine_runtime import build_for, family_requests, generate_waves
+    from conformance.checks.engine.oracle import grade, logprob_tolerance, oracle_logprobs
+    from conformance.checks.engine.runtime import build_for, family_requests, generate_waves
     from conformance.checks.model import NATIVE_ATTENTION, attention_refusal, exercised
 
     if unit.case != "eager" or unit.op is not None:
@@ -205,9 +205,9 @@ def _within(results: list[ModelResult], tol: float) -> tuple[str, dict]:
 def _alone(model, req, checkpoint: Path, device, tol: float) -> str:
     """Whether the diverging request, generated by itself, matches the oracle (then the batch is involved)."""
     from conformance.checks.common import call_impl
-    from conformance.checks.engine_models import Request
-    from conformance.checks.engine_oracle import grade, oracle_logprobs
-    from conformance.checks.engine_runtime import generate_waves
+    from conformance.checks.engine.models import Request
+    from conformance.checks.engine.oracle import grade, oracle_logprobs
+    from conformance.checks.engine.runtime import generate_waves
 
     alone = [Request(req.id, 0, req.prompt, req.max_tokens)]
     outputs = call_impl("the diverging request alone", generate_waves, model, alone, device)
@@ -228,8 +228,8 @@ VARIANTS = (  # name, what the rerun changes, how the verdict says it changes th
 
 def _explain(engine, result: ModelResult, checkpoint: Path, dtype_text: str, compiled: bool, dtype) -> str:
     """Rerun the diverging request alone and the batch without each feature; which rerun matches the oracle."""
-    from conformance.checks import engine_models
-    from conformance.checks.engine_oracle import grade, logprob_tolerance, oracle_logprobs
+    from conformance.checks.engine import models as engine_models
+    from conformance.checks.engine.oracle import grade, logprob_tolerance, oracle_logprobs
     from conformance.vllm.engine_process import EngineFailed
 
     div = result.grade.divergences[0]
@@ -265,7 +265,7 @@ def _explain(engine, result: ModelResult, checkpoint: Path, dtype_text: str, com
 
 # ----- the verdict ----------------------------------------------------------------------------------
 def _where(unit: Unit, names: list[str]) -> str:
-    from conformance.checks.engine_models import MODELS, TOKEN_BUDGET
+    from conformance.checks.engine.models import MODELS, TOKEN_BUDGET
 
     models = ", ".join(f"{m.name} ({m.exercises})" for m in MODELS.values()
                        if (unit.op is None and m.name in names) or unit.op == m.name)
@@ -283,7 +283,7 @@ def _shutdown_note(results: list[ModelResult]) -> str:
 
 
 def _verdict(results: list[ModelResult], doc: dict, dtype, unit: Unit, names: list[str]) -> Verdict:
-    from conformance.checks.engine_oracle import logprob_tolerance
+    from conformance.checks.engine.oracle import logprob_tolerance
 
     tol = logprob_tolerance(dtype)
     facts = next((r.facts for r in results if r.facts), {})

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from conformance.checks.engine_models import Request
+from conformance.checks.engine.models import Request
 
 # Per dtype: how far the engine's log-probability of a token may be from the float64 oracle's. A log-probability is
 # a logit minus the log-sum-exp of all logits, so its error is at most twice the logits' error; the logits' error is

@@ -1,7 +1,7 @@
 """The `engine` family on a platform written against our own API: the reference runtime (`reference_impl.models`) on
 the platform under test (its CustomOp replacements, its IR priorities, the attention backend it selects over the
 paged KV cache, its device) generates for the family's requests, graded against the same float64 oracle as vLLM's
-engine (engine_oracle.py).
+engine (oracle.py).
 
 The runtime has no scheduler: each wave of requests is one packed prefill, then decode steps of the whole wave, so
 this exercises the platform's kernels and attention backend on checkpoints transformers wrote (GQA, biases, tied
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from conformance.checks.engine_models import Request
+from conformance.checks.engine.models import Request
 
 TOP_LOGPROBS = 5     # logprobs a position beside the chosen token's, as the vLLM path asks its engine for
 
@@ -36,7 +36,7 @@ PROMPT_BLOCK = 32
 
 def family_requests(model) -> list[Request]:
     """The family's requests, for the model's KV block size or PROMPT_BLOCK, whichever is larger."""
-    from conformance.checks.engine_models import requests
+    from conformance.checks.engine.models import requests
 
     return requests(max(model.model.attention.block_size, PROMPT_BLOCK))
 
