@@ -166,6 +166,14 @@ CASES: list[AttentionCase] = [
                   head_size=128, scale=144 ** -0.5, logits_soft_cap=50.0, num_heads=4, num_kv_heads=2,
                   level="standard"),
     AttentionCase("non_causal", (5, 3), (21, 3), "causal=False over the paged cache", causal=False, level="standard"),
+    # non-causal requests with context under a window and ALiBi: the contract (vLLM 0.32's CPU kernel, measured in
+    # tests/vllm_bridge/test_vllm_attention.py) places the queries after their context and makes the window two-sided
+    AttentionCase("non_causal_window", (5, 9, 1), (21, 9, 40), "causal=False with a window over a context: queries at "
+                  "c + t (not 0..q-1), a two-sided window |p - j| < w (not one-sided)", causal=False, sliding_window=4,
+                  level="standard"),
+    AttentionCase("non_causal_alibi", (5, 4), (21, 4), "causal=False with ALiBi over a context: keys after the query "
+                  "biased by -slope * (p - j) (signed, not -slope * |p - j|)", causal=False, alibi=True, num_heads=4,
+                  num_kv_heads=4, level="standard"),
     AttentionCase("encoder_only", (5, 12), (5, 12), "encoder-only (bidirectional within the batch, no cache), with "
                   "a window", attn_type=AttentionType.ENCODER_ONLY, sliding_window=4, level="standard"),
     AttentionCase("shared_prefix", (3, 2), (40, 37), "two requests sharing their first two blocks (prefix caching)",

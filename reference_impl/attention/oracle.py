@@ -9,7 +9,11 @@ keys `j` in `[0, seq_len)`:
 5. sinks: `o = sum_j e^{s_j} v_j / (sum_j e^{s_j} + e^{sink_h})`;
 6. fp8 KV cache: each key is `round_trip(k, k_scale)` (kv_quant: float32 `k / k_scale`, RNE, saturating).
 Inputs are the dtype-rounded tensors widened to float64. `gqa="modulo"` and `fp8_rounding="truncate"`
-compute what a backend with those faults would, for naming a fault (conformance's attention checks).
+compute what a backend with those faults would, for naming a fault (conformance's attention checks), as do the
+conventions other kernels use for non-causal requests and that vLLM 0.32's CPU kernel does not (docs/attention.md,
+"Non-causal requests with context"): `noncausal_queries="start"` places a non-causal request's queries at
+positions 0..q-1, `noncausal_window="one_sided"` keeps the causal window `j > p - w` (and `j <= p`) on non-causal
+attention, `alibi_distance="absolute"` biases by `-slope * |p - j|`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from reference_impl.attention import kv_quant
 from reference_impl.attention.backend import AttentionType
 
 GQA_MAPPINGS = ("interleave", "modulo")
+NONCAUSAL_QUERIES = ("end", "start")        # a non-causal request's queries after its context (p = c + t), or at 0
+NONCAUSAL_WINDOWS = ("two_sided", "one_sided")
+ALIBI_DISTANCES = ("signed", "absolute")
 
 
 @dataclasses.dataclass
@@ -78,11 +85,19 @@ def _cached(x: torch.Tensor, problem: AttentionProblem, scale: float, rounding: 
 
 
 def oracle(problem: AttentionProblem, *, gqa: str = "interleave", fp8_rounding: str = "rne",
-           dtype: torch.dtype = torch.float64) -> torch.Tensor:
+           dtype: torch.dtype = torch.float64, noncausal_queries: str = "end", noncausal_window: str = "two_sided",
+           alibi_distance: str = "signed") -> torch.Tensor:
     """The attention output `[T, H, D]` in float64 (or `dtype`: the oracle's arithmetic in another precision).
 
     Requests of the same (query_len, seq_len) share their mask and positions and are computed as one batch: a
-    batch of 65,537 short requests (the size cases) is a few dozen tensor programs, not 65,537."""
+    batch of 65,537 short requests (the size cases) is a few dozen tensor programs, not 65,537. The last three
+    keywords compute another convention than the contract's (the module's docstring), for naming a fault."""
+    for name, value, allowed in (("noncausal_queries", noncausal_queries, NONCAUSAL_QUERIES),
+                                 ("noncausal_window", noncausal_window, NONCAUSAL_WINDOWS),
+                                 ("alibi_distance", alibi_distance, ALIBI_DISTANCES)):
+        if value not in allowed:
+            raise ValueError(f"{name} {value!r} is not one of {allowed}")
+    conventions = (noncausal_queries, noncausal_window, alibi_distance)
     q_all = problem.query.to(dtype)
     num_heads = q_all.shape[1]
     out = torch.zeros(q_all.shape, dtype=dtype)
@@ -108,7 +123,8 @@ def oracle(problem: AttentionProblem, *, gqa: str = "interleave", fp8_rounding: 
         at = (torch.tensor([key_starts[i] for i in members]).view(-1, 1) + torch.arange(seq_len)).flatten()
         k = keys[at].view(len(members), seq_len, *keys.shape[1:])
         v = values[at].view(len(members), seq_len, *values.shape[1:])
-        out[rows] = _attend(problem, q, k[:, :, heads], v[:, :, heads], ql, seq_len, dtype).flatten(0, 1)
+        out[rows] = _attend(problem, q, k[:, :, heads], v[:, :, heads], ql, seq_len, dtype,
+                            conventions).flatten(0, 1)
     return out
 
 
@@ -117,23 +133,29 @@ def _keys(problem: AttentionProblem, x: torch.Tensor, scale: float, rounding: st
     return (x.to(dtype) if problem.encoder else _cached(x, problem, scale, rounding).to(dtype))
 
 
-def _attend(problem: AttentionProblem, q, k, v, ql: int, seq_len: int, dtype) -> torch.Tensor:
+def _attend(problem: AttentionProblem, q, k, v, ql: int, seq_len: int, dtype,
+            conventions=("end", "two_sided", "signed")) -> torch.Tensor:
     """Steps 1-5 for G requests of one (query_len, seq_len): q `[G, ql, H, D]`, k and v `[G, seq_len, H, D]`."""
+    queries_at, window_sides, alibi_distance = conventions
     s = torch.einsum("gqhd,gkhd->ghqk", q, k) * problem.scale
     if problem.logits_soft_cap:
         s = problem.logits_soft_cap * torch.tanh(s / problem.logits_soft_cap)
-    p = torch.arange(seq_len - ql, seq_len).view(ql, 1)
+    causal = problem.causal and not problem.encoder
+    first = 0 if (queries_at == "start" and not causal) else seq_len - ql
+    p = torch.arange(first, first + ql).view(ql, 1)
     j = torch.arange(seq_len).view(1, seq_len)
     if problem.alibi_slopes is not None:
         slopes = torch.tensor(problem.alibi_slopes, dtype=dtype).view(-1, 1, 1)
-        s = s - slopes * (p - j).to(dtype)
+        distance = (p - j).abs() if alibi_distance == "absolute" else p - j
+        s = s - slopes * distance.to(dtype)
     allowed = torch.ones(ql, seq_len, dtype=torch.bool)
-    causal = problem.causal and not problem.encoder
     if causal:
         allowed &= j <= p
     if problem.sliding_window is not None:
         w = problem.sliding_window
-        allowed &= (j > p - w) if causal else ((p - j).abs() < w)
+        allowed &= (j > p - w) if (causal or window_sides == "one_sided") else ((p - j).abs() < w)
+        if not causal and window_sides == "one_sided":
+            allowed &= j <= p
     s = s.masked_fill(~allowed, -math.inf)
     m = s.amax(dim=-1, keepdim=True)
     if problem.sinks is not None:

@@ -164,6 +164,14 @@ class ReferenceAttentionImpl(AttentionImpl):
         """Softmax attention of one request's queries `[ql, H, D]` over its keys `[seq_len, KVH, D]`, float32."""
         return self._attend_group(q[None], k[None], v[None], seq_len, causal, encoder)[0]
 
+    def _query_positions(self, query_len: int, seq_len: int, causal: bool, device) -> torch.Tensor:
+        """The new tokens' positions among the request's keys: after the context, `c + t`, causal or not."""
+        return torch.arange(seq_len - query_len, seq_len, device=device)
+
+    def _alibi_distance(self, p: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """The ALiBi distance `p - j` (signed: a key after a non-causal query gets a positive bias)."""
+        return p - j
+
     def _attend_group(self, q, k, v, seq_len, causal, encoder):
         """`_attend` for G requests of one (query_len, seq_len): q `[G, ql, H, D]`, k and v `[G, seq_len, KVH, D]`."""
         g, ql = q.shape[0], q.shape[1]
@@ -172,10 +180,10 @@ class ReferenceAttentionImpl(AttentionImpl):
         s = torch.einsum("gqhd,gkhd->ghqk", q, k) * self.scale
         if self.logits_soft_cap is not None:
             s = self.logits_soft_cap * torch.tanh(s / self.logits_soft_cap)
-        p = torch.arange(seq_len - ql, seq_len, device=q.device).view(ql, 1)     # the queries' positions
+        p = self._query_positions(ql, seq_len, causal, q.device).view(ql, 1)
         j = torch.arange(seq_len, device=q.device).view(1, seq_len)
         if self.alibi_slopes is not None:
-            s = s - self.alibi_slopes.view(-1, 1, 1) * (p - j).to(torch.float32)
+            s = s - self.alibi_slopes.view(-1, 1, 1) * self._alibi_distance(p, j).to(torch.float32)
         allowed = torch.ones(ql, seq_len, dtype=torch.bool, device=q.device)
         if causal:
             allowed &= j <= p

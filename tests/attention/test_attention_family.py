@@ -38,6 +38,27 @@ class DroppingSinksImpl(ReferenceAttentionImpl):
         self.sinks = None
 
 
+class QueriesAtStartImpl(ReferenceAttentionImpl):
+    """Places a non-causal request's queries at 0..q-1, before its context (an older CPU kernel's convention)."""
+
+    def _query_positions(self, query_len, seq_len, causal, device):
+        return super()._query_positions(query_len, seq_len, causal, device) - (0 if causal else seq_len - query_len)
+
+
+class SymmetricAlibiImpl(ReferenceAttentionImpl):
+    """Biases by -slope * |p - j|: keys after a non-causal query are penalised instead of raised."""
+
+    def _alibi_distance(self, p, j):
+        return (p - j).abs()
+
+
+class AlwaysCausalBuilder(ReferenceAttentionBackend.get_builder_cls()):
+    """Builds every batch as causal: a non-causal request never sees the keys after its queries."""
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        return super().build(common_prefix_len, common_attn_metadata.replace(causal=True), fast_build)
+
+
 def _backend(impl, sinks_declared=True):
     class Backend(ReferenceAttentionBackend):
         @staticmethod
@@ -56,6 +77,18 @@ def _backend(impl, sinks_declared=True):
 
 
 Truncating = _backend(TruncatingImpl)
+QueriesAtStart = _backend(QueriesAtStartImpl)
+SymmetricAlibi = _backend(SymmetricAlibiImpl)
+
+
+class AlwaysCausal(ReferenceAttentionBackend):
+    @staticmethod
+    def get_name():
+        return "TEST_BACKEND"
+
+    @staticmethod
+    def get_builder_cls():
+        return AlwaysCausalBuilder
 RaisingUndeclared = _backend(RaisingSinksImpl, sinks_declared=False)
 RaisingDeclared = _backend(RaisingSinksImpl, sinks_declared=True)
 WrongUndeclared = _backend(DroppingSinksImpl, sinks_declared=False)
@@ -145,3 +178,21 @@ def test_a_builder_with_a_reorder_threshold_gets_decodes_first():
         results = _run(f"{__name__}.DecodeFirst", check, level="standard")
         bad = [f"{u.id}: {v.outcome.value} {v.message[:300]}" for u, v in results if v.outcome is not Outcome.PASS]
         assert not bad, bad
+
+
+@pytest.mark.parametrize("answer, case, fragment", [
+    ("QueriesAtStart", "non_causal_window", "places a non-causal request's queries at positions 0..query_len-1 "
+                                            "instead of after its context (p = c + t)"),
+    ("SymmetricAlibi", "non_causal_alibi", "biases keys after the query by -slope * |p - j| (symmetric ALiBi)"),
+    ("AlwaysCausal", "non_causal_window", "keeps a one-sided window on non-causal attention"),
+    ("AlwaysCausal", "non_causal", "computes as if causal=True (the metadata says causal=False)"),
+])
+def test_another_convention_for_non_causal_requests_with_context_fails_naming_it(answer, case, fragment):
+    """The non-causal cases with context decide what the contract says (vLLM 0.32's CPU kernel computes it:
+    tests/vllm_bridge/test_vllm_attention.py), and a backend on another convention is told which one it follows;
+    the same backend passes the causal cases, where the conventions agree."""
+    ((_, verdict),) = _run(f"{__name__}.{answer}", "forward", level="standard", case=case)
+    assert verdict.outcome is Outcome.FAIL and fragment in verdict.message, verdict.message
+    for causal_case in ("chunked_prefill", "softcap_alibi", "mixed_window"):
+        ((_, verdict),) = _run(f"{__name__}.{answer}", "forward", case=causal_case)
+        assert verdict.outcome is Outcome.PASS, (causal_case, verdict.message)

@@ -131,3 +131,36 @@ def test_a_request_longer_than_its_block_table_row_is_an_error_not_garbage():
     batch.metadata = dataclasses.replace(batch.metadata, block_table_tensor=batch.metadata.block_table_tensor[:, :2])
     with pytest.raises(ValueError, match="a request of seq_len 40 needs 3 blocks of 16; its block-table row has 2"):
         BackendRun(ReferenceAttentionBackend, batch).run()
+
+
+@pytest.mark.parametrize("kwargs, means", [
+    ({}, [3.0, 3.5]),                                                   # p = 3, 4: keys 2..4 and 3..4 (|p - j| < 2)
+    ({"noncausal_queries": "start"}, [0.5, 1.0]),                       # p = 0, 1: keys 0..1 and 0..2
+    ({"noncausal_window": "one_sided"}, [2.5, 3.5]),                    # keys 2..3 and 3..4
+    ({"noncausal_queries": "start", "noncausal_window": "one_sided"}, [0.0, 0.5]),
+])
+def test_the_non_causal_conventions_select_the_keys_they_name(kwargs, means):
+    """A non-causal request of 2 new tokens over 3 context keys, window 2, equal scores: each token's output is the
+    mean of the key indices it may see. The contract (vLLM 0.32's CPU kernel) is the first row; the others are the
+    conventions the attention family names a fault by."""
+    q = torch.zeros(2, 1, 4, dtype=torch.float64)
+    k = torch.zeros(5, 1, 4, dtype=torch.float64)
+    v = torch.arange(5, dtype=torch.float64).view(5, 1, 1).expand(5, 1, 4).clone()
+    p = AttentionProblem(q, [k], [v], [2], [5], 1.0, sliding_window=2, causal=False)
+    assert oracle(p, **kwargs)[:, 0, 0].tolist() == pytest.approx(means)
+
+
+def test_alibi_on_a_non_causal_request_raises_later_keys_unless_symmetric():
+    """Signed ALiBi (the contract): a key after the query gets -slope * (p - j) > 0; symmetric ALiBi penalises it."""
+    q = torch.zeros(1, 1, 4, dtype=torch.float64)
+    k = torch.zeros(3, 1, 4, dtype=torch.float64)
+    v = torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64).view(3, 1, 1).expand(3, 1, 4).clone()
+    # the one new token placed at position 0 (noncausal_queries="start"), so keys 1 and 2 come after it
+    p = AttentionProblem(q, [k], [v], [1], [3], 1.0, alibi_slopes=[1.0], causal=False)
+    weights = torch.softmax(torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64), 0)       # bias j - 0
+    assert oracle(p, noncausal_queries="start")[0, 0, 0].item() == pytest.approx(float(weights @ v[:, 0, 0]))
+    symmetric = torch.softmax(-torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64), 0)
+    assert oracle(p, noncausal_queries="start", alibi_distance="absolute")[0, 0, 0].item() == \
+        pytest.approx(float(symmetric @ v[:, 0, 0]))
+    with pytest.raises(ValueError, match="alibi_distance 'sideways' is not one of"):
+        oracle(p, alibi_distance="sideways")

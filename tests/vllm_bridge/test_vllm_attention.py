@@ -18,7 +18,7 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed here (bash scripts/setup.sh --vllm installs the CPU "
                                        "build)")
 SELECTION = ("attention and (dispatch or compile or (steps and float32) or "
-             "(forward and float32 and (decode or chunked_prefill)))")
+             "(forward and float32 and (decode or chunked_prefill or non_causal)))")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,8 @@ def test_cpu_attn_is_graded_through_the_bridge(attention_run):
     (resolve,) = run.where(op="attention", case="resolve")
     assert resolve["outcome"] == "PASS" and "conformance.vllm.attention_bridge.CPU_ATTN" in resolve["message"]
     forward = [r for r in _graded(run, "forward") if "+" not in r["case"]]
-    assert {"decode", "chunked_prefill"} <= {r["case"] for r in forward}
+    assert {"decode", "chunked_prefill", "non_causal", "non_causal_window", "non_causal_alibi"} <= \
+        {r["case"] for r in forward}
     assert forward and all(r["outcome"] == "PASS" for r in forward), forward
     # decode and chunked_prefill are block-16 cases: CPU_ATTN (MultipleOf(32)) gets them at its preferred block
     # vLLM's code, vLLM's distribution: CPU_ATTN's results are attributed to vLLM's CPU build
@@ -113,6 +114,47 @@ def bridge():
     from conformance.vllm import attention_bridge
 
     return attention_bridge
+
+
+# What vLLM 0.32's CPU kernel computes for a non-causal request with context under a window and ALiBi, and for
+# encoder-only attention with a window: the contract's convention (queries at c + t, a two-sided window, signed
+# ALiBi), each alternative convention far off. The kernel source (csrc/cpu/cpu_attn_impl.hpp of the API 0.32 calls:
+# `q_start_pos = seq_len - (q_end - q_start)` for every request, and `calcu_sliding_window_size`: left w - 1, right
+# 0 if causal else w - 1; `apply_alibi_slopes` adds slope * (j - p)) says the same; docs/attention.md cites it.
+CONVENTIONS = {"queries at 0..q-1": {"noncausal_queries": "start"},
+               "a one-sided window": {"noncausal_window": "one_sided"},
+               "queries at 0..q-1 with a one-sided window": {"noncausal_queries": "start",
+                                                             "noncausal_window": "one_sided"},
+               "symmetric ALiBi": {"alibi_distance": "absolute"}}
+
+
+@pytest.mark.parametrize("name", ["non_causal_window", "non_causal_alibi", "non_causal", "encoder_only"])
+def test_vllms_cpu_kernel_computes_the_contracts_non_causal_convention(bridge, name):
+    import dataclasses
+
+    import torch
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from reference_impl.attention.batch import BackendRun, make_batch
+    from reference_impl.attention.cases import CASES_BY_NAME
+    from reference_impl.attention.oracle import oracle
+    from reference_impl.ir.tolerances import ATTN_TOLERANCES
+
+    case = dataclasses.replace(CASES_BY_NAME[name], block_size=32)       # CPU_ATTN: MultipleOf(32)
+    batch = make_batch(case, torch.float32, "auto", 11)
+    out, _, _ = BackendRun(bridge.adapter(CPUAttentionBackend), batch).run()
+    got = out[: batch.num_actual_tokens].double()
+    atol, rtol = ATTN_TOLERANCES[torch.float32]
+    torch.testing.assert_close(got, oracle(batch.problem), atol=atol, rtol=rtol)
+    decided = {what: float((got - oracle(batch.problem, **kw)).abs().max()) for what, kw in CONVENTIONS.items()}
+    applies = {"non_causal_window": ("queries at 0..q-1", "a one-sided window",
+                                     "queries at 0..q-1 with a one-sided window"),
+               "non_causal_alibi": ("symmetric ALiBi",), "non_causal": (),
+               "encoder_only": ("a one-sided window",)}[name]
+    assert all(decided[what] > 100 * atol for what in applies), decided
+    if name == "non_causal":     # no window, no ALiBi: every convention gives the same output, nothing is decided
+        contract = oracle(batch.problem)
+        assert all(torch.equal(oracle(batch.problem, **kw), contract) for kw in CONVENTIONS.values())
 
 
 def test_adapter_declares_what_vllm_declares(bridge):

@@ -1,6 +1,7 @@
 """What a failing attention backend computes instead: the oracle re-run with one argument dropped or perturbed
 (window off or ±1, soft cap off, sinks off, ALiBi off, k/v scales 1, GQA by modulo, scale head_size^-1/2, causal
-flipped, prefill context dropped); the first within tolerance of the backend's output names the fault. A
+flipped, prefill context dropped) or with another convention for non-causal attention (queries at 0..q-1, a
+one-sided window, symmetric ALiBi); the first within tolerance of the backend's output names the fault. A
 truncating fp8 writer is recognised separately (`fp8_truncation`): a quality finding, not a wrong result.
 """
 
@@ -41,6 +42,7 @@ def perturbations(problem, case):
         if w > 1:
             out.append((f"admits one key too few in the sliding window: w-1 = {w - 1} keys (the contract: j > p - w, "
                         f"w keys including the token itself)", r(problem, sliding_window=w - 1), {}))
+    out += _bidirectional_conventions(problem)
     if problem.logits_soft_cap:
         out.append(("ignores logits_soft_cap (computes as if logits_soft_cap=None)", r(problem, logits_soft_cap=None), {}))
     if problem.sinks is not None:
@@ -65,6 +67,31 @@ def perturbations(problem, case):
     if dropped is not None:
         out.append(("ignores the context of chunked-prefill requests: their new tokens attend only to each other, "
                     "not to the keys already in the cache", dropped, {}))
+    return out
+
+
+def _bidirectional_conventions(problem):
+    """Other kernels' conventions for non-causal (and encoder) attention that the contract (vLLM 0.32's CPU kernel)
+    does not follow: queries at 0..q-1 instead of after their context, a one-sided window, symmetric ALiBi. Each
+    only where the problem tells it apart (a window, or ALiBi; the query placement needs a request with context)."""
+    if problem.causal and not problem.encoder:
+        return []
+    out = []
+    w = problem.sliding_window
+    context = any(s > q for q, s in zip(problem.query_lens, problem.seq_lens) if q)
+    if w is not None and context and not problem.encoder:
+        out.append(("places a non-causal request's queries at positions 0..query_len-1 instead of after its context "
+                    "(p = c + t), so its sliding window covers other keys", problem, {"noncausal_queries": "start"}))
+        out.append(("places a non-causal request's queries at positions 0..query_len-1 and keeps a one-sided "
+                    "window (keys p-w+1..p), where the contract puts them after their context (p = c + t) with a "
+                    "two-sided window |p - j| < w", problem,
+                    {"noncausal_queries": "start", "noncausal_window": "one_sided"}))
+    if w is not None:
+        out.append(("keeps a one-sided window on non-causal attention (keys p-w+1..p, none after the query), where "
+                    "the contract's window is two-sided (|p - j| < w)", problem, {"noncausal_window": "one_sided"}))
+    if problem.alibi_slopes is not None:
+        out.append(("biases keys after the query by -slope * |p - j| (symmetric ALiBi), where the contract's bias "
+                    "is -slope * (p - j), positive for a key after the query", problem, {"alibi_distance": "absolute"}))
     return out
 
 
