@@ -25,7 +25,6 @@ from conformance.checks.attention.units import (
     compile_units,
     dispatch_units,
     forward_units,
-    selector_configs,
     split_case,
     steps_units,
 )
@@ -45,6 +44,7 @@ from conformance.checks.common import (
     unit_dtype,
 )
 from conformance.checks.record import check
+from conformance.collect.attention import selector_configs
 from conformance.collect.units import Unit, dtype_name, unit_seed
 from conformance.results.result import Outcome
 

@@ -9,7 +9,7 @@ case (`<case>` or `<case>+<kv_cache_dtype>`).
 
 from __future__ import annotations
 
-from conformance.collect.attention import brought_backends, selector_configs
+from conformance.collect.attention import brought_backends
 from conformance.collect.units import Unit, dtype_name
 
 OP = "attention"
