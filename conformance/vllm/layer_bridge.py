@@ -25,6 +25,24 @@ PREFIX = "vllm:"
 
 
 @dataclasses.dataclass(frozen=True)
+class Moved:
+    """A vLLM constructor as it was before `release` gave it the reference's arguments (a release adapter).
+
+    It applies when the installed class's constructor lacks the first of `renamed`'s reference names and takes its
+    old name: `renamed` maps our argument names to the old ones; `fixed` names our arguments the old constructor did
+    not take because its layer fixed them, with the values that match what it fixed (dropped when given one of
+    them; any other value cannot be built by that release, and construction raises NotImplementedError naming it)."""
+
+    release: str                                        # the first vLLM release with the reference's arguments
+    renamed: tuple[tuple[str, str], ...]                # (ours, vLLM's before `release`)
+    fixed: tuple[tuple[str, tuple[Any, ...], str], ...] = ()   # (ours, values matching the old layer, what it has)
+
+    def applies(self, accepted) -> bool:
+        ours, old = self.renamed[0]
+        return ours not in accepted and old in accepted
+
+
+@dataclasses.dataclass(frozen=True)
 class LayerSpec:
     """A vLLM layer the bridge builds; `name` is the registered name, the same in vLLM and our catalog."""
 
@@ -33,6 +51,7 @@ class LayerSpec:
     cls: str                          # the class vLLM's models construct (a subclass of the registered one)
     mutates: tuple[int, ...] = ()     # forward arguments vLLM writes in place (ours are functional): cloned
     convert: Callable[[dict[str, Any]], dict[str, Any]] | None = None   # our argument values -> vLLM's types
+    moved: Moved | None = None        # its constructor before the release that gave it our arguments
 
 
 def _vllm_group_shape(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -65,8 +84,14 @@ SPECS = (
     *(LayerSpec(name, _ACT, cls) for name, cls in (
         ("gelu", "GELU"), ("gelu_tanh", "GELUTanh"), ("silu_and_mul_with_clamp", "SiluAndMulWithClamp"),
         ("situ_and_mul", "SituAndMul"), ("swiglustep_and_mul", "SwigluStepAndMul"))),
-    LayerSpec("layer_norm", "vllm.model_executor.layers.layernorm", "LayerNorm"),
-    LayerSpec("nemotron_layer_norm", "vllm.model_executor.models.nemotron", "NemotronLayerNorm1P"),
+    # vLLM 0.32 made both CustomOps with the reference's arguments; before it LayerNorm(dim, eps) was a plain module
+    # with float32 weight and bias always, and NemotronLayerNorm1P an nn.LayerNorm (normalized_shape, ...)
+    LayerSpec("layer_norm", "vllm.model_executor.layers.layernorm", "LayerNorm",
+              moved=Moved("0.32", (("hidden_size", "dim"),), (
+                  ("dtype", (None, torch.float32), "float32 weight and bias"),
+                  ("elementwise_affine", (True,), "a weight always"), ("bias", (True,), "a bias always")))),
+    LayerSpec("nemotron_layer_norm", "vllm.model_executor.models.nemotron", "NemotronLayerNorm1P",
+              moved=Moved("0.32", (("hidden_size", "normalized_shape"),))),
     LayerSpec("fused_rms_norm_gated", "vllm.third_party.flash_linear_attention.ops.fused_norm_gate",
               "FusedRMSNormGated"),
     LayerSpec("fused_mm_input_norm", "vllm.model_executor.layers.fusion.mm_input_norm", "FusedMMInputNorm"),
@@ -85,17 +110,20 @@ def constructed_class(vllm_cls: type) -> type:
 
 
 def vllm_arguments(ours: type, theirs: type, args: tuple, kwargs: dict,
-                   convert: Callable | None = None) -> dict[str, Any]:
+                   convert: Callable | None = None, moved: Moved | None = None) -> dict[str, Any]:
     """Our constructor arguments (defaults applied) as keyword arguments of vLLM's constructor.
 
     An argument vLLM's constructor does not take is dropped when it has our default value (ours
-    adds `enforce_enable`, for example), and is a TypeError naming it otherwise."""
+    adds `enforce_enable`, for example), and is a TypeError naming it otherwise. Where `moved` applies
+    (an older vLLM whose constructor had other arguments), its renames and fixed values come first."""
     sig = inspect.signature(ours.__init__)
     bound = sig.bind(None, *args, **kwargs)
     bound.apply_defaults()
     values = dict(list(bound.arguments.items())[1:])
     accepted = inspect.signature(theirs.__init__).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    if moved is not None and moved.applies(accepted):
+        values = _before(moved, theirs, values)
     out = {}
     for name, value in values.items():
         if name in accepted or takes_any:
@@ -104,6 +132,21 @@ def vllm_arguments(ours: type, theirs: type, args: tuple, kwargs: dict,
             raise TypeError(f"{theirs.__module__}.{theirs.__qualname__} takes no argument {name!r} "
                             f"(the reference {ours.__name__} was given {name}={value!r})")
     return convert(out) if convert else out
+
+
+def _before(moved: Moved, theirs: type, values: dict[str, Any]) -> dict[str, Any]:
+    """Our argument values as the constructor of a vLLM release before `moved.release` takes them."""
+    renamed = dict(moved.renamed)
+    out = {renamed.get(name, name): value for name, value in values.items()}
+    for name, matching, has in moved.fixed:
+        if name not in out:
+            continue
+        value = out.pop(name)
+        if not any(value is m or value == m for m in matching):
+            raise NotImplementedError(
+                f"{theirs.__module__}.{theirs.__qualname__} before vLLM {moved.release} takes no {name!r} (its layer "
+                f"has {has}): {name}={value!r} cannot be built with this vLLM")
+    return out
 
 
 def share_tensors(ours: nn.Module, theirs: nn.Module) -> None:
@@ -137,7 +180,7 @@ def make_replacement(spec: LayerSpec, ours: type, theirs: type) -> type:
 
     def __init__(self, *args, **kwargs):
         ours.__init__(self, *args, **kwargs)
-        arguments = vllm_arguments(ours, theirs, args, kwargs, spec.convert)
+        arguments = vllm_arguments(ours, theirs, args, kwargs, spec.convert, spec.moved)
         with set_current_vllm_config(vllm_config()):
             layer = theirs(**arguments)
         object.__setattr__(self, "vllm_layer", layer)   # not a submodule: our state_dict stays the reference's
