@@ -1,5 +1,5 @@
-"""Shared machinery of the checks: context, verdicts, input handling; the comparison itself is in
-`conformance.checks.comparison`, re-exported here."""
+"""Shared machinery of the checks: context, verdicts, input handling. The comparison itself and the argument copies
+a judgement runs on are the judge's (`conformance.judge.comparison`, `conformance.judge.golden`), re-exported here."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from conformance.checks.comparison import (  # noqa: F401 - re-exported: the checks compare through here
+from conformance.judge.comparison import (  # noqa: F401 - re-exported: the checks compare through here
     OVERRIDE_FACTOR,
     QUALITY_FACTOR,
     QUALITY_FLOOR_OF_ATOL,
@@ -21,6 +21,7 @@ from conformance.checks.comparison import (  # noqa: F401 - re-exported: the che
     as_outputs,
     compare_outputs,
 )
+from conformance.judge.golden import clone_args, clone_layout, to_golden, widens  # noqa: F401 - re-exported
 from conformance.run import running_note
 from conformance.results.messages import sanitize
 from conformance.results.result import Outcome
@@ -65,6 +66,9 @@ class Verdict:
     max_rel_err: float | None = None
     draw: str | None = None     # the hypothesis draw the message is about, for the repro command's --draw
     err_to_tol: float | None = None   # the worst element's error / its tolerance (conformance.judge.tolerances)
+    # whose code the outcome is about, where the check observed it (conformance.collect.origin.Origin.to_json()): the
+    # engine family's ERROR raised in vLLM's own code, say; None leaves it to the unit's identity (Attribution.of_result)
+    origin: dict | None = None
 
     def __post_init__(self):
         self.message = sanitize(self.message)
@@ -178,44 +182,11 @@ def case_generator(ctx: CheckContext, unit: Unit, case_name: str | None = None) 
     return generator(unit_seed(ctx.seed, unit.op, case_name or unit.case, unit.dtype))
 
 
-def clone_layout(t: torch.Tensor) -> torch.Tensor:
-    """A copy with the same sizes, strides, offset and storage bytes (padding included)."""
-    storage = t.untyped_storage().clone()
-    out = torch.empty((0,), dtype=t.dtype, device=t.device)
-    out.set_(storage, t.storage_offset(), t.size(), t.stride())
-    return out
-
-
-def clone_args(args: Sequence[Any]) -> tuple:
-    return tuple(clone_layout(a) if isinstance(a, torch.Tensor) else a for a in args)
-
-
-def _widens(t: torch.Tensor, run_dtype: torch.dtype | None) -> bool:
-    """Whether the float64 run widens `t`: floating (not fp8) and, when the run's dtype is given, of that
-    dtype. A tensor a case pins to another dtype keeps it (a weight of another dtype than x, say): its
-    dtype is part of the semantics (vLLM's rms_norm casts the normalized value to the weight's dtype),
-    not a precision the float64 run should improve on."""
-    return t.is_floating_point() and t.element_size() > 1 and (run_dtype is None or t.dtype == run_dtype)
-
-
-def to_golden(args: Sequence[Any], run_dtype: torch.dtype | None = None) -> tuple:
-    """Floating-point tensors (not fp8; of `run_dtype` when given) promoted to float64; everything else copied."""
-    out = []
-    for a in args:
-        if isinstance(a, torch.Tensor) and _widens(a, run_dtype):
-            out.append(a.detach().to(torch.float64))
-        elif isinstance(a, torch.Tensor):
-            out.append(a.clone())
-        else:
-            out.append(a)
-    return tuple(out)
-
-
 def golden_layer(layer: torch.nn.Module, run_dtype: torch.dtype) -> torch.nn.Module:
     """A float64 copy of `layer` for the golden run: parameters and buffers of the run's dtype widened,
     those a case pinned to another dtype kept (see `to_golden`)."""
     copy_ = copy.deepcopy(layer)
-    return copy_._apply(lambda t: t.to(torch.float64) if _widens(t, run_dtype) else t)
+    return copy_._apply(lambda t: t.to(torch.float64) if widens(t, run_dtype) else t)
 
 
 def storage_bytes(t: torch.Tensor) -> torch.Tensor:

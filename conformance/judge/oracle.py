@@ -1,9 +1,13 @@
-"""The one oracle: an implementation's outputs judged against the op's native semantics.
+"""The op oracle: an implementation's outputs judged against the op's native semantics.
+
+It is one of three (docs/architecture.md, "The oracles"): attention is judged by the float64 paged-attention oracle
+(`reference_impl.attention.oracle`) and the engine by the reference decoder in float64
+(`conformance.checks.engine.oracle`), each with its own stated tolerances.
 
 The harness's numerics checks (`conformance.checks.numerics`) and the project's own kernel tests
 judge with the same function, so a kernel passes our tests exactly when a vendor's kernel with the
 same outputs would pass conformance. Native runs on copies of the arguments; a float64 run of
-native, where the op has one, grades quality (`compare_outputs` in `conformance.checks.comparison`).
+native, where the op has one, grades quality (`compare_outputs` in `conformance.judge.comparison`).
 A failure that native reproduces with another value of one argument (is_neox_style flipped,
 approximate='tanh' for 'none') says so: the kernel ignores that argument, which no tolerance fixes.
 """
@@ -16,15 +20,17 @@ from typing import Any
 
 import torch
 
-from conformance.checks.common import Comparison, clone_args, compare_outputs, to_golden
-from conformance.checks.comparison import (
+from conformance.judge.comparison import (
+    Comparison,
     as_outputs,
+    compare_outputs,
     identical,
     merge_golden_errors,
     merged,
     output_golden_errors,
 )
 from conformance.collect.units import dtype_name
+from conformance.judge.golden import clone_args, to_golden
 from conformance.results.result import Outcome
 
 
@@ -187,7 +193,7 @@ def judge_in_chunks(op, args: tuple, out: Any, dtype: torch.dtype, chunk_element
 def _merge_chunks(op, results, out, dtype, atol, rtol, compare_nan, whole_errs) -> Comparison:
     """The whole output's Comparison from its chunks' (lo, hi, chunk args, chunk output, comparison), graded by the
     whole output's errors against float64 `whole_errs`."""
-    from conformance.checks.comparison import _cleared_note
+    from conformance.judge.comparison import _cleared_note
 
     worst = dict(max_abs_err=max(c.max_abs_err or 0.0 for *_, c in results),
                  max_rel_err=max(c.max_rel_err or 0.0 for *_, c in results),

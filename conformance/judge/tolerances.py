@@ -4,7 +4,7 @@ A check allows |out - native| <= atol + rtol*|native| per element, so an element
 |out - native| / (atol + rtol*|native|) and a result's is its worst element's: at most 1 within
 tolerance, above 1 a FAIL (or a PASS the float64 grade cleared, whose message says native is the
 less precise one). It is computed once, where the checks compare outputs
-(`conformance.checks.comparison`), stored in the result as `err_to_tol`, and only read after that:
+(`conformance.judge.comparison`), stored in the result as `err_to_tol`, and only read after that:
 the FAIL message's "Nx the tolerance", the results file, the Markdown findings and the HTML
 heatmap and worst cases all show this number, printed by `ratio_text`.
 """

@@ -175,7 +175,7 @@ def test_error_to_tolerance_is_the_worst_elements_share_of_its_own_tolerance():
 
 
 def test_the_message_and_the_result_carry_the_same_ratio():
-    from conformance.checks.comparison import compare_outputs
+    from conformance.judge.comparison import compare_outputs
     from conformance.judge.tolerances import ratio_text
 
     native = torch.tensor([1000.0, 0.0, 2.0])

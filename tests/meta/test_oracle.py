@@ -220,7 +220,7 @@ def test_an_output_identical_to_native_passes_without_the_float64_run():
 
 def test_the_float64_grade_takes_the_same_maxima_as_indexing_the_finite_elements_out():
     """golden_errors masks instead of indexing; the maxima are those of the elements the mask selects."""
-    from conformance.checks.comparison import golden_errors
+    from conformance.judge.comparison import golden_errors
 
     gen = torch.Generator().manual_seed(5)
     gold = torch.randn(200, generator=gen, dtype=torch.float64) * 10

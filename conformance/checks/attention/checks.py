@@ -28,7 +28,7 @@ from conformance.checks.attention.units import (
     split_case,
     steps_units,
 )
-from conformance.checks.comparison import DECLINE
+from conformance.judge.comparison import DECLINE
 from conformance.checks.common import (
     OVERRIDE_FACTOR,
     CheckContext,
