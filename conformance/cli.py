@@ -85,7 +85,7 @@ def _repro_here(args) -> int:
     """The unit in this process (what the supervised child runs, and what a debugger wants)."""
     import faulthandler
 
-    from conformance.run import running_note
+    from conformance.results import running_note
     from conformance.checks import CheckContext, run_unit
     from conformance.collect.inventory import PlatformSetupError, activate
     from conformance.results.result import Outcome

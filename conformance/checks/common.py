@@ -22,7 +22,7 @@ from conformance.judge.comparison import (  # noqa: F401 - re-exported: the chec
     compare_outputs,
 )
 from conformance.judge.golden import clone_args, clone_layout, to_golden, widens  # noqa: F401 - re-exported
-from conformance.run import running_note
+from conformance.results import running_note
 from conformance.results.messages import sanitize
 from conformance.results.result import Outcome
 from conformance.collect.units import LEVELS, Unit, dtype_from_name, dtype_name, generator, unit_seed
@@ -134,7 +134,7 @@ class KernelRaised(Exception):
 
 def call_impl(where: str, fn, *args):
     """`fn(*args)` (the platform's code); its raise becomes KernelRaised. What is called, and with which
-    arguments, is noted first where a crash of this process would be reported (conformance.run.running_note)."""
+    arguments, is noted first where a crash of this process would be reported (conformance.results.running_note)."""
     running_note.before_call(where, fn, args)
     try:
         return fn(*args)

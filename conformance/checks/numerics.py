@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance.run import running_note
+from conformance.results import running_note
 from conformance.checks import lookup
 from conformance.checks.common import (
     CheckContext,

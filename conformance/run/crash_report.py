@@ -1,7 +1,7 @@
 """The CRASH message: what was running when a process died, and the stacks of the thread that crashed.
 
 Built by the parent of a process that died of a signal (the kernel worker's parent, or `repro`'s
-supervisor) from three files of that process alone: the running note (conformance.run.running_note:
+supervisor) from three files of that process alone: the running note (conformance.results.running_note:
 unit, draw, call and arguments), faulthandler's dump (Python stacks) and the process's stderr, where
 torch's fatal-signal handler prints each thread's native stack; only the crashing thread's block is
 kept. The first line says everything a vendor needs to find the case (reports show first lines);

@@ -3,7 +3,7 @@ reported like the harness reports it (one line naming the signal and what was ru
 crashed process's Python and native stacks) instead of the shell's bare exit status 139.
 
 The child is `python -m conformance repro ... --in-process` with the worker's crash instruments
-(conformance.run.running_note, faulthandler's file, torch's native stacks on its stderr); its stdout
+(conformance.results.running_note, faulthandler's file, torch's native stacks on its stderr); its stdout
 is the terminal's, its stderr is relayed once it ends.
 """
 
@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 
-from conformance.run import running_note
+from conformance.results import running_note
 from conformance.run.crash_report import NATIVE_STACK_HEADER, crash_message
 from conformance.exit_codes import ExitCode
 from conformance.run.worker import FAULT_FILE_ENV

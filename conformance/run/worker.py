@@ -8,7 +8,7 @@ reported as TIMEOUT; either way the next check gets a fresh worker.
 Protocol: length-prefixed pickles on the worker's stdin/stdout; the worker moves its own fd 1 onto
 fd 2 at start so kernels that print cannot corrupt the stream. Each worker has three files of its
 own: fd 2 goes to a log (where torch's fatal-signal handler prints native stacks), faulthandler
-writes Python stacks to a second, and the running note (conformance.run.running_note) says what runs;
+writes Python stacks to a second, and the running note (conformance.results.running_note) says what runs;
 a CRASH message is built from those (conformance.run.crash_report), never from another worker's output.
 """
 
@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Any
 
-from conformance.run import running_note
+from conformance.results import running_note
 from conformance.run.crash_report import crash_message, describe_exit, running_line  # noqa: F401 - describe_exit kept here
 from conformance.run.zygote import ForkedProcess, fork_worker
 from conformance.results.result import Outcome

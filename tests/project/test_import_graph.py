@@ -215,3 +215,68 @@ def test_reader_sees_function_level_and_relative_imports(tmp_path):
     assert imported_modules("pkg", modules["pkg"], modules) == {"pkg.sub"}
     assert imported_modules("pkg.sub", modules["pkg.sub"], modules) == {"pkg.other", "pkg.deep.leaf"}
     assert imported_modules("pkg.deep.leaf", modules["pkg.deep.leaf"], modules) == {"pkg.other", "pkg.deep"}
+
+
+# The harness's stages and what each may import of the others (docs/architecture.md draws them). A stage is a
+# subpackage of `conformance` (or a top-level module); the front doors import every stage and nothing imports them.
+# `vllm` (the bridge) and `checks` are siblings: the checks reach vLLM only through the platform object they are
+# handed, and the bridge never runs a check.
+STAGE_IMPORTS = {
+    "exit_codes": set(),
+    "collect": set(),
+    "results": {"collect"},
+    "judge": {"collect", "results"},
+    "vllm": {"collect", "results"},
+    "checks": {"collect", "results", "judge"},
+    "gate": {"collect", "results", "checks"},
+    "run": {"collect", "results", "judge", "checks", "gate", "exit_codes"},
+    "report": {"collect", "results", "judge", "gate"},
+}
+FRONT_DOORS = {"conformance", "pytest_plugin", "cli", "__main__"}
+
+
+def stage_of(module: str) -> str | None:
+    """The harness stage `module` belongs to (None outside `conformance`)."""
+    parts = module.split(".")
+    if parts[0] != "conformance":
+        return None
+    return parts[1] if len(parts) > 1 else "conformance"
+
+
+def against_the_layers(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from one harness stage into another that STAGE_IMPORTS does not allow, as 'a -> b'."""
+    wrong = []
+    for module, targets in sorted(graph.items()):
+        stage = stage_of(module)
+        if stage is None or stage in FRONT_DOORS:
+            continue
+        for target in sorted(targets):
+            other = stage_of(target)
+            if other is None or other == stage:
+                continue
+            if other in FRONT_DOORS or other not in STAGE_IMPORTS.get(stage, set()):
+                wrong.append(f"{module} -> {target}  ({stage} may not import {other})")
+    return wrong
+
+
+def test_every_harness_stage_is_in_the_layer_table():
+    stages = {stage_of(m) for m in import_graph() if stage_of(m) is not None}
+    unknown = stages - set(STAGE_IMPORTS) - FRONT_DOORS
+    assert not unknown, f"harness stages missing from STAGE_IMPORTS (say what each may import): {sorted(unknown)}"
+
+
+def test_harness_imports_follow_the_layers():
+    wrong = against_the_layers(import_graph())
+    assert not wrong, "imports against the harness's layers (docs/architecture.md):\n" + "\n".join(wrong)
+
+
+def test_layer_checker_names_the_import():
+    """The checker itself: a planted judge -> checks import and a checks -> vllm import are reported, allowed
+    arrows and the front doors are not."""
+    graph = {"conformance.judge.oracle": {"conformance.checks.common", "conformance.results.result"},
+             "conformance.checks.engine": {"conformance.vllm.platform", "conformance.judge.oracle"},
+             "conformance.pytest_plugin": {"conformance.checks", "conformance.vllm.platform"},
+             "conformance.collect.units": {"torch"}}
+    assert against_the_layers(graph) == [
+        "conformance.checks.engine -> conformance.vllm.platform  (checks may not import vllm)",
+        "conformance.judge.oracle -> conformance.checks.common  (judge may not import checks)"]
