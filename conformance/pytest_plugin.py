@@ -12,7 +12,9 @@ conformance.exit_codes.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import NoReturn
@@ -28,6 +30,7 @@ from conformance.results.result import CheckResult, Outcome, ResultsFile, RunInf
 from conformance.run import collection_plan, options
 from conformance.run.options import MAX_TIMEOUT_S
 from conformance.run.run_dir import WORKERINPUT_KEY, ZYGOTE_KEY, RunDir
+from conformance.run.zygote import die_with_parent
 from conformance.run.scope import (configuration_notes, gate_description, is_empty_parameter_set, selection_of,
                                    unit_of, unused_baseline_notes, unused_waiver_notes)
 
@@ -36,6 +39,7 @@ SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
 _STATE = pytest.StashKey["ConformanceRun"]()
 _RESULT = pytest.StashKey[CheckResult]()
 DEFAULT_TIMEOUT_S = 120.0
+CONTROLLER_KEY = "conformance_controller_pid"   # workerinput: the xdist controller's pid, which its workers die with
 
 
 class QualityWarning(UserWarning):
@@ -97,6 +101,9 @@ class ConformanceRun:
         self.other_failures = 0        # failed pytest reports other than upstream results the gate leaves out
         workerinput = getattr(config, "workerinput", None)
         self.is_xdist_worker = workerinput is not None
+        controller = (workerinput or {}).get(CONTROLLER_KEY)
+        if controller is not None and os.getppid() == controller:   # a local xdist worker (not one over ssh)
+            die_with_parent(controller)   # a killed controller leaves no xdist worker (nor, so, its kernel worker)
         shared = (workerinput or {}).get(WORKERINPUT_KEY)
         self.run_dir = RunDir(shared) if shared else RunDir.create()
         # an xdist worker collects from the controller's plan: it never imports torch or the platform
@@ -205,7 +212,8 @@ class ConformanceRun:
         if self.worker is None:
             from conformance.run.worker import KernelWorker
 
-            self.worker = KernelWorker(self.name, self.seed, self.level, zygote=self.zygote_path)
+            self.worker = KernelWorker(self.name, self.seed, self.level, zygote=self.zygote_path,
+                                       directory=self.run_dir.path)   # its files go when the run directory goes
         return self.worker
 
     def _run_in_worker(self, unit: Unit) -> dict:
@@ -282,6 +290,7 @@ class ConformanceRun:
             self.run_dir.write_json(collection_plan.PLAN_FILE, collection_plan.build(self.inventory, self.level))
             self.plan_written = True
         node.workerinput[WORKERINPUT_KEY] = self.run_dir.path
+        node.workerinput[CONTROLLER_KEY] = os.getpid()
         if self.zygote is not None:
             node.workerinput[ZYGOTE_KEY] = self.zygote.path
 
@@ -325,6 +334,47 @@ class ConformanceRun:
             self.zygote.close()
             self.zygote = None
 
+    def abandon(self) -> None:
+        """End the run now (on SIGTERM): kill its kernel worker, remove the run directory (the workers' files are in
+        it), then kill the zygote; the zygote's workers and xdist's die with it and with this process. The directory
+        goes first: an xdist worker that saw its kernel worker die would write a crash record and a new worker's files
+        into it while it is being removed, not into a directory that is gone."""
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker = None
+        for _ in range(3):   # a file written while it was removed leaves it behind: once more
+            self.run_dir.remove()
+            if not (self.run_dir.owner and os.path.isdir(self.run_dir.path)):
+                break
+        if self.zygote is not None:
+            self.zygote.kill()
+            self.zygote = None
+
+
+_PREVIOUS_SIGTERM = []   # the disposition `_end_on_sigterm` replaced, restored at unconfigure
+
+
+def _end_on_sigterm(state: ConformanceRun) -> None:
+    """On SIGTERM (what `timeout` and a cancelled CI job send), kill the run's processes and remove its files, then
+    end by SIGTERM as before. Only in the main thread, and only where nobody else has set a handler. (SIGKILL needs
+    nothing here: every process of the run dies with its parent, conformance.run.zygote.die_with_parent.)"""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return
+
+    def handler(signum, frame) -> None:
+        try:
+            state.abandon()
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    _PREVIOUS_SIGTERM.append(signal.signal(signal.SIGTERM, handler))
+
+
+def _restore_sigterm() -> None:
+    while _PREVIOUS_SIGTERM:
+        signal.signal(signal.SIGTERM, _PREVIOUS_SIGTERM.pop())
+
 
 def _xdist_workers(config: pytest.Config) -> int:
     """How many xdist workers this run starts (0 without xdist); xdist has resolved `-n auto` by configure."""
@@ -354,6 +404,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.maxschedchunk = SCHED_CHUNK
     state = ConformanceRun(config)
     config.stash[_STATE] = state
+    if not state.is_xdist_worker:
+        _end_on_sigterm(state)
     config.pluginmanager.register(state, "conformance-run")
     if not config.option.file_or_dir:
         config.args = [str(SUITES_DIR)]
@@ -364,6 +416,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if state is not None:
         state.close()
         state.run_dir.remove()
+        _restore_sigterm()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

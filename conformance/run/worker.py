@@ -10,6 +10,9 @@ fd 2 at start so kernels that print cannot corrupt the stream. Each worker has t
 own: fd 2 goes to a log (where torch's fatal-signal handler prints native stacks), faulthandler
 writes Python stacks to a second, and the running note (conformance.results.running_note) says what runs;
 a CRASH message is built from those (conformance.run.crash_report), never from another worker's output.
+
+A worker dies with the process that started it (Linux: PR_SET_PDEATHSIG, see conformance.run.zygote), whatever
+kills that one; one forked by the zygote also dies when its client's connection closes.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 
 from conformance.results import running_note
 from conformance.run.crash_report import crash_message, describe_exit, running_line  # noqa: F401 - describe_exit kept here
-from conformance.run.zygote import ForkedProcess, fork_worker
+from conformance.run.zygote import PARENT_ENV, ForkedProcess, die_with_parent, fork_worker, parent_from_environment
 from conformance.results.result import Outcome
 from conformance.collect.units import Unit
 
@@ -160,8 +163,10 @@ class WorkerStartError(RuntimeError):
 class KernelWorker:
     """Owns one worker process; `run(unit, timeout)` answers a result dict whatever the worker does."""
 
-    def __init__(self, platform: str, seed: int, level: str, start_timeout: float = 300.0, zygote: str | None = None):
+    def __init__(self, platform: str, seed: int, level: str, start_timeout: float = 300.0, zygote: str | None = None,
+                 directory: str | None = None):
         self.platform, self.seed, self.level = platform, seed, level
+        self.directory = directory   # where its log, fault file and running note go (None: the temp directory)
         self.start_timeout = start_timeout
         self.zygote = zygote   # socket of the run's zygote (conformance.run.zygote), which forks workers ready-imported
         self.proc: subprocess.Popen | ForkedProcess | None = None
@@ -179,9 +184,9 @@ class KernelWorker:
 
     def _launch(self) -> None:
         self._remove_log()   # the previous worker's files (what they said is already in a CRASH message)
-        fd, self.log_path = tempfile.mkstemp(prefix="conformance-worker-", suffix=".log")
-        self.fault_path = _empty_file("conformance-worker-", ".faulthandler")
-        self.note_path = _empty_file("conformance-worker-", ".running.json")
+        fd, self.log_path = tempfile.mkstemp(prefix="conformance-worker-", suffix=".log", dir=self.directory)
+        self.fault_path = _empty_file("conformance-worker-", ".faulthandler", self.directory)
+        self.note_path = _empty_file("conformance-worker-", ".running.json", self.directory)
         env = worker_environment(os.environ, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
         env[FAULT_FILE_ENV] = self.fault_path
         env[running_note.NOTE_ENV] = self.note_path
@@ -194,6 +199,7 @@ class KernelWorker:
             except OSError:   # the zygote has ended (or never listened): start one from scratch
                 self.proc = None
         if self.proc is None:
+            env[PARENT_ENV] = str(os.getpid())   # it dies with this process (zygote.die_with_parent)
             self.proc = subprocess.Popen([sys.executable, "-m", *module_args], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=fd, env=env, start_new_session=True)
         os.close(fd)
@@ -304,6 +310,11 @@ class KernelWorker:
             except OSError:
                 pass
 
+    def kill(self) -> None:
+        """End the worker now (its process group) and remove its files: for a run that is itself being ended."""
+        self.stop()
+        self._remove_log()
+
     def close(self) -> None:
         """End the worker: let a ready one exit on its own (it has sent every result), kill one still starting."""
         if self.proc is not None and self.ready and self.proc.poll() is None and self.proc.stdin:
@@ -326,8 +337,8 @@ class KernelWorker:
                 setattr(self, name, None)
 
 
-def _empty_file(prefix: str, suffix: str) -> str:
-    fd, path = tempfile.mkstemp(prefix=prefix, suffix=suffix)
+def _empty_file(prefix: str, suffix: str, directory: str | None = None) -> str:
+    fd, path = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
     os.close(fd)
     return path
 
@@ -344,6 +355,7 @@ def _read_text(path: str | None, offset: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent(parent_from_environment())   # first: a worker whose starter is gone has nobody to answer
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--platform", required=True)
     parser.add_argument("--seed", type=int, required=True)

@@ -14,10 +14,15 @@ JSON request (the worker's argv and environment) with three descriptors attached
 stderr). The zygote answers `pid N` once it has forked, and `exit RC` when the child ends (RC as Popen's
 returncode: negative for a signal), then closes the connection. A client that finds no zygote launches its worker
 the usual way (conformance.run.worker).
+
+Lifetime (Linux): the zygote dies with the controller that started it, and each forked worker with the zygote
+(PR_SET_PDEATHSIG, `die_with_parent`); a worker whose client closes the connection (the xdist worker that asked
+for it ended, however it was killed) is killed with its process group. A killed run leaves no worker behind.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
@@ -31,8 +36,37 @@ import time
 from typing import Any, NoReturn
 
 SOCKET_NAME = "zygote.sock"
+# the pid of the process that started this one, for `die_with_parent` (set by the starter: the zygote's controller,
+# a kernel worker's pytest process)
+PARENT_ENV = "CONFORMANCE_PARENT_PID"
 _HEADER = struct.Struct("!I")
 _REAP_INTERVAL_S = 0.05   # how soon a child's exit reaches its client while children run
+_PR_SET_PDEATHSIG = 1
+
+
+# ----- lifetime: a process of the run never outlives the one that started it -------------------------------------
+def die_with_parent(parent: int | None, sig: int = signal.SIGKILL) -> bool:
+    """Ask Linux to send `sig` to this process when its parent ends (PR_SET_PDEATHSIG), and exit at once when
+    `parent` is already gone (it died before the request took effect); whether the request took. The signal
+    follows the parent *thread* that started this process: start such a process only from a thread that outlives
+    it (a run's main thread; a caller that waits for it). Does nothing off Linux, or when `parent` is None."""
+    if parent is None or not sys.platform.startswith("linux"):
+        return False
+    try:
+        if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):   # no prctl in this libc
+        return False
+    if os.getppid() != parent:   # reparented already: nobody will read what this process would do
+        os._exit(1)
+    return True
+
+
+def parent_from_environment() -> int | None:
+    """The starter's pid from PARENT_ENV, removed from this process's environment (its own children have another
+    parent); None when not set."""
+    value = os.environ.pop(PARENT_ENV, "")
+    return int(value) if value.isdigit() else None
 
 
 # ----- the zygote process -------------------------------------------------------------------------
@@ -59,12 +93,17 @@ def serve(listener: socket.socket) -> NoReturn:
     # the pages the forked workers share with this process
     gc.freeze()
     children: dict[int, socket.socket] = {}
+    abandoned: set[int] = set()   # children killed because their client went away, not reaped yet
     stdin = sys.stdin.fileno()
     while True:
-        readable, _, _ = select.select([listener, stdin], [], [], _REAP_INTERVAL_S if children else None)
-        _reap(children)
+        clients = {conn: pid for pid, conn in children.items() if pid not in abandoned}
+        readable, _, _ = select.select([listener, stdin, *clients], [], [], _REAP_INTERVAL_S if children else None)
+        _reap(children, abandoned)
         if stdin in readable and not os.read(stdin, 4096):
             break   # the controller is done (or gone)
+        for conn in readable:
+            if conn in clients and clients[conn] in children:
+                _check_client(conn, clients[conn], abandoned)
         if listener in readable:
             conn, _ = listener.accept()
             _fork_child(listener, conn, children)
@@ -77,7 +116,26 @@ def serve(listener: socket.socket) -> NoReturn:
     os._exit(0)   # skips tearing torch down (about 1 s, and libraries' leak reports about frozen objects)
 
 
-def _reap(children: dict[int, socket.socket]) -> None:
+def _check_client(conn: socket.socket, pid: int, abandoned: set[int]) -> None:
+    """A client connection turned readable: the client never sends after its request, so this is its end (it closed
+    the connection or died, SIGKILL included). Its worker has nobody to answer to: kill its process group."""
+    try:
+        data = conn.recv(4096)
+    except OSError:
+        data = b""
+    if data:
+        return
+    abandoned.add(pid)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):   # not its own group yet (before its setsid), or already gone
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _reap(children: dict[int, socket.socket], abandoned: set[int] | None = None) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -85,6 +143,8 @@ def _reap(children: dict[int, socket.socket]) -> None:
             return
         if pid == 0:
             return
+        if abandoned is not None:
+            abandoned.discard(pid)
         conn = children.pop(pid, None)
         if conn is not None:
             rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
@@ -117,10 +177,12 @@ def _fork_child(listener: socket.socket, conn: socket.socket, children: dict[int
             os.close(fd)
         conn.close()
         return
+    zygote = os.getpid()
     pid = os.fork()
     if pid == 0:   # the kernel worker: never returns into the zygote's loop
         code = 1
         try:
+            die_with_parent(zygote)
             listener.close()
             for other in children.values():
                 other.close()
@@ -156,6 +218,7 @@ def _become_worker(request: dict[str, Any], fds: list[int]) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ.clear()
     os.environ.update(request["env"])
+    os.environ.pop(PARENT_ENV, None)   # its client's pid: this process follows the zygote, its parent, since the fork
     import runpy
 
     module, *args = request["argv"]   # run as `python -m module args` runs it
@@ -170,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m conformance.run.zygote LISTENING_SOCKET_FD", file=sys.stderr)
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the controller ends it by closing stdin
+    die_with_parent(parent_from_environment())     # or by dying, however it is killed
     return serve(socket.socket(fileno=int(args[0])))
 
 
@@ -202,7 +266,8 @@ class Zygote:
             listener.listen(64)
             fd = listener.fileno()
             proc = subprocess.Popen([sys.executable, "-m", "conformance.run.zygote", str(fd)], stdin=subprocess.PIPE,
-                                    stdout=log, stderr=log, env=env, start_new_session=True, pass_fds=[fd])
+                                    stdout=log, stderr=log, env={**env, PARENT_ENV: str(os.getpid())},
+                                    start_new_session=True, pass_fds=[fd])
         return cls(proc, path)
 
     def close(self) -> None:
@@ -216,6 +281,11 @@ class Zygote:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def kill(self) -> None:
+        """End it now; the workers it forked die with it (die_with_parent)."""
+        self.proc.kill()
+        self.proc.wait()
 
 
 # ----- the client: a kernel worker forked by the zygote --------------------------------------------
