@@ -17,3 +17,8 @@ def register_stale() -> str | None:
 def register_fresh() -> str | None:
     """The corrected twin (vllm.platform_plugins)."""
     return "conformance_vllm_engine.platform.FreshCpuPlatform"
+
+
+def register_nomoe() -> str | None:
+    """An out-of-tree platform that brings no MoE (vllm.platform_plugins)."""
+    return "conformance_vllm_engine.platform.NoMoeCpuPlatform"
