@@ -1,14 +1,23 @@
 """`python -m conformance.vllm.engine_runner`: vLLM's `LLM` engine on the platform vLLM resolves here, run on the
 requests of the jobs it reads from stdin, with every generated token's logprobs written where each job says (JSON).
 
-The `engine` family (conformance/checks/engine/) starts this in a process of its own, so an engine that crashes
-or hangs costs that one result. The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): no
-further processes to leak; the process stays up between jobs, so a diagnosis pays vLLM's import once. A job lists
-runs; each run is one engine (model, dtype, eager or compiled, chunked prefill and prefix caching on or off) and
-its waves of requests, submitted one `generate` call per wave so that a later wave meets the prefix cache the
-earlier ones filled; `"waves": "fixed"` asks for the family's fixed requests (conformance/checks/engine/models.py),
-laid out for the KV block size the engine chose. A job's results file is rewritten after every run, so the runs
-that finished before a crash are kept. Token ids go in directly (`skip_tokenizer_init`): the checkpoints have no tokenizer.
+The `engine` family (conformance/checks/engine/) has it started, through the bridge's platform
+(conformance/vllm/platform.py), in a process of its own, so an engine that crashes or hangs costs that one result.
+The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): no further processes to leak; the process
+stays up between jobs, so a diagnosis pays vLLM's import once. A job lists runs; each run is one engine (model,
+dtype, eager or compiled, chunked prefill and prefix caching on or off) and its waves of requests, submitted one
+`generate` call per wave so that a later wave meets the prefix cache the earlier ones filled. The waves are a list,
+or `{"by_block_size": {"128": waves, ...}}`: the family's requests laid out for each KV block size an engine may
+choose, of which the run takes the one for the block size its engine chose. A job's results file is rewritten after
+every run, so the runs that finished before a crash are kept. Token ids go in directly (`skip_tokenizer_init`): the
+checkpoints have no tokenizer.
+
+Besides the tokens, a run records what the engine observed about whose code ran, for the family's attribution
+(conformance/checks/engine/whose.py): the platform vLLM resolved (its class, whether it is out of tree, whether its
+device name is a torch device type, the layers registered out of tree), the code that computed the model (its
+attention backend, impl and builder classes, every CustomOp's class and dispatched forward, the `vllm.ir`
+implementations dispatched), and for a run that raised, the frames of the raise (module and qualified name).
+This module never imports the harness's checks (docs/architecture.md: the bridge runs no check).
 """
 
 from __future__ import annotations
@@ -71,14 +80,14 @@ def run_one(run: dict) -> dict:
     llm = _engine(run)
     started = time.perf_counter() - start
     facts = _facts(llm)
-    waves = run["waves"]
-    if waves == "fixed":   # the family's fixed requests, laid out for the block size this engine chose
-        from conformance.checks.engine import models as engine_models
-
-        waves = engine_models.to_json(engine_models.requests(facts["block_size"]))
+    facts["platform_facts"] = platform_facts()
+    waves = _waves_for(run["waves"], facts["block_size"])
     outputs = []
-    for wave in waves:
-        outputs += _wave(llm, wave)
+    with _recording_ir_dispatch() as dispatched:
+        for wave in waves:
+            outputs += _wave(llm, wave)
+    computed = {tuple(c) for c in llm.apply_model(_computing_code)[0]} | {_code_name(f) for f in dispatched}
+    facts["computed"] = [list(c) for c in sorted(computed)]
     shutdown_error = _shut_down(llm)
     del llm
     import gc
@@ -111,25 +120,110 @@ def _disarm_exit_shutdown(llm) -> None:
         finalizer.detach()
 
 
-def _platform_hint(exc: Exception) -> str | None:
-    """What of vLLM 0.32's contract for an out-of-tree platform the error points at, when it is one of the two ways a
-    CPU-derived platform plugin cannot start an engine (docs/vllm.md, the engine family); else None."""
+def _waves_for(waves, block_size: int) -> list[list[dict]]:
+    """The run's waves: a list as given, or from `{"by_block_size": {...}}` the layout for the engine's block size."""
+    if isinstance(waves, list):
+        return waves
+    layouts = waves["by_block_size"]
+    if str(block_size) not in layouts:
+        raise RuntimeError(f"the engine chose KV blocks of {block_size} tokens, and the requests were laid out for "
+                           f"blocks of {', '.join(sorted(layouts, key=int))} tokens only: add {block_size} to the "
+                           "engine family's BLOCK_SIZES (conformance/checks/engine/models.py)")
+    return layouts[str(block_size)]
+
+
+def _code_name(obj) -> tuple[str, str]:
+    """(module, qualified name) of a class or function (a bound method: its function)."""
+    obj = getattr(obj, "__func__", obj)
+    module = getattr(obj, "__module__", None) or "?"
+    return module, getattr(obj, "__qualname__", None) or getattr(obj, "__name__", repr(obj))
+
+
+def _computing_code(model) -> list[tuple[str, str]]:
+    """Run on the model inside vLLM's worker: (module, qualified name) of what computes it: every CustomOp's class and
+    the forward vLLM dispatched it to, and every attention layer's backend, impl and metadata builder classes."""
+    from vllm.model_executor.custom_op import CustomOp
+
+    names = set()
+    for module in model.modules():
+        if isinstance(module, CustomOp):
+            names.add(_code_name(type(module)))
+            forward = getattr(module, "_forward_method", None)
+            if forward is not None:
+                names.add(_code_name(forward))
+        backend = getattr(module, "attn_backend", None)
+        impl = getattr(module, "impl", None)
+        if backend is not None and impl is not None:
+            names.update({_code_name(backend), _code_name(type(impl))})
+            builder = getattr(backend, "get_builder_cls", None)
+            if builder is not None:
+                names.add(_code_name(builder()))
+    return sorted(names)
+
+
+class _recording_ir_dispatch:
+    """Within: every `vllm.ir` implementation the engine dispatched to (its impl_fn), gathered in a set; vLLM's
+    `IrOp.dispatch` is wrapped for the duration and restored after."""
+
+    def __enter__(self) -> set:
+        from vllm.ir.op import IrOp
+
+        self.seen: set = set()
+        self.original = IrOp.dispatch
+        original, seen = self.original, self.seen
+
+        def dispatch(op, *args, **kwargs):
+            impl = original(op, *args, **kwargs)
+            seen.add(impl.impl_fn)
+            return impl
+
+        IrOp.dispatch = dispatch
+        return self.seen
+
+    def __exit__(self, *exc) -> None:
+        from vllm.ir.op import IrOp
+
+        IrOp.dispatch = self.original
+
+
+def platform_facts() -> dict:
+    """What the engine family's contract table and attribution need to know of the platform vLLM resolved here
+    (asked after a run, and after a run that raised): its class, whether it is out of tree, its device name and whether
+    that is a torch device type (vLLM builds an out-of-tree platform's devices as torch.device(f"{device_name}:{rank}")),
+    and the layer names registered out of tree (`CustomOp.register_oot`)."""
     import torch
+    from vllm.model_executor.custom_op import op_registry_oot
     from vllm.platforms import current_platform
 
-    if not current_platform.is_out_of_tree():
-        return None
-    name = current_platform.device_name
+    cls = type(current_platform)
     try:
-        torch.device(f"{name}:0")
+        torch.device(f"{current_platform.device_name}:0")
+        device_ok = True
     except RuntimeError:
-        return (f"the platform's device_name {name!r} is not a torch device type: vLLM builds an out-of-tree "
-                f"platform's devices as torch.device(f'{{device_name}}:{{rank}}')")
-    if "Sleep mode allocator is not available" in str(exc):
-        return ("vLLM's CPUWorker, like its GPU worker, takes a sleep-mode allocator on every platform but CUDA, ROCm, "
-                "XPU and CpuPlatform itself: an out-of-tree platform that reuses it needs a worker subclass whose "
-                "_maybe_get_memory_pool_context returns a null context, set as parallel_config.worker_cls")
-    return None
+        device_ok = False
+    return {"class": f"{cls.__module__}.{cls.__qualname__}", "out_of_tree": bool(current_platform.is_out_of_tree()),
+            "device_name": str(current_platform.device_name), "device_name_is_torch_device": device_ok,
+            "oot_layers": sorted(op_registry_oot)}
+
+
+def error_report(run: dict, exc: BaseException) -> dict:
+    """A run that raised: the exception (its root cause, where one is chained: the frames are the root's), the last
+    frames as text, every frame of the raise as [module, qualified name] outermost first, and the platform's facts."""
+    root = exc
+    while root.__cause__ is not None and root.__cause__ is not root:
+        root = root.__cause__
+    text = f"{type(exc).__name__}: {exc}"
+    if root is not exc:
+        text += f" (caused by {type(root).__name__}: {root})"
+    frames = [[frame.f_globals.get("__name__", "?"), getattr(frame.f_code, "co_qualname", frame.f_code.co_name)]
+              for frame, _ in traceback.walk_tb(root.__traceback__)]
+    lines = traceback.format_exception(type(root), root, root.__traceback__)
+    try:
+        facts = platform_facts()
+    except Exception as facts_exc:  # noqa: BLE001 - the report goes on without them
+        facts = {"unavailable": f"{type(facts_exc).__name__}: {facts_exc}"}
+    return {"name": run["name"], "error": text, "error_type": type(root).__name__, "error_message": str(root),
+            "traceback": "".join(lines[-6:]), "frames": frames, "platform": facts}
 
 
 def _die_with_parent() -> None:
@@ -169,11 +263,8 @@ def serve() -> int:
         for run in job["runs"]:
             try:
                 doc["runs"].append(run_one(run))
-            except Exception as exc:  # noqa: BLE001 - reported to the check, which names the run
-                frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
-                hint = _platform_hint(exc)
-                doc["runs"].append({"name": run["name"], "error": f"{type(exc).__name__}: {exc}"
-                                    + (f" ({hint})" if hint else ""), "traceback": "".join(frames[-6:])})
+            except Exception as exc:  # noqa: BLE001 - reported to the check, which names the run and the contract
+                doc["runs"].append(error_report(run, exc))
             out.write_text(json.dumps(doc))
         protocol.write("done\n")
         protocol.flush()

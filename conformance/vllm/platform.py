@@ -34,6 +34,7 @@ class VllmPlatform(Platform):
         self.priorities: dict[str, list[str]] = {}
         self.notes: list[str] = []
         self.conformance_attention_not_covered: str | None = None
+        self._engine_session = None    # the engine family's kept engine process (conformance_engine)
 
     # ----- what the harness asks every platform --------------------------------------------------
     def import_ir_kernels(self) -> None:
@@ -66,6 +67,23 @@ class VllmPlatform(Platform):
             self.conformance_attention_not_covered = reason
             return super().get_attn_backend_cls(None, selector_config, num_heads)
         return attention_bridge.adapter_path(backend)
+
+    def conformance_engine(self, workdir):
+        """vLLM's own `LLM` engine on the platform vLLM resolves, for the engine family (conformance/checks/engine/): a
+        context manager lending a unit the engine process (conformance/vllm/engine_session.py: kept from unit to unit,
+        inheriting this process's environment, so vLLM resolves the same platform and plugins there), whose
+        `run(runs, timeout)` answers a job's results document; the process dying or going silent raises
+        `EngineFailed`, whose `crashed` says which. `workdir` is the unit's own directory. The checks reach vLLM's
+        engine only through this method of the platform they are given (they never import the bridge); a platform
+        without it has no vLLM engine."""
+        if self._engine_session is None:
+            import weakref
+
+            from conformance.vllm.engine_session import EngineSession
+
+            self._engine_session = EngineSession()
+            weakref.finalize(self, self._engine_session.close)
+        return self._engine_session(workdir)
 
     def opaque_attention_op(self) -> bool:
         """vLLM's platform's answer (True on CPU, CUDA, ROCm: attention is one opaque custom op to torch.compile)."""

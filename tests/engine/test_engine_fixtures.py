@@ -1,11 +1,13 @@
 """The engine family through vLLM's real engine on the fixture plugins: tests/plugins/vllm_engine's `stale_cpu`, whose
-attention builder keeps the previous batch's seq_lens on decode steps, FAILs naming the model, request, step and the
-batch composition, and its twin `fresh_cpu` passes with prefix-cache hits; vllm_good (out of tree, its own worker)
-passes; vllm_faults' renamed device cannot start an engine, and the ERROR says why; vllm_attention's backend, which
-drops the soft cap, FAILs on Gemma-2. The check body runs in this process (it needs no platform: its engine process
-resolves vLLM's, from VLLM_PLUGINS), on one model (the faults are the plugins', whatever the model), with no time
-limit on the reruns that explain a divergence (the harness's limit is for a loaded machine's per-check timeout); one
-engine process per plugin, under a minute each on an idle 2-core machine."""
+attention builder keeps the previous batch's seq_lens on decode steps, FAILs naming the request, step and the batch
+composition, and its twin `fresh_cpu` passes with prefix-cache hits; its `nomoe_cpu`, an out-of-tree platform that
+brings no MoE, passes Llama and Gemma-2 and ERRORs on gpt-oss naming vLLM's MoE contract, and a waiver of that one
+model's unit makes the run CONFORMANT; vllm_good (out of tree, its own worker) passes; vllm_faults' renamed device
+cannot start an engine, and the ERROR says why; vllm_attention's backend, which drops the soft cap, FAILs on Gemma-2.
+The check body runs in this process (it needs no platform of its own: its engine process resolves vLLM's, from
+VLLM_PLUGINS), one unit (a model) at a time, with no time limit on the reruns that explain a divergence (the harness's
+limit is for a loaded machine's per-check timeout); one engine process per plugin, kept from unit to unit as in a
+kernel worker."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ import os
 import pytest
 
 from conformance.checks import engine
-from conformance.checks.engine import models as engine_models
 from conformance.checks.common import CheckContext
 from conformance.collect.units import Unit
 from conformance.results.result import Outcome
@@ -25,12 +26,11 @@ FIXTURE = PLUGINS / "vllm_engine"
 pytestmark = [pytest.mark.engine,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                  reason="vLLM is not installed here (bash scripts/setup.sh --vllm installs it)")]
-UNIT = Unit("engine", "generate", None, None, "float32", "eager")
 
 
-
-def _bridged():
-    """A stand-in for the bridge's platform: the unit takes the vLLM path (the engine process reads VLLM_PLUGINS)."""
+def _bridged(distribution: str):
+    """A stand-in for the bridge's platform: the unit takes the vLLM path (its engine process reads VLLM_PLUGINS);
+    `distribution` is the one under test, as the bridge names it."""
     import types
 
     import torch
@@ -38,26 +38,39 @@ def _bridged():
     from conformance.vllm.platform import VllmPlatform
 
     vp = types.SimpleNamespace(device_name="cpu", device_type="cpu", dispatch_key="CPU",
-                               supported_dtypes=[torch.float32])
-    return VllmPlatform(types.SimpleNamespace(platform=vp))
+                               supported_dtypes=[torch.float32, torch.bfloat16])
+    return VllmPlatform(types.SimpleNamespace(platform=vp, distribution={"distribution": distribution,
+                                                                          "version": "0.1.0"}))
 
 
-def _verdict(plugin: str, fixture=FIXTURE, model: str = "llama"):
+def _verdicts(plugin: str, units, fixture=FIXTURE, distribution: str = "conformance-vllm-engine") -> dict:
+    """{(model, dtype): verdict} of the eager units `units` ((model, dtype) pairs) with vLLM's engine on `plugin`
+    (VLLM_PLUGINS) from `fixture`, in turn on one platform object, so they share its one engine process, as a kernel
+    worker's units do (conformance/vllm/engine_session.py)."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(engine_models, "MODELS", {model: engine_models.MODELS[model]})
     mp.setattr(engine, "EXPLAIN_WITHIN_S", float("inf"))
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "VLLM_PLUGINS")}
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(fixture), saved["PYTHONPATH"]]))
     os.environ["VLLM_PLUGINS"] = plugin
+    platform = _bridged(distribution)
     try:
-        return engine.generate(CheckContext("vllm", _bridged()), UNIT)
+        ctx = CheckContext("vllm", platform)
+        return {(m, d): engine.generate(ctx, Unit("engine", "generate", m, None, d, "eager")) for m, d in units}
     finally:
+        if platform._engine_session is not None:
+            platform._engine_session.close()
         mp.undo()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _verdict(plugin: str, fixture=FIXTURE, model: str = "llama", dtype: str = "float32",
+             distribution: str = "conformance-vllm-engine"):
+    """The verdict of one eager unit (model, dtype) on `plugin`."""
+    return _verdicts(plugin, [(model, dtype)], fixture, distribution)[(model, dtype)]
 
 
 @pytest.fixture(scope="module")
@@ -80,12 +93,15 @@ def test_the_stale_builder_fails_naming_request_step_and_the_batch(stale):
     assert "the request alone in a fresh engine: matches the oracle" in message
     assert "on conformance_vllm_engine.platform.StaleCpuPlatform" in message
     assert stale.err_to_tol > 1
+    # whose code: the plugin's attention backend computed the model (the stale builder is its), so the FAIL is its own
+    assert "the platform's code computed part of it: conformance_vllm_engine.attention." in message
+    assert stale.origin["distribution"] == "conformance-vllm-engine" and stale.origin["upstream"] is False
 
 
 def test_the_fresh_twin_passes_with_prefix_cache_hits(fresh):
     assert fresh.outcome is Outcome.PASS, fresh.message
     assert fresh.message.startswith("44 generated positions (llama) within logprob tolerance 0.0018 of the float64 reference")
-    assert "prefix cache hits: llama request 4 256 tokens, request 5 128 tokens" in fresh.message
+    assert "prefix cache hits: request 4 256 tokens, request 5 128 tokens" in fresh.message
     assert "on conformance_vllm_engine.platform.FreshCpuPlatform, KV block 128" in fresh.message
     assert fresh.err_to_tol < 1
 
@@ -94,30 +110,85 @@ def test_an_out_of_tree_platform_with_its_own_worker_runs_the_engine_and_passes(
     """tests/plugins/vllm_good: `PlatformEnum.OOT` (CustomOps dispatch to forward_oot), device_name `cpu`, vLLM's
     CPUWorker subclassed to allocate without a sleep-mode pool. vLLM's own teardown then raises (it empties a torch
     accelerator's host cache on every platform but CpuPlatform): said in the message, not graded."""
-    verdict = _verdict("good_cpu,good_cpu_kernels", PLUGINS / "vllm_good")
+    verdict = _verdict("good_cpu,good_cpu_kernels", PLUGINS / "vllm_good", distribution="conformance-vllm-good")
     assert verdict.outcome is Outcome.PASS, verdict.message
     assert "on conformance_vllm_good.platform.GoodCpuPlatform, KV block 128" in verdict.message
-    assert "vLLM's engine shutdown raised after the requests finished (llama: RuntimeError: " in verdict.message
+    assert "vLLM's engine shutdown raised after the requests finished (RuntimeError: " in verdict.message
     assert "not graded)" in verdict.message
 
 
 def test_a_platform_whose_device_name_is_no_torch_device_errors_saying_so():
     """tests/plugins/vllm_faults renames its device (`faults_cpu`): vLLM cannot build its devices, and the ERROR
     names the contract (not only torch's message)."""
-    verdict = _verdict("faults_cpu,faults_layers", PLUGINS / "vllm_faults")
+    verdict = _verdict("faults_cpu,faults_layers", PLUGINS / "vllm_faults", distribution="conformance-vllm-faults")
     assert verdict.outcome is Outcome.ERROR, verdict.message
     first = verdict.message.splitlines()[0]
     assert first.startswith("vLLM's engine raised on model llama: RuntimeError: "), first
-    assert ("(the platform's device_name 'faults_cpu' is not a torch device type: vLLM builds an out-of-tree "
-            "platform's devices as torch.device(f'{device_name}:{rank}'))") in first
+    assert ("the platform's contract with vLLM's engine: device name: vLLM 0.32 builds an out-of-tree platform's "
+            "devices as torch.device(f'{device_name}:{rank}'); the platform's device_name 'faults_cpu' must be a "
+            "torch device type") in first
+    assert verdict.origin["upstream"] is False and verdict.origin["code"].startswith("conformance_vllm_faults.")
 
 
 def test_a_vendor_backend_that_drops_the_soft_cap_fails_on_gemma2():
     """tests/plugins/vllm_attention passes vLLM's CPU kernels everything but `logits_soft_cap`: Gemma-2's engine
     leaves the oracle, and no rerun changes it (the model path itself, as the attention family also shows)."""
-    verdict = _verdict("acme_attn_cpu", PLUGINS / "vllm_attention", "gemma2")
+    verdict = _verdict("acme_attn_cpu", PLUGINS / "vllm_attention", "gemma2",
+                       distribution="conformance-vllm-attention")
     assert verdict.outcome is Outcome.FAIL, verdict.message
     assert verdict.message.startswith("the engine leaves the float64 reference (teacher-forced on the engine's tokens, "
                                       "logprob tolerance 0.0018): gemma2: request "), verdict.message
     assert "no feature changes it: the request diverges alone" in verdict.message
     assert "on conformance_vllm_attention.platform.AcmeAttnCpuPlatform" in verdict.message
+    assert verdict.origin["code"].startswith("conformance_vllm_attention.backend.") and not verdict.origin["upstream"]
+
+
+@pytest.fixture(scope="module")
+def no_moe():
+    """tests/plugins/vllm_engine's `nomoe_cpu` (out of tree, its own worker, vLLM's attention and layers, no MoE):
+    the float32 unit of each standard model."""
+    verdicts = _verdicts("nomoe_cpu", [(m, "float32") for m in ("llama", "gemma2", "gpt_oss")])
+    return {m: v for (m, _), v in verdicts.items()}
+
+
+def test_a_platform_without_moe_fails_only_gpt_oss_naming_vllms_moe_contract(no_moe):
+    """vLLM 0.32 leaves an out-of-tree platform's unquantized MoE to the platform (UnquantizedMoeBackend.OOT): the
+    units of the models without MoE PASS, gpt-oss's is an ERROR that names the contract and what to bring, and it is
+    the platform's (gated), though vLLM's code raised: the platform broke vLLM's contract."""
+    assert no_moe["llama"].outcome is Outcome.PASS, no_moe["llama"].message
+    assert no_moe["gemma2"].outcome is Outcome.PASS, no_moe["gemma2"].message
+    gpt_oss = no_moe["gpt_oss"]
+    assert gpt_oss.outcome is Outcome.ERROR, gpt_oss.message
+    first = gpt_oss.message.splitlines()[0]
+    assert first.startswith("vLLM's engine raised on model gpt_oss: AttributeError: 'UnquantizedFusedMoEMethod' object "
+                            "has no attribute 'is_monolithic' (raised in vLLM's code, "
+                            "vllm.model_executor.layers.fused_moe."), first
+    assert ("the platform's contract with vLLM's engine: MoE on an out-of-tree platform: vLLM 0.32 hands every "
+            "out-of-tree platform's unquantized MoE to the platform (UnquantizedMoeBackend.OOT") in first
+    assert "the platform must bring its own MoE: a subclass of vLLM's UnquantizedFusedMoEMethod registered with " \
+           "UnquantizedFusedMoEMethod.register_oot" in first
+    assert gpt_oss.origin == {"distribution": "conformance-vllm-engine", "version": "0.1.0",
+                              "code": "conformance_vllm_engine.platform.NoMoeCpuPlatform", "upstream": False}
+
+
+def test_a_waiver_of_the_gpt_oss_unit_alone_makes_the_run_conformant(no_moe, tmp_path):
+    """The per-model units as the harness records them (origin from the verdict), gated with and without a waiver
+    that names the one model's unit (`op = "gpt_oss"`, every dtype)."""
+    from conformance.gate.waivers import apply_waivers, load_waivers
+    from conformance.collect.units import repro_command
+    from conformance.results.result import CONFORMANT, NOT_CONFORMANT, CheckResult, verdict
+
+    def recorded(model, v):
+        unit = Unit("engine", "generate", model, None, "float32", "eager")
+        return CheckResult(nodeid=f"suites/test_engine.py::test_engine_generate[{unit.id}]", family="engine",
+                           op=model, provider=None, dtype="float32", case="eager", outcome=v.outcome,
+                           message=v.message, repro=repro_command("vllm", unit, 0, "standard"), origin=v.origin)
+
+    results = [recorded(m, v) for m, v in no_moe.items()]
+    assert verdict(results) == NOT_CONFORMANT
+    manifest = tmp_path / "waivers.toml"
+    manifest.write_text('[[waiver]]\ncheck = "engine.generate"\nop = "gpt_oss"\n'
+                        'reason = "no MoE on this platform yet (vLLM 0.32 leaves it to out-of-tree platforms)"\n')
+    waived = [apply_waivers(r, load_waivers(str(manifest))) for r in results]
+    assert [r.outcome for r in waived] == [Outcome.PASS, Outcome.PASS, Outcome.XFAIL]
+    assert verdict(waived) == CONFORMANT

@@ -21,39 +21,51 @@ def _inventory(platform) -> Inventory:
     return Inventory("x", platform, {}, {}, {})
 
 
-def _bridged(dtypes):
+def _bridged(dtypes, distribution="conformance-vllm-engine"):
     from conformance.vllm.platform import VllmPlatform
 
     vp = types.SimpleNamespace(device_name="cpu", device_type="cpu", dispatch_key="CPU", supported_dtypes=dtypes)
-    return VllmPlatform(types.SimpleNamespace(platform=vp))
+    return VllmPlatform(types.SimpleNamespace(platform=vp, distribution={"distribution": distribution,
+                                                                          "version": "0.1.0"}))
 
 
-def test_units_above_quick_and_compiled_only_under_the_vllm_bridge():
+STANDARD = ("llama", "gemma2", "gpt_oss")
+FULL = ("llama", "qwen2", "mistral", "gemma2", "gpt_oss", "mixtral")
+
+
+def test_one_unit_per_model_above_quick_and_compiled_only_under_the_vllm_bridge():
     every = [torch.bfloat16, torch.float16, torch.float32]
     bridged = _inventory(_bridged(every))
     assert engine.engine_units(bridged, "engine", "generate", "quick") == []
     assert [u.id for u in engine.engine_units(bridged, "engine", "generate", "standard")] == [
-        "float32-eager", "bfloat16-eager"]
+        f"{m}-{d}-eager" for d in ("float32", "bfloat16") for m in STANDARD]
     assert [u.id for u in engine.engine_units(bridged, "engine", "generate", "full")] == [
-        "float32-eager", "float16-eager", "bfloat16-eager"] + [
-        f"{m}-{d}-compiled" for d in ("float32", "float16", "bfloat16")
-        for m in ("llama", "qwen2", "mistral", "gemma2", "gpt_oss", "mixtral")]
-    assert engine_models.models_at("standard") == ["llama", "gemma2", "gpt_oss"]     # an eager unit's models
-    assert engine_models.models_at("full") == ["llama", "qwen2", "mistral", "gemma2", "gpt_oss", "mixtral"]
+        f"{m}-{d}-{case}" for case in ("eager", "compiled") for d in ("float32", "float16", "bfloat16") for m in FULL]
+    assert engine_models.models_at("standard") == list(STANDARD)
+    assert engine_models.models_at("full") == list(FULL)
     only32 = _inventory(_bridged([torch.float32]))
-    assert [u.id for u in engine.engine_units(only32, "engine", "generate", "standard")] == ["float32-eager"]
+    assert [u.id for u in engine.engine_units(only32, "engine", "generate", "standard")] == [
+        f"{m}-float32-eager" for m in STANDARD]
     from reference_impl.platforms.builtin import CpuPlatform
 
     # a platform written against our API: the reference runtime on it, eager (tests/engine/test_engine_runtime.py)
     native = _inventory(CpuPlatform())
     assert engine.engine_units(native, "engine", "generate", "quick") == []
     assert [u.id for u in engine.engine_units(native, "engine", "generate", "standard")] == [
-        "float32-eager", "bfloat16-eager"]
+        f"{m}-{d}-eager" for d in ("float32", "bfloat16") for m in STANDARD]
     assert [u.id for u in engine.engine_units(native, "engine", "generate", "full")] == [
-        f"{d}-eager" for d in ("float32", "float16", "bfloat16")]
+        f"{m}-{d}-eager" for d in ("float32", "float16", "bfloat16") for m in FULL]
 
 
-@pytest.mark.parametrize("block", [16, 32, 128, 256])
+def test_the_checks_reach_vllms_engine_only_through_the_platform():
+    """The bridge's platform offers the engine (duck-typed `conformance_engine`); the reference platforms do not."""
+    from reference_impl.platforms.builtin import CpuPlatform
+
+    assert engine.engine_of(_bridged([torch.float32])) is not None
+    assert engine.engine_of(CpuPlatform()) is None
+
+
+@pytest.mark.parametrize("block", engine_models.BLOCK_SIZES)
 def test_requests_chunk_share_whole_blocks_and_fit(block):
     reqs = engine_models.requests(block)
     first = [r for r in reqs if r.wave == 0]
@@ -65,6 +77,7 @@ def test_requests_chunk_share_whole_blocks_and_fit(block):
     assert max(len(r.prompt) + r.max_tokens for r in reqs) <= engine_models.MAX_MODEL_LEN
     assert engine_models.from_json(engine_models.to_json(reqs)) == reqs
     assert engine_models.requests(block) == reqs                                   # fixed, not drawn per run
+    assert engine_models.waves_by_block_size()["by_block_size"][str(block)] == engine_models.to_json(reqs)
 
 
 def _fake_run(reqs, oracle, perturb=None):
@@ -206,14 +219,30 @@ def test_an_engine_process_that_cannot_start_says_so(tmp_path):
                                "output: ModuleNotFoundError: vllm")
 
 
-def test_an_engine_error_is_an_error_naming_the_model():
-    results = [engine.ModelResult("qwen2", {}, error="RuntimeError: no kernel for head 32\n  File x"),
-               engine.ModelResult("mistral", {}, error="RuntimeError: same")]
-    unit = engine.Unit("engine", "generate", None, None, "float32", "eager")
-    verdict = engine._verdict(results, {"vllm": "0.32.0"}, torch.float32, unit, ["qwen2", "mistral"])
+def test_an_engine_error_is_an_error_naming_the_model_and_vllms_own_code_is_upstream():
+    """An ERROR raised in vLLM's code with none of the platform's code on the stack and no contract of the table is
+    vLLM's own: upstream of the vendor's distribution (as the attention family's results for vLLM's CPU_ATTN)."""
+    report = {"name": "qwen2", "error": "RuntimeError: no kernel for head 32", "error_type": "RuntimeError",
+              "error_message": "no kernel for head 32", "traceback": "  File x",
+              "frames": [["conformance.vllm.engine_runner", "run_one"], ["vllm.entrypoints.llm", "LLM.generate"],
+                         ["vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackendImpl.forward"]],
+              "platform": {"class": "conformance_vllm_engine.platform.NoMoeCpuPlatform", "out_of_tree": True,
+                           "device_name": "cpu", "device_name_is_torch_device": True, "oot_layers": []}}
+    result = engine.ModelResult("qwen2", {}, error="RuntimeError: no kernel for head 32\n  File x", report=report)
+    unit = engine.Unit("engine", "generate", "qwen2", None, "float32", "eager")
+    verdict = engine._verdict(_bridged([torch.float32]), result, {"vllm": "0.32.0"}, torch.float32, unit)
     assert verdict.outcome is Outcome.ERROR
-    assert verdict.message.startswith("vLLM's engine raised on model qwen2: RuntimeError: no kernel for head 32 "
-                                      "(also on mistral) [vLLM 0.32.0 on its platform")
+    assert verdict.message.startswith(
+        "vLLM's engine raised on model qwen2: RuntimeError: no kernel for head 32 (raised in vLLM's code, "
+        "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl.forward, with none of the platform's code on "
+        "the stack (vLLM's own: upstream)) [vLLM 0.32.0 on conformance_vllm_engine.platform.NoMoeCpuPlatform")
+    assert verdict.origin["code"] == "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl.forward"
+    assert verdict.origin["upstream"] is True
+    # the same raise under vLLM's own platform (its distribution under test) is the platform's: nothing is upstream
+    report["platform"]["class"] = "vllm.platforms.cpu.CpuPlatform"
+    own = engine._verdict(_bridged([torch.float32], distribution=verdict.origin["distribution"]), result,
+                          {"vllm": "0.32.0"}, torch.float32, unit)
+    assert own.origin["upstream"] is False and "raised in the platform's code, vllm.v1.attention" in own.message
 
 
 def test_an_engine_result_is_the_platforms_code():
@@ -224,3 +253,60 @@ def test_an_engine_result_is_the_platforms_code():
     table.platform = origin_mod.Origin("acme", "1.0", "acme.platform.P", False)
     assert table.of_result(None, None, "engine") is table.platform
     assert table.of_result("llama", None, "engine") is table.platform     # a compiled unit names its model
+
+
+# ----- the engine process kept from unit to unit (conformance/vllm/engine_session.py) -------------------------------
+# A stand-in engine runner: answers each job's runs by name; a run named "raises" reports an engine error, "dies" kills it
+_RUNNER = """
+import json, os, signal, sys
+print('ready', flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    if any(r['name'] == 'dies' for r in job['runs']):
+        os.kill(os.getpid(), signal.SIGKILL)
+    runs = [dict(name=r['name'], **({'error': 'RuntimeError: x'} if r['name'] == 'raises' else {}))
+            for r in job['runs']]
+    open(job['out'], 'w').write(json.dumps({'vllm': '0', 'pid': os.getpid(), 'runs': runs}))
+    print('done', flush=True)
+"""
+
+
+def _session():
+    from conformance.vllm.engine_session import EngineSession
+
+    return EngineSession(start=lambda directory: EngineProcess(directory, _script(_RUNNER)))
+
+
+def test_the_engine_process_is_kept_from_unit_to_unit(tmp_path):
+    session = _session()
+    pids = []
+    for unit in range(3):
+        with session(tmp_path) as jobs:
+            pids.append(jobs.run([{"name": f"model{unit}"}], timeout=30)["pid"])
+    assert session.started == 1 and len(set(pids)) == 1
+    session.close()
+    assert jobs.process.proc.poll() is not None      # closed: the process has exited
+
+
+def test_a_job_in_which_an_engine_raised_gives_the_process_up(tmp_path):
+    session = _session()
+    with session(tmp_path) as jobs:
+        first = jobs.run([{"name": "raises"}], timeout=30)
+    assert first["runs"][0]["error"].startswith("RuntimeError")
+    assert jobs.process.proc.poll() is not None       # given up after the unit
+    with session(tmp_path) as jobs:
+        second = jobs.run([{"name": "llama"}], timeout=30)
+    assert session.started == 2 and second["pid"] != first["pid"]
+    session.close()
+
+
+def test_a_dead_engine_process_is_reported_and_the_next_unit_gets_a_fresh_one(tmp_path):
+    session = _session()
+    with pytest.raises(EngineFailed) as info:
+        with session(tmp_path) as jobs:
+            jobs.run([{"name": "dies"}], timeout=30)
+    assert info.value.crashed and "was killed by SIGKILL while running dies" in str(info.value)
+    with session(tmp_path) as jobs:
+        assert jobs.run([{"name": "llama"}], timeout=30)["runs"] == [{"name": "llama"}]
+    assert session.started == 2
+    session.close()

@@ -1,16 +1,21 @@
 """Engine family: the whole platform through vLLM's own `LLM` engine (its worker, model runner, KV-cache manager,
 attention backend, sampler and kernels together), against the reference runtime as the oracle.
 
-Under `--platform=vllm` a unit is one dtype and one mode (eager, every model; compiled, at the full level, one
-model a unit): tiny random checkpoints of the models in `models.MODELS` are written by transformers'
-`save_pretrained`, and one engine process (conformance/vllm/engine_process.py) runs each model's fixed requests
-through an engine with chunked prefill forced (a token budget below the longest prompt) and prefix caching on, greedily, asking for logprobs. The
-oracle (oracle.py) is the reference decoder on native everything in float64, teacher-forced on the engine's
-tokens. A divergence is located (model, request, step) and then explained: the same engine process reruns that
-request alone, and the batch without chunked prefill and without prefix caching, and the verdict says which of
-them makes it match. On a platform written against our own API the units run the reference runtime
-(`reference_impl.models`) on the platform instead, graded by the same oracle (runtime.py). The family
-has no units at the quick level: an engine costs tens of seconds.
+A unit is one model, one dtype and one mode (eager; at the full level also compiled), so that one model the platform
+cannot run (gpt-oss's MoE on a platform that brings none) is one result, which a waiver can name (`op` = the
+model), and the others still PASS. Under `--platform=vllm` the platform brings vLLM's engine (`conformance_engine`,
+conformance/vllm/platform.py: the checks reach vLLM only through the platform they are given, never by importing the
+bridge): a tiny random checkpoint of the unit's model (models.py) is written by transformers' `save_pretrained`, and
+an engine process runs the model's fixed requests through an engine with chunked prefill forced (a token budget
+below the longest prompt) and prefix caching on, greedily, asking for logprobs. The oracle (oracle.py) is the
+reference decoder on native everything in float64, teacher-forced on the engine's tokens. A divergence is located
+(request, step) and then explained: the same engine process reruns that request alone, and the batch without
+chunked prefill and without prefix caching, and the verdict says which of them makes it match. An engine that
+raises is an ERROR naming the part of vLLM's contract for a platform it points to, where it is one of the known ways
+vLLM 0.32 raises (contracts.py), and whose code it is (whose.py: vLLM's own code, with none of the platform's on the
+stack, is upstream). On a platform written against our own API the units run the reference runtime
+(`reference_impl.models`) on the platform instead, graded by the same oracle (runtime.py). The family has no units
+at the quick level: an engine costs tens of seconds.
 """
 
 from __future__ import annotations
@@ -35,15 +40,19 @@ JOB_TIMEOUT_S = 300.0                          # one job of the engine process; 
 EXPLAIN_WITHIN_S = 70.0
 
 
-def is_vllm_platform(platform) -> bool:
-    from conformance.vllm.platform import VllmPlatform
-
-    return isinstance(platform, VllmPlatform)
+def engine_of(platform):
+    """The platform's way into vLLM's own engine, or None: the bridge's platform offers `conformance_engine(workdir)`
+    (a context manager whose `run(runs, timeout)` answers a job's results document and raises an exception carrying
+    `crashed` when the engine process dies or goes silent); a platform written against our own API has none, and the
+    family runs the reference runtime on it."""
+    return getattr(platform, "conformance_engine", None)
 
 
 def engine_units(inventory: Inventory, family: str, check_name: str, level: str) -> list[Unit]:
-    """Standard: float32 and bfloat16 eager (every model in one unit); full: every dtype eager, and under the vLLM
-    bridge compiled per model (op = the model). On other platforms the units run the reference runtime on them."""
+    """One unit per model of the level, dtype and mode (op = the model): standard, float32 and bfloat16 eager; full,
+    every dtype the platform supports eager, and under the vLLM bridge compiled too. On a platform without vLLM's
+    engine the units run the reference runtime on it, eager only (model.decoder compiles the runtime's decoder)."""
+    from conformance.checks.engine.models import models_at
     from conformance.checks.engine.oracle import tolerances
 
     if level == "quick":
@@ -51,27 +60,21 @@ def engine_units(inventory: Inventory, family: str, check_name: str, level: str)
     dtypes = [dtype_name(d) for d in inventory.dtypes_for(tolerances())]
     if level == "standard":
         dtypes = [d for d in dtypes if d in STANDARD_DTYPES]
-    units = [Unit(family, check_name, None, None, d, "eager") for d in dtypes]
-    if not is_vllm_platform(inventory.platform):   # the reference runtime on it (runtime.py): eager only,
-        return units                                # model.decoder compiles the runtime's decoder
-    if level == "full":   # vLLM compiles each model for a minute or more on 2 cores: one unit per model
-        units += [Unit(family, check_name, m, None, d, "compiled") for d in dtypes for m in _models()]
+    names = models_at(level)
+    units = [Unit(family, check_name, m, None, d, "eager") for d in dtypes for m in names]
+    if engine_of(inventory.platform) is not None and level == "full":
+        units += [Unit(family, check_name, m, None, d, "compiled") for d in dtypes for m in names]
     return units
 
 
-def _models() -> list[str]:
-    from conformance.checks.engine.models import MODELS
-
-    return list(MODELS)
-
-
 def base_run(name: str, checkpoint: Path, dtype: str, compiled: bool, **changes) -> dict:
-    """The engine_runner run dict of the family's configuration: chunked prefill and prefix caching on."""
-    from conformance.checks.engine.models import MAX_MODEL_LEN, TOKEN_BUDGET
+    """The engine_runner run dict of the family's configuration: chunked prefill and prefix caching on, the fixed
+    requests laid out for every KV block size the engine may choose."""
+    from conformance.checks.engine.models import MAX_MODEL_LEN, TOKEN_BUDGET, waves_by_block_size
 
     run = dict(name=name, model=str(checkpoint), dtype=dtype, compiled=compiled, chunked_prefill=True,
                prefix_caching=True, token_budget=TOKEN_BUDGET, max_model_len=MAX_MODEL_LEN, max_num_seqs=8,
-               waves="fixed")
+               waves=waves_by_block_size())
     run.update(changes)
     return run
 
@@ -84,6 +87,7 @@ class ModelResult:
     facts: dict
     grade: object | None = None
     error: str | None = None
+    report: dict = dataclasses.field(default_factory=dict)    # the engine process's report of a run that raised
     explanation: str | None = None
     prefix_hits: dict[int, int] = dataclasses.field(default_factory=dict)
     shutdown_error: str | None = None
@@ -92,38 +96,38 @@ class ModelResult:
 @check("engine", "generate", units=engine_units)
 def generate(ctx: CheckContext, unit: Unit) -> Verdict:
     from conformance.checks.engine import models as engine_models
-    from conformance.vllm.engine_process import EngineFailed, EngineProcess
 
     if unit.case not in CASES:
         return Verdict(Outcome.ERROR, f"engine case {unit.case!r} is not one of {CASES}")
+    if unit.op not in engine_models.MODELS:
+        return Verdict(Outcome.ERROR, f"engine unit op {unit.op!r} names no model of the family: one of "
+                       f"{tuple(engine_models.MODELS)} (conformance/checks/engine/models.py)")
     dtype = unit_dtype(unit)
-    if not is_vllm_platform(ctx.platform):
+    engine = engine_of(ctx.platform)
+    if engine is None:
         return _on_runtime(ctx, unit, dtype)
     compiled = unit.case == "compiled"
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="conformance-engine-") as tmp:
         work = Path(tmp)
-        if unit.op is not None and unit.op not in engine_models.MODELS:
-            return Verdict(Outcome.ERROR, f"engine model {unit.op!r} is not one of {tuple(engine_models.MODELS)}")
-        names = [unit.op] if unit.op is not None else engine_models.models_at(ctx.level)
-        checkpoints = {name: engine_models.write_checkpoint(engine_models.MODELS[name], dtype, work / name)
-                       for name in names}
+        checkpoint = engine_models.write_checkpoint(engine_models.MODELS[unit.op], dtype, work / unit.op)
         try:
-            with EngineProcess(work) as engine:
-                runs = [base_run(name, path, unit.dtype, compiled) for name, path in checkpoints.items()]
-                doc = engine.run(runs, JOB_TIMEOUT_S)
-                results = [_grade_run(run, checkpoints[run["name"]], dtype) for run in doc["runs"]]
-                first = next((r for r in results if r.grade is not None and r.grade.divergences), None)
+            with engine(work) as proc:
+                doc = proc.run([base_run(unit.op, checkpoint, unit.dtype, compiled)], JOB_TIMEOUT_S)
+                result = _grade_run(doc["runs"][0], checkpoint, dtype)
                 spent = time.monotonic() - start
-                if first is not None and spent > EXPLAIN_WITHIN_S:
-                    first.explanation = ("the reruns that say which feature is involved were left out: the unit had "
-                                         f"already run more than {EXPLAIN_WITHIN_S:g} s (a loaded machine?)")
-                elif first is not None:
-                    first.explanation = _explain(engine, first, checkpoints[first.model], unit.dtype, compiled, dtype)
-        except EngineFailed as exc:
-            outcome = Outcome.CRASH if exc.crashed else Outcome.TIMEOUT
-            return Verdict(outcome, f"{exc} [{_where(unit, names)}]")
-    return _verdict(results, doc, dtype, unit, names)
+                if result.grade is not None and result.grade.divergences:
+                    if spent > EXPLAIN_WITHIN_S:
+                        result.explanation = ("the reruns that say which feature is involved were left out: the unit "
+                                              f"had already run more than {EXPLAIN_WITHIN_S:g} s (a loaded machine?)")
+                    else:
+                        result.explanation = _explain(proc, result, checkpoint, unit.dtype, compiled, dtype)
+        except Exception as exc:  # noqa: BLE001 - only the engine process's death or silence is a result here
+            crashed = getattr(exc, "crashed", None)
+            if not isinstance(crashed, bool):
+                raise
+            return Verdict(Outcome.CRASH if crashed else Outcome.TIMEOUT, f"{exc} [{_where(unit)}]")
+    return _verdict(ctx.platform, result, doc, dtype, unit)
 
 
 def _grade_run(run: dict, checkpoint: Path, dtype) -> ModelResult:
@@ -131,7 +135,7 @@ def _grade_run(run: dict, checkpoint: Path, dtype) -> ModelResult:
     from conformance.checks.engine.oracle import grade, logprob_tolerance, oracle_logprobs
 
     if "error" in run:
-        return ModelResult(run["name"], {}, error=f"{run['error']}\n{run.get('traceback', '')}")
+        return ModelResult(run["name"], {}, error=f"{run['error']}\n{run.get('traceback', '')}", report=run)
     reqs = engine_models.from_json(run["waves"])
     outputs = {o["id"]: o for o in run["outputs"]}
     oracle = oracle_logprobs(checkpoint, reqs, outputs)
@@ -143,63 +147,55 @@ def _grade_run(run: dict, checkpoint: Path, dtype) -> ModelResult:
 
 # ----- the reference runtime on a platform written against our API ---------------------------------
 def _on_runtime(ctx: CheckContext, unit: Unit, dtype) -> Verdict:
-    """Every model of the level through `reference_impl.models` on the platform, graded like vLLM's engine."""
-    from conformance.checks.engine import models as engine_models
+    """The unit's model through `reference_impl.models` on the platform, graded like vLLM's engine."""
     from conformance.checks.common import call_impl
+    from conformance.checks.engine import models as engine_models
     from conformance.checks.engine.oracle import grade, logprob_tolerance, oracle_logprobs
     from conformance.checks.engine.runtime import build_for, family_requests, generate_waves
     from conformance.checks.model import NATIVE_ATTENTION, attention_refusal, exercised
 
-    if unit.case != "eager" or unit.op is not None:
-        return Verdict(Outcome.ERROR, f"engine unit {unit.op}/{unit.case} runs only under the vLLM bridge: the "
-                       "reference runtime's units are eager, every model in one")
+    if unit.case != "eager":
+        return Verdict(Outcome.ERROR, f"engine unit {unit.id} runs only under the vLLM bridge: the reference "
+                       "runtime's units are eager")
+    name = unit.op
     tol = logprob_tolerance(dtype)
-    results, used = [], []
     with tempfile.TemporaryDirectory(prefix="conformance-engine-") as tmp:
-        for name in engine_models.models_at(ctx.level):
-            checkpoint = engine_models.write_checkpoint(engine_models.MODELS[name], dtype, Path(tmp) / name)
-            model = call_impl(f"building {name} with the platform's layers", build_for, checkpoint, dtype, ctx.device)
-            refused = attention_refusal(model)
-            if refused is not None:   # graded by the attention family on what it declares
-                model = call_impl(f"building {name} with the platform's layers", build_for, checkpoint, dtype,
-                                  ctx.device, NATIVE_ATTENTION)
-            reqs = family_requests(model)
-            ran = call_impl(f"{name} on the platform (probing prefill and decode)", exercised, model,
-                            [list(reqs[1].prompt)], ctx.device)
-            if refused is not None:
-                ran.attention_note = f" (the platform's {refused}, so {name} attended on {NATIVE_ATTENTION})"
-            used.append((name, ran))
-            outputs = call_impl(f"{name} on the platform's runtime", generate_waves, model, reqs, ctx.device)
-            result = ModelResult(name, {}, grade(reqs, outputs, oracle_logprobs(checkpoint, reqs, outputs), tol))
-            if result.grade.divergences:
-                result.explanation = _alone(model, result.grade.divergences[0].request, checkpoint, ctx.device, tol)
-            results.append(result)
+        checkpoint = engine_models.write_checkpoint(engine_models.MODELS[name], dtype, Path(tmp) / name)
+        model = call_impl(f"building {name} with the platform's layers", build_for, checkpoint, dtype, ctx.device)
+        refused = attention_refusal(model)
+        if refused is not None:   # graded by the attention family on what it declares
+            model = call_impl(f"building {name} with the platform's layers", build_for, checkpoint, dtype,
+                              ctx.device, NATIVE_ATTENTION)
+        reqs = family_requests(model)
+        ran = call_impl(f"{name} on the platform (probing prefill and decode)", exercised, model,
+                        [list(reqs[1].prompt)], ctx.device)
+        if refused is not None:
+            ran.attention_note = f" (the platform's {refused}, so {name} attended on {NATIVE_ATTENTION})"
+        outputs = call_impl(f"{name} on the platform's runtime", generate_waves, model, reqs, ctx.device)
+        result = ModelResult(name, {}, grade(reqs, outputs, oracle_logprobs(checkpoint, reqs, outputs), tol))
+        if result.grade.divergences:
+            result.explanation = _alone(model, result.grade.divergences[0].request, checkpoint, ctx.device, tol)
     where = (f"reference runtime (reference_impl.models) on the platform, {unit.dtype}, eager, each wave one packed "
-             f"prefill then decode steps over the paged KV cache; "
-             + "; ".join(f"{name} ({engine_models.MODELS[name].exercises}): {ran.describe()}" for name, ran in used))
-    if not any(ran.anything for _, ran in used):
+             f"prefill then decode steps over the paged KV cache; {name} ({engine_models.MODELS[name].exercises}): "
+             f"{ran.describe()}")
+    if not ran.anything:
         return Verdict(Outcome.NOT_IMPLEMENTED, "the runtime ran entirely on native implementations: the platform "
-                       f"brings none of the IR ops, layers or attention backend the models use [{where}]")
-    within, errs = _within(results, tol)
-    diverged = [r for r in results if r.grade.divergences]
-    if diverged:
-        r = diverged[0]
-        also = [f"{o.model}: {len(o.grade.divergences)} request(s) diverge" for o in diverged[1:]]
+                       f"brings none of the IR ops, layers or attention backend the model uses [{where}]")
+    within, errs = _within(result, tol)
+    if result.grade.divergences:
         return failed(f"the runtime on the platform leaves the float64 reference (teacher-forced on its tokens, "
-                      f"logprob tolerance {tol:.3g}): {r.model}: {r.grade.divergences[0].line()}; {r.explanation}"
-                      + (f"; also {'; '.join(also)}" if also else "") + f" [{where}]", **errs)
+                      f"logprob tolerance {tol:.3g}): {name}: {result.grade.divergences[0].line()}; "
+                      f"{result.explanation} [{where}]", **errs)
     return passed(f"{within} [{where}]", **errs)
 
 
-def _within(results: list[ModelResult], tol: float) -> tuple[str, dict]:
-    """What both paths' PASS says of graded results (positions, worst error, binding greedy tokens), and the
+def _within(result: ModelResult, tol: float) -> tuple[str, dict]:
+    """What both paths' PASS says of a graded model (positions, worst error, binding greedy tokens), and the
     verdict's error fields."""
-    worst = max((r.grade.worst_err for r in results), default=0.0)
-    graded = sum(r.grade.positions for r in results)
-    binding = sum(r.grade.greedy_positions for r in results)
-    said = (f"{graded} generated positions ({', '.join(r.model for r in results)}) within logprob tolerance {tol:.3g} "
-            f"of the float64 reference (worst {worst:.3g}); greedy tokens binding at {binding} of them")
-    return said, {"max_abs_err": worst, "err_to_tol": worst / tol if tol else None}
+    g = result.grade
+    said = (f"{g.positions} generated positions ({result.model}) within logprob tolerance {tol:.3g} of the float64 "
+            f"reference (worst {g.worst_err:.3g}); greedy tokens binding at {g.greedy_positions} of them")
+    return said, {"max_abs_err": g.worst_err, "err_to_tol": g.worst_err / tol if tol else None}
 
 
 def _alone(model, req, checkpoint: Path, device, tol: float) -> str:
@@ -226,11 +222,11 @@ VARIANTS = (  # name, what the rerun changes, how the verdict says it changes th
 )
 
 
-def _explain(engine, result: ModelResult, checkpoint: Path, dtype_text: str, compiled: bool, dtype) -> str:
-    """Rerun the diverging request alone and the batch without each feature; which rerun matches the oracle."""
+def _explain(proc, result: ModelResult, checkpoint: Path, dtype_text: str, compiled: bool, dtype) -> str:
+    """Rerun the diverging request alone and the batch without each feature in the unit's engine process `proc`;
+    which rerun matches the oracle."""
     from conformance.checks.engine import models as engine_models
     from conformance.checks.engine.oracle import grade, logprob_tolerance, oracle_logprobs
-    from conformance.vllm.engine_process import EngineFailed
 
     div = result.grade.divergences[0]
     req = div.request
@@ -239,8 +235,10 @@ def _explain(engine, result: ModelResult, checkpoint: Path, dtype_text: str, com
             base_run("no_chunked_prefill", checkpoint, dtype_text, compiled, chunked_prefill=False),
             base_run("no_prefix_caching", checkpoint, dtype_text, compiled, prefix_caching=False)]
     try:
-        doc = engine.run(runs, JOB_TIMEOUT_S)
-    except EngineFailed as exc:
+        doc = proc.run(runs, JOB_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - the engine process died or went silent (it carries `crashed`)
+        if not isinstance(getattr(exc, "crashed", None), bool):
+            raise
         return f"the reruns that would say which feature is involved did not finish: {exc}"
     said, changed = [], []
     for (name, what, feature), run in zip(VARIANTS, doc["runs"]):
@@ -264,51 +262,50 @@ def _explain(engine, result: ModelResult, checkpoint: Path, dtype_text: str, com
 
 
 # ----- the verdict ----------------------------------------------------------------------------------
-def _where(unit: Unit, names: list[str]) -> str:
+def _where(unit: Unit) -> str:
     from conformance.checks.engine.models import MODELS, TOKEN_BUDGET
 
-    models = ", ".join(f"{m.name} ({m.exercises})" for m in MODELS.values()
-                       if (unit.op is None and m.name in names) or unit.op == m.name)
     return (f"vLLM LLM engine, {unit.dtype}, {unit.case}, chunked prefill at {TOKEN_BUDGET} tokens a step and "
-            f"prefix caching; models {models}")
+            f"prefix caching; model {unit.op} ({MODELS[unit.op].exercises})")
 
 
-def _shutdown_note(results: list[ModelResult]) -> str:
+def _shutdown_note(result: ModelResult) -> str:
     """vLLM's engine shutdown raising after every request finished: said, not graded (engine_runner._shut_down)."""
-    raised = [r for r in results if r.shutdown_error]
-    if not raised:
+    if not result.shutdown_error:
         return ""
-    return (f"; vLLM's engine shutdown raised after the requests finished ({', '.join(r.model for r in raised)}: "
-            f"{raised[0].shutdown_error}; not graded)")
+    return (f"; vLLM's engine shutdown raised after the requests finished ({result.shutdown_error}; not graded)")
 
 
-def _verdict(results: list[ModelResult], doc: dict, dtype, unit: Unit, names: list[str]) -> Verdict:
+def _verdict(platform, result: ModelResult, doc: dict, dtype, unit: Unit) -> Verdict:
+    """The unit's verdict, with whose code its outcome is about where the engine observed it (whose.py)."""
+    from conformance.checks.engine.contracts import EngineError, contract_of
     from conformance.checks.engine.oracle import logprob_tolerance
+    from conformance.checks.engine.whose import Whose
 
     tol = logprob_tolerance(dtype)
-    facts = next((r.facts for r in results if r.facts), {})
-    engine = (f"vLLM {doc.get('vllm')} on {facts.get('platform', 'its platform')}, KV block "
-              f"{facts.get('block_size', '?')}; {_where(unit, names)}{_shutdown_note(results)}")
-    within, errs = _within([r for r in results if r.grade is not None], tol)
-    errors = [r for r in results if r.error is not None]
-    diverged = [r for r in results if r.grade is not None and r.grade.divergences]
-    if diverged:
-        r = diverged[0]
-        lines = [f"{r.model}: {d.line()}" for d in r.grade.divergences]
-        others = [f"{o.model}: {len(o.grade.divergences)} request(s) diverge" for o in diverged[1:]]
+    facts = result.facts or {}
+    observed = (facts.get("platform_facts") or result.report.get("platform") or {}).get("class")
+    whose = Whose(platform, observed)
+    engine = (f"vLLM {doc.get('vllm')} on {facts.get('platform') or observed or 'its platform'}, KV block "
+              f"{facts.get('block_size', '?')}; {_where(unit)}{_shutdown_note(result)}")
+    if result.error is not None:
+        error = EngineError.from_report(result.report)
+        contract = contract_of(error)
+        origin, raised = whose.of_error(error, contract)
+        first, _, rest = result.error.strip().partition("\n")
+        said = f"{raised}; {contract.describe(error)}" if contract is not None else raised
+        return Verdict(Outcome.ERROR, f"vLLM's engine raised on model {result.model}: {first} ({said}) [{engine}]"
+                       + (f"\n{rest}" if rest else ""), origin=origin.to_json())
+    within, errs = _within(result, tol)
+    if result.grade.divergences:
+        computed = [tuple(c) for c in facts.get("computed", [])]
+        origin, computed_by = whose.of_computation(computed)
+        lines = [d.line() for d in result.grade.divergences]
         return failed(f"the engine leaves the float64 reference (teacher-forced on the engine's tokens, logprob "
-                      f"tolerance {tol:.3g}): {lines[0]}; {r.explanation}"
-                      + (f"; other requests of {r.model}: {' | '.join(lines[1:])}" if len(lines) > 1 else "")
-                      + (f"; also {'; '.join(others)}" if others else "")
-                      + "".join(f"; the engine raised for {e.model}: {e.error.strip().splitlines()[0]}" for e in errors)
-                      + f" [{engine}]", **errs)
-    if errors:
-        first = errors[0].error.strip().splitlines()
-        return Verdict(Outcome.ERROR, f"vLLM's engine raised on model {errors[0].model}: {first[0]}"
-                       + (f" (also on {', '.join(e.model for e in errors[1:])})" if len(errors) > 1 else "")
-                       + f" [{engine}]\n" + "\n".join(first[1:]))
-    hits = "; ".join(f"{r.model} " + ", ".join(f"request {i} {n} tokens" for i, n in sorted(r.prefix_hits.items()))
-                     for r in results if r.prefix_hits)
+                      f"tolerance {tol:.3g}): {result.model}: {lines[0]}; {result.explanation}"
+                      + (f"; other requests: {' | '.join(lines[1:])}" if len(lines) > 1 else "")
+                      + f" [{engine}; {computed_by}]", origin=origin.to_json(), **errs)
+    hits = ", ".join(f"request {i} {n} tokens" for i, n in sorted(result.prefix_hits.items()))
     note = (f"prefix cache hits: {hits}" if hits else
             "the engine served no request from the prefix cache, so prefix caching was not exercised")
     return passed(f"{within}; {note} [{engine}]", **errs)

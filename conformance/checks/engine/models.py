@@ -106,15 +106,16 @@ def randomize_weights(hf: torch.nn.Module, seed: int) -> None:
             param.copy_((torch.randn(tuple(param.shape), generator=gen) * std + mean).to(param.dtype))
 
 
-def write_checkpoint(model: EngineModel, dtype: torch.dtype, directory: Path) -> Path:
-    """`save_pretrained` of a transformers model of `model`'s config with seeded weights stored in `dtype`."""
+def write_checkpoint(model: EngineModel, dtype: torch.dtype, directory: Path, seed: int = MODEL_SEED) -> Path:
+    """`save_pretrained` of a transformers model of `model`'s config with weights seeded by `seed` (the family's
+    MODEL_SEED; others only to measure how a model of that shape behaves) stored in `dtype`."""
     import transformers
 
     config = getattr(transformers, model.config_class)(**BASE, **model.kwargs, dtype=str(dtype).removeprefix("torch."))
     with torch.device("cpu"):
         hf = getattr(transformers, config.architectures[0] if config.architectures else
                      model.config_class.replace("Config", "ForCausalLM"))(config)
-    randomize_weights(hf, MODEL_SEED)
+    randomize_weights(hf, seed)
     hf.to(dtype).save_pretrained(str(directory))
     return directory
 
@@ -132,9 +133,10 @@ class Request:
         return f"request {self.id} (wave {self.wave}, prompt of {len(self.prompt)} tokens, {self.max_tokens} generated)"
 
 
-def requests(block_size: int) -> list[Request]:
-    """The fixed requests for an engine whose KV blocks hold `block_size` tokens (prompts drawn on the CPU)."""
-    gen = torch.Generator().manual_seed(PROMPT_SEED)
+def requests(block_size: int, seed: int = PROMPT_SEED) -> list[Request]:
+    """The fixed requests for an engine whose KV blocks hold `block_size` tokens (prompts drawn on the CPU with
+    `seed`: the family's PROMPT_SEED; others only to measure)."""
+    gen = torch.Generator().manual_seed(seed)
 
     def draw(n: int) -> tuple[int, ...]:
         return tuple(torch.randint(3, VOCAB, (n,), generator=gen).tolist())
@@ -160,6 +162,17 @@ def to_json(reqs: list[Request]) -> list[list[dict]]:
     for r in reqs:
         waves[r.wave].append({"id": r.id, "prompt": list(r.prompt), "max_tokens": r.max_tokens})
     return [w for w in waves if w]
+
+
+# The KV block sizes the requests are laid out for in advance (the engine picks its own; the engine process takes the
+# layout for the one it chose): from the smallest the chunked prefill still spans (below 16 the longest prompt fits
+# one 32-token step) to the largest MAX_MODEL_LEN has room for.
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+
+
+def waves_by_block_size() -> dict:
+    """The fixed requests as the engine runner's `{"by_block_size": {block size: waves}}`, for every BLOCK_SIZES."""
+    return {"by_block_size": {str(b): to_json(requests(b)) for b in BLOCK_SIZES}}
 
 
 def from_json(waves: list[list[dict]]) -> list[Request]:
