@@ -5,6 +5,8 @@ output goes to its log and an xdist worker's is captured, so a cold build (about
 sit silent. The controller builds first instead, with its one-line notice on the terminal; every
 kernel worker then loads the cached build. Nothing is built for `--collect-only`, a platform
 without `cpp`, or a toolchain that cannot build (the checks report that where the kernels are called).
+A build never waits forever: past its limit (`REFERENCE_IMPL_CPP_BUILD_TIMEOUT`, reference_impl.kernels._cpp_build)
+it is one line naming the limit and the build directory, and the run goes on.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def prebuild_reference_kernels(inventory, say: Callable[[str], None]) -> None:
     try:
         _cpp_build.load(announce=announce)
     except Exception as exc:  # noqa: BLE001 - reported again by every check that calls a kernel
-        say(f"conformance: the reference C++ CPU kernels did not build: {' '.join(str(exc).split())[:300]}")
+        # the first 600 characters: the limit or the lock holder and the directory, or the compiler's first error
+        say(f"conformance: the reference C++ CPU kernels did not build: {' '.join(str(exc).split())[:600]}")
         return
     if announced:
         say(f"conformance: reference C++ CPU kernels built in {time.perf_counter() - start:.0f} s")

@@ -6,15 +6,23 @@ The library's name hashes the contents of the sources, the flags, compiler, torc
 where the sources live: a checkout and an installed wheel (or two venvs) with the same sources load
 one cached library, and a changed source rebuilds. The vector ISA (AVX512 / AVX2 / none) follows
 torch's own CPU capability detection (plus AVX512_BF16 conversions where the CPU has them).
+
+A build never waits forever and never leaves a lock that stops the next one: it runs in a subprocess that dies with
+its starter (Linux PR_SET_PDEATHSIG, taking ninja and the compilers with it) under a time limit, while the starter
+holds an flock on `build_lock_path` (released by the kernel when its holder dies, however); a torch `lock` file left
+in the build directory by a killed build is removed under that flock, where no other build can be inside torch's.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import platform
 import shutil
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -38,6 +46,9 @@ HEADERS = ("kernels.h", "vec_common.h", "attention.h", "cpu_bindings.h", "../com
            "../common/schemas.inc", "../common/impls.inc", "../common/row_index.h")
 # Set to 1 to turn the provider off (dispatch then falls back to the next provider).
 DISABLE_ENV = "REFERENCE_IMPL_DISABLE_CPP_KERNELS"
+# Seconds a build (or the wait for another process's build of the same directory) may take before it is an error.
+BUILD_TIMEOUT_ENV = "REFERENCE_IMPL_CPP_BUILD_TIMEOUT"
+DEFAULT_BUILD_TIMEOUT_S = 900.0   # a cold build: about 1 min on an idle 2-core machine, 2 on a loaded one
 
 # torch capability -> preprocessor and arch flags (the ones torch's inductor uses).
 _ISA_FLAGS = {
@@ -170,11 +181,31 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def build_timeout() -> float:
+    """The limit of one build, and of the wait for another process's: `$REFERENCE_IMPL_CPP_BUILD_TIMEOUT` seconds."""
+    value = os.environ.get(BUILD_TIMEOUT_ENV, "")
+    try:
+        limit = float(value) if value else DEFAULT_BUILD_TIMEOUT_S
+    except ValueError:
+        raise CppKernelBuildError(f"{BUILD_TIMEOUT_ENV}={value!r} is not a number of seconds") from None
+    if limit <= 0:
+        raise CppKernelBuildError(f"{BUILD_TIMEOUT_ENV}={value!r} must be a positive number of seconds")
+    return limit
+
+
+def build_lock_path(name: str) -> Path:
+    """The file a process holds an flock on while it builds `name` in `build_directory(name)`, next to that
+    directory; it names its holder's pid. The file stays: only the flock means anything."""
+    directory = build_directory(name)
+    return directory.with_name(f"{directory.name}.lock")
+
+
 def load(announce: Callable[[str], None] = _to_stderr) -> None:
     """Load the cached library, building it first if no process has (ninja, into `build_directory`, then copied to
     `library_path`); idempotent and thread-safe. A build first passes its one-line notice to `announce` (stderr by
-    default; the conformance harness passes its terminal, which pytest's output capture cannot hide)."""
-    global _failure, _loaded
+    default; the conformance harness passes its terminal, which pytest's output capture cannot hide). A build, or
+    the wait for another process's, longer than `build_timeout()` is a `CppKernelBuildError`."""
+    global _failure
     if _loaded:
         return
     with _lock:
@@ -186,26 +217,201 @@ def load(announce: Callable[[str], None] = _to_stderr) -> None:
         name = build_name()
         if _load_cached(name):
             return
-        directory = build_directory(name)
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            _build(name, announce)
+        except CppKernelBuildError as exc:
+            _failure = exc
+            raise
+
+
+def _build(name: str, announce: Callable[[str], None]) -> None:
+    """Build `name` holding its build lock (waiting for another process's build first), publish and load it."""
+    limit = build_timeout()
+    directory = build_directory(name)
+    directory.mkdir(parents=True, exist_ok=True)
+    with _BuildLock(build_lock_path(name), directory, limit, announce) as lock:
+        if _load_cached(name):   # built by the process whose build this one waited for
+            return
         jobs = min(len(SOURCES), os.cpu_count() or 1)
         estimate = 10 * -(-len(SOURCES) // jobs) + 5
-        announce(f"building reference C++ CPU kernels (first use, ~{estimate} s) in {directory} ...")
-        from torch.utils.cpp_extension import load as cpp_load
-
+        stale = _remove_stale_torch_lock(directory)
+        announce(f"building reference C++ CPU kernels (first use, ~{estimate} s) in {directory}"
+                 + (f" (removed {stale}, left by a build that was stopped or killed)" if stale else "") + " ...")
         start = time.perf_counter()
-        try:
-            cpp_load(name=name, sources=[str(CSRC_DIR / s) for s in SOURCES],
-                     extra_cflags=build_flags(), extra_ldflags=["-fopenmp"],
-                     build_directory=str(directory), is_python_module=False, verbose=False)
-        except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError
-            _failure = CppKernelBuildError(
-                f"building the reference C++ CPU kernels in {directory} failed: {exc}")
-            raise _failure from exc
+        _run_builder(name, directory, limit, lock.fd)
         logger.info("reference C++ CPU kernels built in %.1f s", time.perf_counter() - start)
-        register_fakes(LIBRARY)
-        _loaded = True
-        _publish(directory / f"{name}.so", library_path(name))
+        built, library = directory / f"{name}.so", library_path(name)
+        _publish(built, library)
+        _load_library(library if library.is_file() else built)
+
+
+class _BuildLock:
+    """An exclusive flock on `path` for the length of a build. Linux releases it when its holder dies, however it
+    dies, so a lock is never stale; a live holder is waited for up to `limit` seconds, then it is an error."""
+
+    def __init__(self, path: Path, directory: Path, limit: float, announce: Callable[[str], None]):
+        self.path, self.directory, self.limit, self.announce = path, directory, limit, announce
+        self.fd: int | None = None
+
+    def __enter__(self) -> _BuildLock:
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.limit
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                pass
+            holder = _read_holder(fd)
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise CppKernelBuildError(
+                    f"the reference C++ CPU kernels are being built in {self.directory} by another process "
+                    f"({holder}), which has not finished within the limit of {self.limit:g} s ({BUILD_TIMEOUT_ENV}); "
+                    "end that process, or raise the limit")
+            if not told:
+                self.announce(f"waiting for another process ({holder}) building the reference C++ CPU kernels "
+                              f"in {self.directory} (limit {self.limit:g} s) ...")
+                told = True
+            time.sleep(0.25)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {platform.node()}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)   # releases the flock
+            self.fd = None
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+    except OSError:
+        text = ""
+    return text or "pid unknown"
+
+
+def _remove_stale_torch_lock(directory: Path) -> Path | None:
+    """Remove torch's own build lock (FileBaton: a file that names no owner) if a killed build left it in `directory`;
+    the file removed, or None. Every torch build there runs under a `_BuildLock`, which the caller holds: no build is
+    running, so the file is stale (left, it would make torch wait for it forever)."""
+    baton = directory / "lock"
+    if not baton.exists():
+        return None
+    baton.unlink(missing_ok=True)
+    logger.warning("removed %s, left by a build that was stopped or killed", baton)
+    return baton
+
+
+# The builder: torch.utils.cpp_extension.load in a process of its own, leading its own process group (itself and ninja;
+# ninja puts each compiler in a group of its own). SIGTERM, from its starter or from PR_SET_PDEATHSIG when its starter
+# dies, stops the build: ninja passes the signal on to its compilers' groups and waits for them, then the group ends.
+_BUILDER = """
+import ctypes, json, os, signal, sys, time
+spec = json.loads(sys.argv[1])
+
+def stop(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(0, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                time.sleep(0.05)
+        except ChildProcessError:
+            break
+    os.killpg(0, signal.SIGKILL)
+
+signal.signal(signal.SIGTERM, stop)
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)   # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass
+if os.getppid() != spec["parent"]:
+    sys.exit("the process that started this build has ended")
+from torch.utils.cpp_extension import load
+try:
+    load(name=spec["name"], sources=spec["sources"], extra_cflags=spec["cflags"], extra_ldflags=spec["ldflags"],
+         build_directory=spec["directory"], is_python_module=False, verbose=False)
+except Exception as exc:
+    sys.exit(str(exc))
+"""
+
+
+def _run_builder(name: str, directory: Path, limit: float, lock_fd: int | None = None) -> None:
+    """Build `name` into `directory` in a builder process within `limit` seconds; `CppKernelBuildError` naming the
+    directory (and the limit, or the compiler's output) otherwise. Whatever happens, no process of it runs after.
+    The builder shares `lock_fd` (the build lock's descriptor): should this process die, the lock is held until the
+    builder has stopped its compilers."""
+    import tempfile
+
+    spec = {"parent": os.getpid(), "name": name, "sources": [str(CSRC_DIR / s) for s in SOURCES],
+            "cflags": build_flags(), "ldflags": ["-fopenmp"], "directory": str(directory)}
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-c", _BUILDER, json.dumps(spec)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                pass_fds=() if lock_fd is None else (lock_fd,))
+        try:
+            finished = _wait_unreaped(proc.pid, limit)
+        finally:   # a timeout, an interrupt, a builder killed on its own: none of its compilers may go on
+            _stop_group(proc.pid)
+            proc.wait()
+        if not finished:
+            raise CppKernelBuildError(
+                f"building the reference C++ CPU kernels in {directory} took longer than its limit of {limit:g} s "
+                f"({BUILD_TIMEOUT_ENV}) and was stopped; raise the limit if this machine is that slow")
+        if proc.returncode != 0:
+            err.seek(0)
+            detail = err.read().decode(errors="replace").strip() or f"the build process ended ({proc.returncode})"
+            raise CppKernelBuildError(f"building the reference C++ CPU kernels in {directory} failed: {detail}")
+
+
+def _wait_unreaped(pid: int, limit: float) -> bool:
+    """Wait up to `limit` s for child `pid` to end, leaving it unreaped (its pid, and so its process group's id,
+    cannot name another process yet); whether it ended."""
+    deadline = time.monotonic() + limit
+    while True:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+
+
+def _stop_group(pgid: int, grace: float = 15.0) -> None:
+    """End process group `pgid`: SIGTERM (ninja stops its compilers, in groups of their own, and waits for them),
+    then SIGKILL to whatever still runs after `grace` seconds. Nothing to do for a group whose members have ended."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + grace
+    while _group_runs(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs (one ended and not yet reaped does not count)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def _publish(built: Path, library: Path) -> None:

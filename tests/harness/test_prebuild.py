@@ -83,3 +83,19 @@ def test_the_notice_reaches_the_terminal_of_a_run_with_xdist_workers(tmp_path):
     assert notice[0] < first_result
     assert (extensions / name / f"{name}.so").is_file()
     assert run.doc["run"]["complete"] and {r["outcome"] for r in run.results} == {"PASS"}
+
+
+def test_a_build_over_its_limit_is_one_line_and_the_run_goes_on(tmp_path):
+    """An empty kernel cache and a build limit of 5 s: the run says once, on the terminal, that the kernels did not
+    build, naming the limit and the build directory, and ends with results instead of waiting. Cost: about 25 s."""
+    if _cpp_build.toolchain_problem() is not None:
+        pytest.skip(f"C++ CPU kernels unavailable: {_cpp_build.toolchain_problem()}")
+    extensions = tmp_path / "torch_extensions"
+    run = run_harness(tmp_path, "cpu", "-k", "rms_norm and float32 and ir_case and 128 and not 1280 and not fused",
+                      env={"TORCH_EXTENSIONS_DIR": str(extensions), _cpp_build.BUILD_TIMEOUT_ENV: "5"}, timeout=300)
+    failed = [ln for ln in run.output.splitlines() if "the reference C++ CPU kernels did not build" in ln]
+    assert len(failed) == 1, run.output[-3000:]
+    assert "longer than its limit of 5 s" in failed[0] and _cpp_build.BUILD_TIMEOUT_ENV in failed[0]
+    assert str(extensions / _cpp_build.build_name()) in failed[0]
+    assert run.doc is not None and run.results, run.output[-3000:]
+    assert not (extensions / _cpp_build.build_name() / f"{_cpp_build.build_name()}.so").exists()
