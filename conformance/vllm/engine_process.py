@@ -3,8 +3,12 @@ and turn its death or silence into one line the verdict can carry (exit status o
 
 The process inherits this one's environment, so vLLM resolves the same platform there (the same `VLLM_PLUGINS`,
 the same installed plugins) and runs it as a vLLM deployment would; the harness's own per-process files (the
-running note, the fault file) are not passed on. It is killed with its parent (PR_SET_PDEATHSIG), so a kernel
-worker killed for a timeout leaves no engine behind.
+running note, the fault file) are not passed on. It is killed with its parent (PR_SET_PDEATHSIG, which the engine
+runner sets as it starts), so a kernel worker killed for a timeout, or with its whole run, leaves no engine behind.
+The signal follows the thread that started the process: start it from a thread that outlives it (the kernel
+worker's main thread, which runs the checks). vLLM's engine core runs inside it (no EngineCore process); what it
+starts itself (vLLM's model-registry probe, inductor's compiler) is short-lived and ends on its own
+(tests/harness/test_killed_runs.py kills a run mid-job and finds nothing left).
 """
 
 from __future__ import annotations

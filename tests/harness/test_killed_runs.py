@@ -18,7 +18,7 @@ import pytest
 from conformance.run.worker import worker_environment
 from conformance.run.zygote import Zygote
 from harness_runner import harness_command, harness_env
-from process_tree import MARKER_ENV, kill_all, marked, new_marker, survivors, tree
+from process_tree import MARKER_ENV, command, kill_all, marked, new_marker, survivors, tree
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the lifetime of processes is Linux's")
 
@@ -180,3 +180,33 @@ def test_the_sigterm_handler_is_the_runs_own_and_is_given_back():
         assert signal.getsignal(signal.SIGTERM) is theirs
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@pytest.mark.engine
+def test_a_run_killed_while_vllms_engine_runs_leaves_no_engine(tmp_path):
+    """`--platform=vllm`, killed (SIGKILL) while the engine family's engine process (vLLM's engine core in it, and the
+    helpers vLLM and inductor start from it) runs a job: none of it outlives the run. Cost: about 25 s."""
+    pytest.importorskip("vllm")
+    marker = new_marker()
+    env = harness_env(None, **{MARKER_ENV: marker, "TMPDIR": str(tmp_path)})
+    cmd = harness_command("vllm", tmp_path / "out.json", "standard", "-k", "engine and float32")
+    output = tmp_path / "output.txt"
+    with open(output, "wb") as out:
+        run = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    known: set = set()
+    try:
+        deadline = time.monotonic() + 240
+        while not any("conformance.vllm.engine_runner" in command(pid) for pid, _ in marked(marker)):
+            assert run.poll() is None, f"the run ended before its engine started: {output.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no engine process within 240 s: {output.read_text()[-3000:]}"
+            time.sleep(0.2)
+        time.sleep(3)   # into vLLM's import and the job
+        known = tree(run.pid) | marked(marker)
+        run.kill()
+        run.wait()
+        left = survivors(known, marker, GONE_WITHIN_S)
+        assert not left, f"still running {GONE_WITHIN_S:g} s after the run was killed: {left}"
+    finally:
+        if run.poll() is None:
+            run.kill()
+        kill_all(known, marker)
