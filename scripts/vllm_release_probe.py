@@ -378,10 +378,11 @@ def probe_layers() -> None:
     g = "layers the bridge builds (layer_bridge.SPECS)"
     from vllm.model_executor.custom_op import op_registry
 
+    from conformance.collect.inventory import import_catalog
     from conformance.vllm.layer_bridge import SPECS
     from reference_impl.custom_op import CustomOp as OurCustomOp
 
-    import reference_impl.layers  # noqa: F401 - our catalog, registered
+    import_catalog()   # the reference layers registered, as the harness has them when it bridges
 
     for spec in SPECS:
         row = api(f"{spec.module}:{spec.cls}", g, LAYERS)
@@ -395,10 +396,20 @@ def probe_layers() -> None:
         if ours is not None:
             theirs = signature_of(cls.__init__)
             takes_any = any(p.kind is p.VAR_KEYWORD for p in theirs.parameters.values())
-            dropped = [p for p in list(signature_of(ours.__init__).parameters)[1:]
-                       if not takes_any and p not in theirs.parameters and p not in ("args", "kwargs")]
-            if dropped:
-                notes.append(f"takes none of the reference's {', '.join(dropped)} (dropped when at our default)")
+            params = list(signature_of(ours.__init__).parameters.values())[1:]
+            untaken = [p for p in params if not takes_any and p.name not in theirs.parameters
+                       and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY)]   # ours only
+            required = [p.name for p in untaken if p.default is p.empty]
+            optional = [p.name for p in untaken if p.default is not p.empty]
+            adapted = spec.moved is not None and spec.moved.applies(theirs.parameters)
+            if required:
+                row.status = "lacks"
+                notes.append(f"no parameter {', '.join(map(repr, required))} (the reference's)"
+                             + (f": the bridge's release adapter for vLLM before {spec.moved.release} maps it"
+                                if adapted else ""))
+            if optional:
+                notes.append(f"takes none of the reference's {', '.join(optional)} (dropped when at our default"
+                             + (", or fixed by the release adapter" if adapted and spec.moved.fixed else "") + ")")
         row.detail = "; ".join(notes)
 
 
@@ -407,7 +418,11 @@ def probe_attention() -> None:
     api("vllm.v1.attention.backend:AttentionBackend", g, ATTN)
     for m in BACKEND_CLASSMETHODS:
         api(f"vllm.v1.attention.backend:AttentionBackend.{m}", g, ATTN)
-    api("vllm.v1.attention.backend:AttentionBackend.validate_configuration", g, ATTN, positional=VALIDATE_POSITIONAL)
+    from reference_impl.attention.backend import AttentionSelectorConfig as Ours
+
+    # the bridge passes these positionally, then every other field of the reference's selector config by keyword
+    api("vllm.v1.attention.backend:AttentionBackend.validate_configuration", g, ATTN, positional=VALIDATE_POSITIONAL,
+        needs=tuple(f for f in Ours._fields if f not in VALIDATE_POSITIONAL))
     for a in BACKEND_ATTRIBUTES:
         observe(f"AttentionBackend.{a}", g, ATTN,
                 lambda a=a: repr(getattr(_resolve("vllm.v1.attention.backend:AttentionBackend"), a))[:80])
@@ -615,14 +630,17 @@ def _change(before: dict | None, after: dict | None) -> str:
         return ""
     if before is None or after is None:
         return "appears" if before is None else "is gone"
+    status = ""
     if before["status"] != after["status"]:
-        text = f"{before['status']} -> {after['status']}"
-        return text + (f" ({_cell(after['detail'])})" if after["status"] != "ok" and after["detail"] else "")
+        status = f"{before['status']} -> {after['status']}"
+        status += f" ({_cell(after['detail'])})" if after["status"] != "ok" and after["detail"] else ""
     old, new = before.get("params"), after.get("params")
+    if old is None or new is None:   # an API that appears or goes: its status says so
+        if old != new and not status:
+            status = f"signature {_cell(before['signature'])} -> {_cell(after['signature'])}"
+        return status
     if old == new:
-        return ""
-    if old is None or new is None:
-        return f"signature {_cell(before['signature'])} -> {_cell(after['signature'])}"
+        return status
     name = lambda p: p.split("=")[0]  # noqa: E731
     old_by, new_by = {name(p): p for p in old}, {name(p): p for p in new}
     parts = [f"+`{_cell(new_by[n])}`" for n in new_by if n not in old_by]
@@ -631,7 +649,8 @@ def _change(before: dict | None, after: dict | None) -> str:
     shared = [n for n in new_by if n in old_by]
     if not parts and [n for n in old_by if n in new_by] != shared:
         parts.append(f"order {', '.join(shared)}")
-    return ", ".join(parts) or f"signature {_cell(before['signature'])} -> {_cell(after['signature'])}"
+    return ", ".join(filter(None, (status, *parts))) or (f"signature {_cell(before['signature'])} -> "
+                                                          f"{_cell(after['signature'])}")
 
 
 def write_doc(path: Path, pythons: list[str]) -> None:
