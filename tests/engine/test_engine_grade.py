@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,13 +105,13 @@ def synthetic():
 
 def test_a_perfect_engine_passes_and_every_position_is_graded(synthetic):
     reqs, oracle = synthetic
-    g = grade(reqs, _fake_run(reqs, oracle), oracle, logprob_tolerance(torch.float32))
+    g = grade(reqs, _fake_run(reqs, oracle), oracle, logprob_tolerance(torch.float32, "llama"))
     assert g.divergences == [] and g.positions == sum(r.max_tokens for r in reqs) and g.worst_err < 1e-12
 
 
 def test_a_logprob_off_by_more_than_the_tolerance_names_request_and_step(synthetic):
     reqs, oracle = synthetic
-    tol = logprob_tolerance(torch.bfloat16)
+    tol = logprob_tolerance(torch.bfloat16, "llama")
 
     def off(outputs):
         outputs[reqs[1].id]["logprobs"][2][0][1] -= 2 * tol
@@ -256,7 +257,8 @@ def test_an_engine_result_is_the_platforms_code():
 
 
 # ----- the engine process kept from unit to unit (conformance/vllm/engine_session.py) -------------------------------
-# A stand-in engine runner: answers each job's runs by name; a run named "raises" reports an engine error, "dies" kills it
+# A stand-in engine runner: answers each job's runs by name; a run named "raises" reports an engine error, "dies" kills
+# the process
 _RUNNER = """
 import json, os, signal, sys
 print('ready', flush=True)
@@ -310,3 +312,38 @@ def test_a_dead_engine_process_is_reported_and_the_next_unit_gets_a_fresh_one(tm
         assert jobs.run([{"name": "llama"}], timeout=30)["runs"] == [{"name": "llama"}]
     assert session.started == 2
     session.close()
+
+
+# ----- the bfloat16 tolerance: measured noise (conformance/checks/engine/oracle.py) ----------------------------------
+def test_the_bfloat16_tolerance_is_the_measured_noise_times_its_margin():
+    from conformance.checks.engine.oracle import BF16_MARGIN, BF16_NOISE, LOGIT_SCALE, tolerances
+
+    assert set(BF16_NOISE) == set(engine_models.MODELS)            # every model measured
+    atol, rtol = tolerances()[torch.bfloat16]
+    from_logit_scale = 2.0 * (atol + rtol * LOGIT_SCALE)            # what bfloat16 was graded at before: 0.56
+    for name, model in engine_models.MODELS.items():
+        noise = BF16_NOISE[name]
+        assert noise.own <= noise.worst
+        basis = noise.own if model.moe else noise.worst
+        assert logprob_tolerance(torch.bfloat16, name) == pytest.approx(BF16_MARGIN * basis)
+        assert logprob_tolerance(torch.bfloat16, name) < from_logit_scale
+    assert logprob_tolerance(torch.float32, "gemma2") == pytest.approx(0.0018)
+    with pytest.raises(KeyError, match="scripts/measure_engine_bf16_noise.py"):
+        logprob_tolerance(torch.bfloat16, "falcon")
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2", "gpt_oss"])
+def test_the_bfloat16_noise_table_is_what_the_script_measures(name, tmp_path):
+    """The table's `own` column is what scripts/measure_engine_bf16_noise.py measures today on the family's own
+    checkpoint and prompts (within 10%: the CPU's reduction order may differ with its thread count); a model, request
+    or runtime change that moves the noise makes the table stale, and this fails until it is regenerated."""
+    import importlib.util
+
+    from conformance.checks.engine.oracle import BF16_NOISE
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "measure_engine_bf16_noise.py"
+    spec = importlib.util.spec_from_file_location("measure_engine_bf16_noise", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    own = max(script.measure(name, 0, block, tmp_path)[0] for block in script.BLOCKS)
+    assert own == pytest.approx(BF16_NOISE[name].own, rel=0.1)

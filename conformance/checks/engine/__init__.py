@@ -139,7 +139,8 @@ def _grade_run(run: dict, checkpoint: Path, dtype) -> ModelResult:
     reqs = engine_models.from_json(run["waves"])
     outputs = {o["id"]: o for o in run["outputs"]}
     oracle = oracle_logprobs(checkpoint, reqs, outputs)
-    result = ModelResult(run["name"], run["facts"], grade(reqs, outputs, oracle, logprob_tolerance(dtype)))
+    tol = logprob_tolerance(dtype, run["name"])     # the family's runs are named by their model
+    result = ModelResult(run["name"], run["facts"], grade(reqs, outputs, oracle, tol))
     result.prefix_hits = {o["id"]: o["cached_tokens"] for o in run["outputs"] if o["cached_tokens"]}
     result.shutdown_error = run.get("shutdown_error")
     return result
@@ -158,7 +159,7 @@ def _on_runtime(ctx: CheckContext, unit: Unit, dtype) -> Verdict:
         return Verdict(Outcome.ERROR, f"engine unit {unit.id} runs only under the vLLM bridge: the reference "
                        "runtime's units are eager")
     name = unit.op
-    tol = logprob_tolerance(dtype)
+    tol = logprob_tolerance(dtype, name)
     with tempfile.TemporaryDirectory(prefix="conformance-engine-") as tmp:
         checkpoint = engine_models.write_checkpoint(engine_models.MODELS[name], dtype, Path(tmp) / name)
         model = call_impl(f"building {name} with the platform's layers", build_for, checkpoint, dtype, ctx.device)
@@ -247,7 +248,8 @@ def _explain(proc, result: ModelResult, checkpoint: Path, dtype_text: str, compi
             continue
         reqs = [r for r in engine_models.from_json(run["waves"]) if r.id == req.id]
         outputs = {o["id"]: o for o in run["outputs"]}
-        g = grade(reqs, outputs, oracle_logprobs(checkpoint, reqs, outputs), logprob_tolerance(dtype))
+        tol = logprob_tolerance(dtype, result.model)
+        g = grade(reqs, outputs, oracle_logprobs(checkpoint, reqs, outputs), tol)
         if g.divergences:
             said.append(f"{what}: still diverges at step {g.divergences[0].step}")
         else:
@@ -282,7 +284,7 @@ def _verdict(platform, result: ModelResult, doc: dict, dtype, unit: Unit) -> Ver
     from conformance.checks.engine.oracle import logprob_tolerance
     from conformance.checks.engine.whose import Whose
 
-    tol = logprob_tolerance(dtype)
+    tol = logprob_tolerance(dtype, result.model)
     facts = result.facts or {}
     observed = (facts.get("platform_facts") or result.report.get("platform") or {}).get("class")
     whose = Whose(platform, observed)

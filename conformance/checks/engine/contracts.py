@@ -130,7 +130,8 @@ CONTRACTS = (
              _device_name),
     Contract("memory pool",
              "vLLM 0.32's worker allocates weights and the KV cache in a sleep-mode memory pool on every platform but "
-             "CUDA, ROCm, XPU and CpuPlatform itself (Worker._maybe_get_memory_pool_context), and has none for this one",
+             "CUDA, ROCm, XPU and CpuPlatform itself (Worker._maybe_get_memory_pool_context), and has none for this "
+             "one",
              "a platform without one names a worker of its own in check_and_update_config "
              "(parallel_config.worker_cls), a subclass whose _maybe_get_memory_pool_context returns a null context",
              _memory_pool),

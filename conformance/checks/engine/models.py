@@ -35,6 +35,11 @@ class EngineModel:
     exercises: str
     level: str = "standard"     # the first level whose eager units run it
 
+    @property
+    def moe(self) -> bool:
+        """Whether it routes tokens to experts (gpt-oss, Mixtral)."""
+        return "num_local_experts" in self.kwargs
+
 
 MODELS = {
     "llama": EngineModel("llama", "LlamaConfig", {}, "GQA 4 query heads on 2 KV heads"),
