@@ -25,6 +25,7 @@ from conformance.judge.golden import clone_args, clone_layout, to_golden, widens
 from conformance.results import running_note
 from conformance.results.messages import sanitize
 from conformance.results.result import Outcome
+from conformance.collect.releases import release_lacks
 from conformance.collect.units import LEVELS, Unit, dtype_from_name, dtype_name, generator, unit_seed
 
 @dataclasses.dataclass
@@ -147,10 +148,20 @@ def call_impl(where: str, fn, *args):
 def within_vllm(case, body) -> Verdict:
     """`body()` for a case; for a case beyond vLLM 0.32 (its `beyond_vllm` reason set), an implementation
     that declines it, raises on it or computes otherwise behaves like vLLM there: NOT_SUPPORTED naming
-    the reason, never FAIL or ERROR (a pass is still a PASS)."""
+    the reason, never FAIL or ERROR (a pass is still a PASS).
+
+    For any case, a raise that is a bridge's `ReleaseLacks` (conformance.collect.releases: the installed release of
+    vLLM, older than 0.32, cannot build what the case asks, e.g. a constructor argument it never took) is
+    NOT_SUPPORTED naming that release: the release lacks the feature, the platform under test did nothing wrong."""
     reason = getattr(case, "beyond_vllm", None)
     if not reason:
-        return body()
+        try:
+            return body()
+        except KernelRaised as exc:
+            lacks = release_lacks(exc.exc)
+            if lacks is None:
+                raise
+            return not_supported(f"case {case.name} cannot be built with this release: {exc.where} raised {lacks}")
     note = f"case {case.name} asks for more than vLLM 0.32 does ({reason})"
     try:
         verdict = body()

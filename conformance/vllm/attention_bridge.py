@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import inspect
 import itertools
 import json
 import tempfile
@@ -27,6 +28,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from conformance.collect.releases import ReleaseLacks
 from reference_impl.attention.backend import (
     AttentionBackend,
     AttentionImpl,
@@ -318,14 +320,55 @@ class BridgedBackend(AttentionBackend):
     def validate_configuration(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla=False, has_sink=False,
                                use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False,
                                device_capability=None, attn_type="decoder", **flags):
-        """vLLM's own validate_configuration (with the current platform's device capability)."""
-        from vllm.platforms import current_platform
+        """vLLM's own validate_configuration (with the current platform's device capability).
 
+        Only the selector flags the installed vLLM's validate_configuration takes are passed (older releases lack
+        later ones: use_dcp before 0.29, use_rswa before 0.30). A flag it lacks that is off is left out (the release
+        behaves as if it were off); one that is set makes the answer a reason naming the release, so the case is
+        NOT_SUPPORTED there rather than graded as if the flag were off."""
+        taken, absent = split_flags(cls.vllm_backend, flags)
+        if absent:
+            return [str(flag_lacks(name)) for name in absent]
         if device_capability is None:
+            from vllm.platforms import current_platform
+
             device_capability = current_platform.get_device_capability()
         return list(cls.vllm_backend.validate_configuration(
             head_size, dtype, kv_cache_dtype, block_size, use_mla, has_sink, use_sparse, use_mm_prefix,
-            use_per_head_quant_scales, device_capability, str(getattr(attn_type, "value", attn_type)), **flags))
+            use_per_head_quant_scales, device_capability, str(getattr(attn_type, "value", attn_type)), **taken))
+
+
+# The vLLM release that added each selector flag an older release lacks (scripts/vllm_release_probe.py,
+# docs/vllm-releases.md); a flag not listed is named as "a later release".
+FLAG_RELEASES = {"use_dcp": "0.29", "use_rswa": "0.30"}
+
+
+@functools.cache
+def validate_parameters(vllm_backend: type) -> frozenset[str] | None:
+    """The keyword names `vllm_backend.validate_configuration` takes (its signature, read once per class); None
+    when it takes any (**kwargs)."""
+    params = inspect.signature(vllm_backend.validate_configuration).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    return frozenset(params)
+
+
+def split_flags(vllm_backend: type, flags: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(the flags `vllm_backend.validate_configuration` takes, the names of those it lacks that are set)."""
+    accepted = validate_parameters(vllm_backend)
+    if accepted is None:
+        return dict(flags), []
+    taken = {name: value for name, value in flags.items() if name in accepted}
+    absent = sorted(name for name, value in flags.items() if name not in accepted and value)
+    return taken, absent
+
+
+def flag_lacks(name: str) -> ReleaseLacks:
+    """The installed vLLM lacks selector flag `name`: what a case setting it is told (it names the release)."""
+    from conformance.vllm.discover import installed_version
+
+    return ReleaseLacks("vLLM", installed_version(), f"the attention selector flag {name} (the case sets it)",
+                        FLAG_RELEASES.get(name))
 
 
 def _registered_as(vllm_backend: type) -> bool:
@@ -410,11 +453,15 @@ def __getattr__(name: str) -> type:
 
 # ----- selection -------------------------------------------------------------------------------------------------
 def vllm_selector_config(ours):
-    """Our AttentionSelectorConfig as vLLM 0.32's (the same field names)."""
+    """Our AttentionSelectorConfig as the installed vLLM's (the same field names). A field that vLLM's lacks is
+    left out when off; when set, ReleaseLacks naming the release (its platform cannot be asked about it)."""
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
     fields = ours._asdict()
     fields["attn_type"] = str(getattr(fields["attn_type"], "value", fields["attn_type"]))
+    absent = sorted(k for k, v in fields.items() if k not in AttentionSelectorConfig._fields and v)
+    if absent:
+        raise flag_lacks(absent[0])
     return AttentionSelectorConfig(**{k: v for k, v in fields.items() if k in AttentionSelectorConfig._fields})
 
 

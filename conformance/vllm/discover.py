@@ -86,6 +86,16 @@ def import_vllm():
     return vllm
 
 
+def installed_version() -> str:
+    """The installed vLLM's version string (what a ReleaseLacks raised by the bridge names); 'unknown' when `vllm`
+    does not import (the release adapters are also used, and tested, on their own)."""
+    try:
+        import vllm
+    except Exception:  # noqa: BLE001 - only its version is wanted here
+        return "unknown"
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
 def release_of(version: str) -> str:
     """'0.28' for '0.28.0', '0.28.1rc2', '0.28.0+cpu'; the key of SUPPORTED_RELEASES and RELEASE_GAPS."""
     return ".".join(version.split("+")[0].split(".")[:2])

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from conformance.collect.releases import ReleaseLacks
+
 PREFIX = "vllm:"
 
 
@@ -31,7 +33,8 @@ class Moved:
     It applies when the installed class's constructor lacks the first of `renamed`'s reference names and takes its
     old name: `renamed` maps our argument names to the old ones; `fixed` names our arguments the old constructor did
     not take because its layer fixed them, with the values that match what it fixed (dropped when given one of
-    them; any other value cannot be built by that release, and construction raises NotImplementedError naming it)."""
+    them; any other value cannot be built by that release, and construction raises ReleaseLacks, a NotImplementedError
+    naming the installed release, which the checks grade NOT_SUPPORTED)."""
 
     release: str                                        # the first vLLM release with the reference's arguments
     renamed: tuple[tuple[str, str], ...]                # (ours, vLLM's before `release`)
@@ -143,9 +146,12 @@ def _before(moved: Moved, theirs: type, values: dict[str, Any]) -> dict[str, Any
             continue
         value = out.pop(name)
         if not any(value is m or value == m for m in matching):
-            raise NotImplementedError(
-                f"{theirs.__module__}.{theirs.__qualname__} before vLLM {moved.release} takes no {name!r} (its layer "
-                f"has {has}): {name}={value!r} cannot be built with this vLLM")
+            from conformance.vllm.discover import installed_version
+
+            raise ReleaseLacks(
+                "vLLM", installed_version(),
+                f"{name}={value!r} in {theirs.__module__}.{theirs.__qualname__} (it takes no {name!r} before vLLM "
+                f"{moved.release}: its layer has {has})", moved.release)
     return out
 
 
