@@ -189,8 +189,8 @@ class _recording_ir_dispatch:
 def platform_facts() -> dict:
     """What the engine family's contract table and attribution need to know of the platform vLLM resolved here
     (asked after a run, and after a run that raised): its class, whether it is out of tree, its device name and whether
-    that is a torch device type (vLLM builds an out-of-tree platform's devices as torch.device(f"{device_name}:{rank}")),
-    and the layer names registered out of tree (`CustomOp.register_oot`)."""
+    that is a torch device type (vLLM builds an out-of-tree platform's devices as
+    torch.device(f"{device_name}:{rank}")), and the layer names registered out of tree (`CustomOp.register_oot`)."""
     import torch
     from vllm.model_executor.custom_op import op_registry_oot
     from vllm.platforms import current_platform
