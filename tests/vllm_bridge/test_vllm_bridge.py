@@ -68,7 +68,10 @@ def test_an_unknown_vllm_version_stops_the_run(monkeypatch):
     fake = types.ModuleType("vllm")
     fake.__version__ = "0.20.1"
     message = _activate_error(monkeypatch, fake)
-    assert "vLLM 0.20.1 is not a version the bridge knows (0.32, 0.33" in message
+    from conformance.vllm.discover import SUPPORTED_RELEASES
+
+    window = ", ".join(SUPPORTED_RELEASES)
+    assert f"vLLM 0.20.1 is not a version the bridge knows ({window}: its supported window)" in message
 
 
 def test_vllm_is_imported_only_for_platform_vllm(tmp_path):

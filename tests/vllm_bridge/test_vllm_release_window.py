@@ -54,8 +54,10 @@ def run_with_vllm(tmp_path: Path, version: str, modules: tuple[str, ...] = ()):
 @pytest.mark.parametrize("version, modules, lacks", [
     # older than any release probed: the line names the modules the bridge needs that this vLLM does not have
     ("0.27.0", (), "vLLM 0.27.0 lacks vllm.ir, vllm.ir.op, vllm.model_executor.custom_op"),
-    # a release the probe has seen: the line says what it lacks, from RELEASE_GAPS
-    ("0.28.0", discover.REQUIRED_MODULES, f"vLLM 0.28 lacks {discover.RELEASE_GAPS['0.28']}"),
+    # a release the probe has seen and left outside: the line says what it lacks, from RELEASE_GAPS (none at present:
+    # every release probed, 0.28 to 0.32, is in the window; test_a_release_gap_is_named_in_the_stop_line covers it)
+    *((f"{release}.0", discover.REQUIRED_MODULES, f"vLLM {release} lacks {gap}")
+      for release, gap in discover.RELEASE_GAPS.items()),
 ])
 def test_a_release_outside_the_window_stops_the_run_with_one_line(tmp_path, version, modules, lacks):
     proc, work = run_with_vllm(tmp_path, version, modules)
@@ -73,6 +75,15 @@ def test_every_release_of_the_window_passes_the_gate():
     for release in discover.SUPPORTED_RELEASES:
         for version in (f"{release}.0", f"{release}.1+cpu", f"{release}.0rc1"):
             discover.check_release(version)
+
+
+def test_a_release_gap_is_named_in_the_stop_line(monkeypatch):
+    monkeypatch.setattr(discover, "RELEASE_GAPS", {"0.27": "the selector flag use_x that the bridge passes"})
+    with pytest.raises(discover.VllmBridgeError) as info:
+        discover.check_release("0.27.3+cpu")
+    message = str(info.value)
+    assert f"vLLM 0.27.3+cpu is not a version the bridge knows ({WINDOW}: its supported window)" in message
+    assert "vLLM 0.27 lacks the selector flag use_x that the bridge passes" in message and "\n" not in message
 
 
 def test_no_release_is_both_supported_and_lacking():
