@@ -201,7 +201,7 @@ class ConformanceRun:
         result = CheckResult(nodeid=nodeid, family=unit.family, op=unit.op, provider=unit.provider, dtype=unit.dtype,
                              case=unit.case, outcome=Outcome(reply["outcome"]), message=sanitize(reply.get("message")),
                              max_abs_err=reply.get("max_abs_err"), max_rel_err=reply.get("max_rel_err"),
-                             err_to_tol=reply.get("err_to_tol"),
+                             err_to_tol=reply.get("err_to_tol"), origin=reply.get("origin"),
                              repro=repro_command(self.name, unit, self.seed, self.level, reply.get("draw")),
                              duration_s=round(float(reply.get("duration_s") or 0.0), 6))
         if result.outcome is not Outcome.PASS and not result.message:

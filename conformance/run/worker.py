@@ -18,6 +18,7 @@ kills that one; one forked by the zygote also dies when its client's connection 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import os
 import pickle
@@ -98,9 +99,17 @@ def serve(platform: str, seed: int, level: str) -> int:
         print(f"--- conformance worker: {unit.family}.{unit.check} {unit.id}", file=sys.stderr, flush=True)
         running_note.start_unit(unit.to_dict())
         verdict, duration = run_unit(ctx, unit)
-        _send(proto_out, {"outcome": verdict.outcome.value, "message": verdict.message,
-                          "max_abs_err": verdict.max_abs_err, "max_rel_err": verdict.max_rel_err,
-                          "err_to_tol": verdict.err_to_tol, "duration_s": duration, "draw": verdict.draw})
+        _send(proto_out, reply_of(verdict, duration))
+
+
+def reply_of(verdict, duration: float) -> dict[str, Any]:
+    """What the worker sends back for one unit: every field of the check's Verdict (the outcome by its value), and the
+    unit's duration. Every field, so that what a check observed (its origin: whose code the outcome is about) reaches
+    the results file instead of stopping here."""
+    reply = {f.name: getattr(verdict, f.name) for f in dataclasses.fields(verdict)}
+    reply["outcome"] = verdict.outcome.value
+    reply["duration_s"] = duration
+    return reply
 
 
 _FAULT_FILE = []   # faulthandler writes through this file object: it must stay open for the process's life
