@@ -19,7 +19,8 @@ import markupsafe
 from conformance.report.html_template import CSS, TEMPLATE
 from conformance.report.matrix import matrix, render_markdown as matrix_markdown, totals
 from conformance.report.scorecard import LEGEND, render_markdown as file_markdown
-from conformance.report.view import labels, outcome_css, platform_view
+from conformance.report.labels import run_labels
+from conformance.report.view import outcome_css, platform_view
 from conformance.results.result import Outcome
 
 COVERAGE_PARTS = [("implemented (providers)", "implemented"), ("native fallback", "fallback"),
@@ -57,11 +58,14 @@ def _environment() -> jinja2.Environment:
 
 def render_html(files: Sequence[tuple[str, dict[str, Any]]]) -> str:
     """The page for (path, document) pairs."""
-    views = [platform_view(label, doc) for label, (_, doc) in zip(labels(list(files)), files)]
+    named = run_labels(files)
+    views = [platform_view(label, doc) for label, (_, doc) in zip(named.columns, files)]
     columns, rows = matrix([(v.label, v.results) for v in views])
-    title = ("Conformance report: " if len(views) == 1 else "Conformance reports: ") + ", ".join(v.label for v in views)
+    title = ("Conformance report: " + views[0].label if len(views) == 1
+             else "Conformance reports: " + (f"{named.common}: " if named.common else "")
+             + " vs ".join(v.label for v in views))
     return _environment().from_string(TEMPLATE).render(
-        title=title, css=CSS, views=views, outcomes=[_Legend(o) for o in Outcome], scorecard_legend=LEGEND,
+        title=title, columns_differ_in=", ".join(named.differ), css=CSS, views=views, outcomes=[_Legend(o) for o in Outcome], scorecard_legend=LEGEND,
         matrix_columns=columns, matrix_rows=rows, matrix_totals=totals(rows, len(columns)),
         coverage_parts=COVERAGE_PARTS, short_dtype=short_dtype)
 
@@ -73,9 +77,13 @@ def render_markdown(files: Sequence[tuple[str, dict[str, Any]]]) -> str:
         return parts[0]
     from conformance.results.result import CheckResult
 
+    named = run_labels(files)
     platforms = [(label, [CheckResult.from_json(r) for r in doc["results"]])
-                 for label, (_, doc) in zip(labels(list(files)), files)]
-    return "\n".join(["# Compatibility reports", "", matrix_markdown(platforms), *parts])
+                 for label, (_, doc) in zip(named.columns, files)]
+    head = ["# Compatibility reports", ""]
+    if named.common:
+        head += [f"All runs: {named.common}; the columns differ in {', '.join(named.differ)}.", ""]
+    return "\n".join([*head, matrix_markdown(platforms), *parts])
 
 
 def render(files: Sequence[tuple[str, dict[str, Any]]], fmt: str) -> str:

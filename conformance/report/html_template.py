@@ -12,6 +12,7 @@ body { font: 14px/1.45 -apple-system, "Segoe UI", Roboto, "DejaVu Sans", "Libera
 header { background: #1d2a3a; color: #fff; padding: 14px 24px; }
 header h1 { margin: 0; font-size: 20px; }
 header nav a { color: #cfe1ff; margin-right: 14px; }
+header p.note { color: #cfe1ff; margin: 4px 0 0; }
 main { padding: 8px 24px 40px; }
 section.platform, section.matrix { background: #fff; border: 1px solid #dde1e6; border-radius: 6px;
        padding: 6px 18px 18px; margin: 16px 0; }
@@ -46,6 +47,10 @@ table.heat .prov { color: #59626c; font-size: 12px; overflow-wrap: anywhere; }
 .o-error { background: var(--error); color: #fff; } .o-timeout { background: var(--timeout); color: #fff; }
 .o-crash { background: var(--crash); color: #fff; } .o-absent { background: #fff; color: #8a929b; }
 td.empty { background: #fafbfc; }
+/* upstream code's failures (origin.upstream: not the code under test's, reported, not gated): hatched, not red */
+.o-upstream { background: repeating-linear-gradient(135deg, #f4dedc 0 5px, #fbf3f2 5px 10px); color: #5a1d19;
+              outline: 1px dashed #c9837e; outline-offset: -3px; }
+table.matrix .note-up { display: block; font-size: 11px; }
 td.some-not-judged { box-shadow: inset 4px 0 0 var(--ni); }
 td.n, .n { opacity: .85; }
 .legend span { display: inline-block; padding: 1px 8px; margin: 2px 4px 2px 0; border-radius: 3px; font-size: 12px; }
@@ -70,18 +75,25 @@ TEMPLATE = """<!DOCTYPE html>
 <h1>{{ title }}</h1>
 <nav>{% if views|length > 1 %}<a href="#matrix">compatibility matrix</a>{% endif %}
 {% for v in views %}<a href="#p{{ loop.index }}">{{ v.label }}</a>{% endfor %}</nav>
+{% if views|length > 1 and columns_differ_in %}<p class="note">each run is named by its
+{{ columns_differ_in }}</p>{% endif %}
 </header>
 <main>
-{% macro legend() %}<div class="legend">{% for o in outcomes %}<span class="{{ o.css }}">{{ o.name }}</span>{% endfor %}</div>{% endmacro %}
+{% macro legend(upstream=False) %}<div class="legend">{% for o in outcomes %}<span class="{{ o.css }}">{{ o.name }}</span>{% endfor %}{% if upstream %}<span class="o-upstream">upstream failure (not the code under test)</span>{% endif %}</div>{% endmacro %}
 {% if views|length > 1 %}
 <section class="matrix" id="matrix">
 <h2>Compatibility matrix</h2>
-<p class="note">One row per op, one column per results file. A cell counts the PASS results among those
-that judged an implementation; its colour is the worst outcome. <em>native</em>: the platform leaves the op
+<p class="note">One row per op, one column per results file{% if columns_differ_in %} (the columns differ in
+{{ columns_differ_in }}; what all runs share is in the title){% endif %}. A cell counts the PASS results among those
+that judged an implementation; its colour is the worst outcome of the code under test. Failures of upstream code
+(<code>origin.upstream</code>: e.g. vLLM's own kernels and classes under a vendor's plugin) are not the vendor's: a
+cell whose failures are all upstream is hatched (<span class="o-upstream">upstream failure</span>), not red, and a
+cell with both says both counts (<em>2F +1F upstream</em>). <em>native</em>: the platform leaves the op
 to the native implementation; <em>-</em>: not in that run.</p>
+<div class="legend">{% for o in outcomes %}<span class="{{ o.css }}">{{ o.name }}</span>{% endfor %}<span class="o-upstream">upstream failure (not the code under test)</span></div>
 <div class="wide"><table class="matrix">
-<tr><th>op</th>{% for c in matrix_columns %}<th>{{ c }}</th>{% endfor %}</tr>
-{% for op, cells in matrix_rows %}<tr><td class="op">{{ op }}</td>{% for c in cells %}<td class="{{ c.css }}" title="{{ c.title }}">{{ c.text }}</td>{% endfor %}</tr>
+<tr><th>op</th>{% for c in matrix_columns %}<th>{{ c|wbr }}</th>{% endfor %}</tr>
+{% for op, cells in matrix_rows %}<tr><td class="op">{{ op }}</td>{% for c in cells %}<td class="{{ c.css }}" title="{{ c.title }}">{{ c.text }}{% if c.note %}<span class="note-up">{{ c.note }}</span>{% endif %}</td>{% endfor %}</tr>
 {% endfor %}<tr><th>ops fully passing</th>{% for t in matrix_totals %}<th class="num">{{ t }}</th>{% endfor %}</tr>
 </table></div>
 </section>
@@ -112,7 +124,7 @@ the edge of the tolerance; a passing result shows at most 1); <em>abs</em>: the 
 carry no ratio (files written by older versions); <em>n=</em>: the
 number of results where no error is measured. A grey left edge: some results of the cell were not supported or not
 implemented (not judged). Hover for the counts.</p>
-{{ legend() }}
+{{ legend(v.upstream_scorecard is not none) }}
 {% if v.heatmap %}<div class="heatwrap"><table class="heat">
 <thead><tr><th rowspan="2" class="op">op / provider</th>{% for fam, n in v.families %}<th colspan="{{ n }}">{{ fam }}</th>{% endfor %}</tr>
 <tr>{% for fam, dt in v.columns %}<th title="{{ dt }}">{{ short_dtype(dt) }}</th>{% endfor %}</tr></thead>

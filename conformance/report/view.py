@@ -35,10 +35,11 @@ class Cell:
     counts: dict[str, int]
     ratio: float | None          # worst err_to_tol of the cell's results (conformance.judge.tolerances)
     abs_err: float | None        # worst max_abs_err, shown where no result has an err_to_tol
+    upstream: bool = False       # a row of upstream code (origin.upstream): its failures are not the code under test's
 
     @property
     def css(self) -> str:
-        css = outcome_css(self.outcome)
+        css = "o-upstream" if self.upstream and self.outcome.blocks_conformance else outcome_css(self.outcome)
         not_judged = any(Outcome(o) in NOT_JUDGED for o in self.counts)
         return css + (" some-not-judged" if not_judged and self.outcome not in NOT_JUDGED else "")
 
@@ -163,7 +164,8 @@ def _heatmap(results: list[CheckResult]):
                                                      key=lambda kv: -kv[0].severity)}
             judged = [r.outcome for r in group if r.outcome not in NOT_JUDGED] or [r.outcome for r in group]
             out.append(Cell(max(judged, key=lambda o: o.severity), counts,
-                            max(ratios) if ratios else None, None if ratios or not errs else max(errs)))
+                            max(ratios) if ratios else None, None if ratios or not errs else max(errs),
+                            provider.endswith(" (upstream)")))
         rows.append((label, provider, out))
     return columns, rows
 
@@ -232,9 +234,3 @@ def _bad(results: list[CheckResult]) -> list[Case]:
     bad.sort(key=lambda c: (-c.result.outcome.severity, -(c.ratio or 0.0), c.result.nodeid or ""))
     return bad
 
-
-def labels(names_and_docs: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """Platform names, made unique with the file name where two files are of the same platform."""
-    names = [(doc.get("platform") or {}).get("name") or path for path, doc in names_and_docs]
-    counts = Counter(names)
-    return [n if counts[n] == 1 else f"{n} ({path.rsplit('/', 1)[-1]})" for n, (path, _) in zip(names, names_and_docs)]

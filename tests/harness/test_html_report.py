@@ -103,9 +103,9 @@ def test_html_is_self_contained_and_escapes_every_plugin_string():
 
 def test_several_files_add_a_compatibility_matrix():
     html = render_html([("a.json", A), ("b.json", B)])
-    assert "Compatibility matrix" in html and "Conformance reports: alpha, beta" in html
+    assert "Compatibility matrix" in html and "Conformance reports: cpu device: alpha, " in html
     md = render_markdown([("a.json", A), ("b.json", B)])
-    assert "| op | `alpha` | `beta` |" in md
+    assert ("| op | `alpha, plugin alpha-plugin 1.2, alpha.Plat, Widget 9000` | `beta, beta.Plat` |" in md)
     assert "| rms_norm | 2/3 FAIL | 1/1 |" in md             # PASS of judged results, worst outcome named
     assert "| silu_and_mul | native | 1/1 |" in md
     assert "| rms_norm (CustomOp) | native | - |" in md
@@ -117,7 +117,7 @@ def test_several_files_add_a_compatibility_matrix():
 
 def test_same_platform_twice_is_told_apart_by_file_name():
     html = render_html([("runs/old.json", B), ("runs/new.json", B)])
-    assert "beta (old.json)" in html and "beta (new.json)" in html
+    assert "Conformance reports: beta, beta.Plat, cpu device: old.json vs new.json" in html
 
 
 @pytest.mark.parametrize("run, text, css", [
