@@ -71,7 +71,8 @@ def render_html(files: Sequence[tuple[str, dict[str, Any]]]) -> str:
 
 
 def render_markdown(files: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    """One file: its markdown report as before; several: the matrix, then each file's report."""
+    """One file: its markdown report as before; several: what they share, the matrix, then each file's report,
+    its heading naming the file as its column does."""
     parts = [file_markdown(doc) for _, doc in files]
     if len(files) == 1:
         return parts[0]
@@ -83,7 +84,10 @@ def render_markdown(files: Sequence[tuple[str, dict[str, Any]]]) -> str:
     head = ["# Compatibility reports", ""]
     if named.common:
         head += [f"All runs: {named.common}; the columns differ in {', '.join(named.differ)}.", ""]
-    return "\n".join([*head, matrix_markdown(platforms), *parts])
+    # each file's report under the name its matrix column has, so two reports of one platform name differ
+    named_parts = [f"{first}: {label}\n{rest}" for (first, _, rest), label
+                   in zip((part.partition("\n") for part in parts), named.columns)]
+    return "\n".join([*head, matrix_markdown(platforms), *named_parts])
 
 
 def render(files: Sequence[tuple[str, dict[str, Any]]], fmt: str) -> str:

