@@ -31,6 +31,7 @@ from conformance.checks.common import (
 )
 from conformance.checks.dispatch import case_inputs, platform_dtypes, raw_supports
 from conformance.checks.record import check
+from conformance.collect.exception_chain import in_chain
 from conformance.collect.inventory import Inventory
 from conformance.collect.units import Unit, dtype_from_name, dtype_name
 from conformance.results.result import Outcome
@@ -74,16 +75,6 @@ def _graph_counters() -> tuple[int, int]:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
-
-
-def _donation_rejected(exc: BaseException, error_type: type) -> bool:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, error_type):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 @check("compile", "ir_compile", units=Inventory.ir_compile_units)
@@ -208,7 +199,7 @@ def _compile_and_compare(op, impl, dtype, args, where: str) -> Verdict:
             try:
                 torch.compile(reuse, backend=ReferenceCompileBackend(inner="aot_eager"), fullgraph=True)(*clone_args(args))
             except Exception as exc:  # noqa: BLE001 - the rejection is what we look for
-                if not _donation_rejected(exc, DonatedInputReuseError):
+                if in_chain(exc, DonatedInputReuseError) is None:
                     return failed(f"using a donated input after maybe_inplace raised {type(exc).__name__}: "
                                   f"{exc}, not DonatedInputReuseError{where}")
             else:

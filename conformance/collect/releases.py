@@ -9,6 +9,8 @@ it without importing a bridge (tests/project/test_import_graph.py keeps that lay
 
 from __future__ import annotations
 
+from conformance.collect.exception_chain import in_chain
+
 
 class ReleaseLacks(NotImplementedError):
     """`software` `installed` (e.g. vLLM 0.31.0) lacks `what`, which `software` `first` added (None: not known).
@@ -28,10 +30,4 @@ class ReleaseLacks(NotImplementedError):
 
 def release_lacks(exc: BaseException | None) -> ReleaseLacks | None:
     """The ReleaseLacks `exc` is, or was raised from (its __cause__/__context__ chain), else None."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, ReleaseLacks):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return in_chain(exc, ReleaseLacks)
