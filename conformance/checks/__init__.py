@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from conformance.checks.common import CheckContext, KernelRaised, Verdict, error_from, raised_on_accepted_arguments
+from conformance.checks.common import (CheckContext, KernelRaised, Verdict, error_from, raised_on_accepted_arguments,
+                                       release_lacks_verdict)
 from conformance.checks.record import CheckRecord, declared
 from conformance.collect.units import Unit
 from conformance.results.result import Outcome
@@ -47,9 +48,9 @@ def run_unit(ctx: CheckContext, unit: Unit) -> tuple[Verdict, float]:
     else:
         try:
             verdict = body(ctx, unit)
-        except KernelRaised as exc:
-            verdict = error_from(exc.exc, exc.where, accepted=raised_on_accepted_arguments(exc.where),
-                                 layer=is_layer_unit(unit))
+        except KernelRaised as exc:   # a release that lacks what the case asks is NOT_SUPPORTED in every family
+            verdict = release_lacks_verdict(exc, unit.case) or error_from(
+                exc.exc, exc.where, accepted=raised_on_accepted_arguments(exc.where), layer=is_layer_unit(unit))
         except Exception as exc:  # noqa: BLE001 - reported, the run goes on
             verdict = error_from(exc, f"check {unit.family}.{unit.check} (outside the implementation's own call)")
     return verdict, time.perf_counter() - start

@@ -145,6 +145,15 @@ def call_impl(where: str, fn, *args):
         running_note.after_call()
 
 
+def release_lacks_verdict(exc: KernelRaised, case_name: str | None) -> Verdict | None:
+    """NOT_SUPPORTED naming the release when what the implementation raised is (or was raised from) a bridge's
+    `ReleaseLacks` (an older vLLM cannot build what the case asks: not the platform's fault); None otherwise."""
+    lacks = release_lacks(exc.exc)
+    if lacks is None:
+        return None
+    return not_supported(f"case {case_name} cannot be built with this release: {exc.where} raised {lacks}")
+
+
 def within_vllm(case, body) -> Verdict:
     """`body()` for a case; for a case beyond vLLM 0.32 (its `beyond_vllm` reason set), an implementation
     that declines it, raises on it or computes otherwise behaves like vLLM there: NOT_SUPPORTED naming
@@ -158,10 +167,10 @@ def within_vllm(case, body) -> Verdict:
         try:
             return body()
         except KernelRaised as exc:
-            lacks = release_lacks(exc.exc)
-            if lacks is None:
+            verdict = release_lacks_verdict(exc, case.name)
+            if verdict is None:
                 raise
-            return not_supported(f"case {case.name} cannot be built with this release: {exc.where} raised {lacks}")
+            return verdict
     note = f"case {case.name} asks for more than vLLM 0.32 does ({reason})"
     try:
         verdict = body()

@@ -129,3 +129,20 @@ def test_within_vllm_leaves_other_raises_to_the_harness_as_errors():
 def test_within_vllm_keeps_a_body_verdict():
     verdict = Verdict(Outcome.PASS, None)
     assert within_vllm(CASE, lambda: verdict) is verdict
+
+
+def test_every_family_grades_release_lacks_not_supported(monkeypatch):
+    """run_unit, the one place a check's raise becomes a verdict: a ReleaseLacks out of any family's check (the compile
+    family building vLLM 0.28's LayerNorm in float16, which does not go through within_vllm) is NOT_SUPPORTED naming
+    the release, not ERROR; any other raise stays an ERROR."""
+    import conformance.checks as checks
+    from conformance.collect.units import Unit
+
+    lacks = ReleaseLacks("vLLM", "0.28.0", "dtype=torch.float16 in LayerNorm", "0.32")
+    unit = Unit("compile", "layer_compile", "layer_norm", "vllm:LayerNorm", "float16", None)
+    monkeypatch.setattr(checks, "registry", lambda: {"compile.layer_compile": lambda ctx, u: raising(lacks)()})
+    verdict, _ = checks.run_unit(None, unit)
+    assert verdict.outcome is Outcome.NOT_SUPPORTED and "vLLM 0.28.0 lacks dtype=torch.float16" in verdict.message
+    monkeypatch.setattr(checks, "registry",
+                        lambda: {"compile.layer_compile": lambda ctx, u: raising(RuntimeError("broken"))()})
+    assert checks.run_unit(None, unit)[0].outcome is Outcome.ERROR
