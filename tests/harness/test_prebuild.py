@@ -95,7 +95,10 @@ def test_a_build_over_its_limit_is_one_line_and_the_run_goes_on(tmp_path):
                       env={"TORCH_EXTENSIONS_DIR": str(extensions), _cpp_build.BUILD_TIMEOUT_ENV: "5"}, timeout=300)
     failed = [ln for ln in run.output.splitlines() if "the reference C++ CPU kernels did not build" in ln]
     assert len(failed) == 1, run.output[-3000:]
-    assert "longer than its limit of 5 s" in failed[0] and _cpp_build.BUILD_TIMEOUT_ENV in failed[0]
+    # the controller's prebuild either builds past the limit itself or waits past it for its kernel worker's build
+    # (the worker starts ahead of the first check, and whichever takes the build lock first builds): one limit error
+    assert re.search(r"(took longer than its limit|has not finished within the limit) of 5 s", failed[0]), failed[0]
+    assert _cpp_build.BUILD_TIMEOUT_ENV in failed[0]
     assert str(extensions / _cpp_build.build_name()) in failed[0]
     assert run.doc is not None and run.results, run.output[-3000:]
     assert not (extensions / _cpp_build.build_name() / f"{_cpp_build.build_name()}.so").exists()
