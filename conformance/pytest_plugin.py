@@ -123,6 +123,9 @@ class ConformanceRun:
             self.baseline = load_baseline(self.baseline_path, self.name) if self.baseline_path else None
         except WaiverFileError as exc:
             self._usage_error(str(exc))
+        # the vLLM release under test (None without vLLM): a baseline of another release says so in each regression
+        self.vllm_release = (environment.bridged_versions(self.inventory.platform).get("vllm")
+                             if self.inventory is not None else None)
         self.defaults = ([tuple(pair) for pair in self.plan["defaults"]] if self.plan is not None
                          else collection_plan.default_pairs(self.inventory))
         self.poison = PoisonBook(self.run_dir)
@@ -231,7 +234,7 @@ class ConformanceRun:
             result.origin = origin.to_json() if origin is not None else None
         self.results.append(result)
         if self.baseline is not None and gated(result, self.gate_upstream):   # upstream code is gated only on request
-            msg = regression(result, self.baseline)
+            msg = regression(result, self.baseline, self.vllm_release)
             if msg:
                 self.regressions.append(f"{result.nodeid}: {msg}")
         if self.results_file is not None:
@@ -530,7 +533,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.write_sep("=", "conformance scorecard")
     run = state.run_info.to_json(len(state.results), state.complete)
     terminalreporter.write_line(render_scorecard(
-        state.results, platform=f"{inv.name} ({inv.platform_class})", ir_ops=[op.name for op in inv.ir_ops()],
+        state.results, platform=f"{inv.name} ({inv.platform_class}" + (f", vLLM {state.vllm_release})"
+                                                                      if state.vllm_release else ")"), ir_ops=[op.name for op in inv.ir_ops()],
         layer_note=layer_note(inv, state.attribution), strict_xpass=state.strict_xpass,
         regressions=state.regressions, run=run,
         notes=configuration_notes(state) + unused_waiver_notes(state) + unused_baseline_notes(state),

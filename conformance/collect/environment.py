@@ -56,6 +56,11 @@ def device_and_driver(device_type: str | None) -> tuple[str | None, str | None]:
     return None, None
 
 
+def bridged_versions(platform: Any) -> dict[str, str]:
+    """The versions a bridged platform adds to the environment (the vLLM bridge: {"vllm": its release}); {} else."""
+    return dict(getattr(platform, "conformance_environment", dict)())
+
+
 def collect(seed: int, platform_name: str | None = None, platform: Any = None) -> dict[str, Any]:
     """The environment object; `platform_name` finds the plugin distribution, `platform` the device type."""
     import torch
@@ -65,7 +70,7 @@ def collect(seed: int, platform_name: str | None = None, platform: Any = None) -
 
     device_name, driver = device_and_driver(str(getattr(platform, "device_type", "")) or None)
     bridged = getattr(platform, "conformance_plugin", None)   # a bridged platform names the distribution it tests
-    extra = getattr(platform, "conformance_environment", dict)()   # a bridge adds its runtime's version
+    extra = bridged_versions(platform)   # a bridge adds its runtime's version
     return {**extra, "python": _pyplatform.python_version(), "torch": torch.__version__.split("+")[0],
             "reference_impl": reference_impl.__version__, "seed": seed, "triton": triton_version(),
             "device_name": device_name, "driver": driver,

@@ -50,6 +50,14 @@ class Comparison:
     unchanged: int
     notes: list[str]             # the files differ in level, seed, plugin, class or vLLM release, or one is incomplete
     upstream_regressions: list[Change] = dataclasses.field(default_factory=list)   # upstream code's, not gated
+    release_change: str | None = None   # "vLLM 0.30.0 before, vLLM 0.32.0 now" when the files' releases differ
+
+    def regressions_title(self) -> str:
+        """What the regressions are called: across a change of vLLM release they may be vLLM's, not the plugin's."""
+        if self.release_change is None:
+            return "regressions"
+        return (f"regressions across a change of vLLM release ({self.release_change}): vLLM's change or the "
+                "plugin's; a baseline made on the later release tells them apart")
 
 
 def _classify(before: Outcome | None, after: Outcome | None) -> str:
@@ -116,7 +124,13 @@ def compare(old: dict[str, Any], new: dict[str, Any], old_label: str = "OLD", ne
             buckets["added"].append(change)
     return Comparison(old_label, new_label, old.get("verdict"), new.get("verdict"), buckets["regression"],
                       buckets["improvement"], buckets["changed"], buckets["added"], buckets["removed"], unchanged,
-                      _notes(old, new), buckets["upstream"])
+                      _notes(old, new), buckets["upstream"], _release_change(old, new))
+
+
+def _release_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """'vLLM A before, vLLM B now' when both files name a vLLM release and they differ."""
+    a, b = ((d.get("environment") or {}).get("vllm") for d in (old, new))
+    return f"vLLM {a} before, vLLM {b} now" if a and b and a != b else None
 
 
 def render_text(c: Comparison) -> str:
@@ -126,7 +140,7 @@ def render_text(c: Comparison) -> str:
              f"{len(c.added)} added, {len(c.removed)} removed, {c.unchanged} unchanged"
              + (f"; {len(c.upstream_regressions)} upstream regressions ({UPSTREAM})" if c.upstream_regressions
                 else ""), *c.notes]
-    for title, changes in (("regressions", c.regressions), (f"upstream regressions ({UPSTREAM})",
+    for title, changes in ((c.regressions_title(), c.regressions), (f"upstream regressions ({UPSTREAM})",
                                                             c.upstream_regressions),
                            ("improvements", c.improvements),
                            ("other changes", c.changed), ("added", c.added), ("removed", c.removed)):
@@ -156,7 +170,7 @@ def render_markdown(c: Comparison) -> str:
             f"| {len(c.regressions)} | {len(c.improvements)} | {len(c.changed)} | {len(c.added)} | "
             f"{len(c.removed)} | {c.unchanged} |", ""]
     if c.regressions:
-        out += ["#### Regressions", "", "| case | before | now | message |", "| --- | --- | --- | --- |"]
+        out += [f"#### {c.regressions_title()[0].upper()}{c.regressions_title()[1:]}", "", "| case | before | now | message |", "| --- | --- | --- | --- |"]
         for ch in c.regressions[:MAX_LISTED]:
             out.append(f"| {_md_code(describe(ch.key))} | {ch.before.value if ch.before else 'new'} | "
                        f"{ch.after.value} | {_md_code(ch.message)} |")

@@ -74,6 +74,8 @@ def merge_documents(docs: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any
     for index, names in sorted(by_index.items()):
         if len(names) > 1:
             problems.append(f"shard {index} given more than once: {', '.join(names)}")
+    # shards of two vLLM releases first, by name: the environment line below would bury it in a dict
+    _same("the vLLM release", {name: (doc.get("environment") or {}).get("vllm") for name, doc in docs}, problems)
     for field in ("platform", "environment"):
         _same(field, {name: doc.get(field) for name, doc in docs}, problems)
     for field in ("level", "seed", "gate_upstream"):

@@ -183,10 +183,19 @@ def result_key(r) -> tuple:
     return tuple(get(k) for k in MATCH_FIELDS)
 
 
-def load_baseline(path: str, platform: str | None = None) -> dict[tuple, str]:
-    """Result key -> outcome of an earlier results file; WaiverFileError (one line naming the file and the
-    problem) when it is unreadable, not shaped like a results file, or a run of another platform than
-    `platform` (its results would match nothing here), so the gate is never off silently."""
+class Baseline(dict):
+    """Result key -> outcome of an earlier results file, and the vLLM release that file was made on (`vllm`, None
+    for a run without vLLM), so that a change of release is never read as a regression of the vendor's code."""
+
+    def __init__(self, outcomes: dict[tuple, str], vllm: str | None = None):
+        super().__init__(outcomes)
+        self.vllm = vllm
+
+
+def load_baseline(path: str, platform: str | None = None) -> Baseline:
+    """The baseline of an earlier results file; WaiverFileError (one line naming the file and the problem) when it
+    is unreadable, not shaped like a results file, or a run of another platform than `platform` (its results would
+    match nothing here), so the gate is never off silently."""
     from conformance.gate.comparable import NotComparable, platform_name, require_same_platform
     from conformance.results.result import ResultsFileError, load_results
 
@@ -208,12 +217,30 @@ def load_baseline(path: str, platform: str | None = None) -> dict[tuple, str]:
             raise WaiverFileError(f"baseline {path}: results[{i}] is not a result (needs 'check' and a valid "
                                   f"'outcome')")
         baseline[result_key(r)] = r["outcome"]
-    return baseline
+    env = doc.get("environment")
+    return Baseline(baseline, env.get("vllm") if isinstance(env, dict) else None)
 
 
-def regression(result: CheckResult, baseline: dict[tuple, str]) -> str | None:
-    """A message when the baseline had PASS here and this run has anything else."""
+def release_change(baseline: Baseline, vllm_now: str | None) -> str | None:
+    """'vLLM OLD before, vLLM NEW now' when the baseline and this run ran on different vLLM releases, else None."""
+    if baseline.vllm == vllm_now:
+        return None
+    return f"{_release(baseline.vllm)} before, {_release(vllm_now)} now"
+
+
+def _release(version: str | None) -> str:
+    return f"vLLM {version}" if version else "no vLLM"
+
+
+def regression(result: CheckResult, baseline: Baseline, vllm_now: str | None = None) -> str | None:
+    """A message when the baseline had PASS here and this run has anything else; when the two runs are on different
+    vLLM releases it says so, since the change may be vLLM's rather than the plugin's."""
     before = baseline.get(result_key(result))
     if before == Outcome.PASS.value and result.outcome is not Outcome.PASS:
+        changed = release_change(baseline, vllm_now) if isinstance(baseline, Baseline) else None
+        if changed:
+            return (f"regression against the baseline: PASS before, {result.outcome.value} now, across a change of "
+                    f"vLLM release ({changed}): vLLM's change or the plugin's; a baseline made on this release "
+                    "tells them apart")
         return f"regression against the baseline: PASS before, {result.outcome.value} now"
     return None

@@ -280,7 +280,8 @@ def upstream_note(upstream: Sequence[CheckResult], gate_upstream: bool) -> str:
 
 
 def _environment_line(env: dict) -> str:
-    extra = [f"triton {env['triton']}" if env.get("triton") else "",
+    extra = [f"vLLM {env['vllm']}" if env.get("vllm") else "",
+             f"triton {env['triton']}" if env.get("triton") else "",
              f"device {env['device_name']}" if env.get("device_name") else "",
              f"driver {env['driver']}" if env.get("driver") else "",
              (f"plugin {env['plugin']['distribution']} {env['plugin']['version']}"

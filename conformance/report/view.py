@@ -193,6 +193,8 @@ def _environment(doc: dict[str, Any]) -> list[tuple[str, str]]:
     plat, env, run = doc.get("platform") or {}, doc.get("environment") or {}, doc.get("run") or {}
     rows = [("platform", str(plat.get("name"))), ("platform class", str(plat.get("class"))),
             ("device type", str(plat.get("device_type")))]
+    if env.get("vllm"):
+        rows.append(("vLLM release", str(env["vllm"])))
     for key in ("device_name", "driver", "torch", "triton", "python", "reference_impl", "seed"):
         if key in env:
             rows.append((key.replace("_", " "), "unknown" if env[key] is None else str(env[key])))
@@ -201,7 +203,7 @@ def _environment(doc: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("plugin", f"{plugin.get('distribution')} {plugin.get('version')}"
                      if isinstance(plugin, dict) else "built-in"))
     for key in sorted(set(env) - {"device_name", "driver", "torch", "triton", "python", "reference_impl",
-                                  "seed", "plugin"}):
+                                  "seed", "plugin", "vllm"}):
         rows.append((key, str(env[key])))
     if run:
         selection = run.get("selection") or {}
