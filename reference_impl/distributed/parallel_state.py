@@ -4,7 +4,9 @@ Without any initialization the group is a single rank (world size 1): every coll
 input and no `torch.distributed` call is made, so layers and models run in a plain process.
 `init_distributed_environment` + `initialize_model_parallel` build real groups on
 `torch.distributed` (gloo on the CPU); the collectives then run as opaque torch ops
-(`reference_dist::*`) so compiled graphs call them instead of tracing into `torch.distributed`.
+(`reference_dist::*`) so compiled graphs call them instead of tracing into `torch.distributed`. Each op calls the
+group's device communicator (`reference_impl.distributed.communicator.ReferenceCommunicator`, vLLM 0.32's
+`DeviceCommunicatorBase` contract), as vLLM's `GroupCoordinator` calls the platform's.
 """
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ class GroupCoordinator:
     ranks: list[int]
     rank: int                                   # this process's global rank
     device_group: object | None = None
+    communicator: object | None = None          # the device communicator of a real group of more than one rank
+
+    def __post_init__(self):
+        if self.device_group is not None and self.communicator is None and len(self.ranks) > 1:
+            from reference_impl.distributed.communicator import ReferenceCommunicator
+
+            self.communicator = ReferenceCommunicator(self.device_group, unique_name=f"{self.name}:0")
 
     @property
     def world_size(self) -> int:
@@ -96,7 +105,7 @@ class GroupCoordinator:
         if self.world_size == 1:
             return x
         self._check_real("broadcast")
-        return torch.ops.reference_dist.broadcast(x, self.ranks[src], self.name)
+        return torch.ops.reference_dist.broadcast(x, src, self.name)
 
     def barrier(self) -> None:
         if self.world_size > 1:
@@ -118,9 +127,7 @@ def _lookup(group_name: str) -> GroupCoordinator:
 # ----- the collectives as opaque torch ops -----------------------------------------------------------
 @torch.library.custom_op("reference_dist::all_reduce", mutates_args=())
 def _all_reduce_op(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    out = x.contiguous().clone()
-    dist.all_reduce(out, group=_lookup(group_name).device_group)
-    return out
+    return _lookup(group_name).communicator.all_reduce(x)
 
 
 @_all_reduce_op.register_fake
@@ -130,10 +137,7 @@ def _(x, group_name):
 
 @torch.library.custom_op("reference_dist::all_gather", mutates_args=())
 def _all_gather_op(x: torch.Tensor, dim: int, world_size: int, group_name: str) -> torch.Tensor:
-    group = _lookup(group_name)
-    parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(world_size)]
-    dist.all_gather(parts, x.contiguous(), group=group.device_group)
-    return torch.cat(parts, dim=dim)
+    return _lookup(group_name).communicator.all_gather(x, dim)
 
 
 @_all_gather_op.register_fake
@@ -145,9 +149,8 @@ def _(x, dim, world_size, group_name):
 
 @torch.library.custom_op("reference_dist::broadcast", mutates_args=())
 def _broadcast_op(x: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
-    out = x.contiguous().clone()
-    dist.broadcast(out, src=src, group=_lookup(group_name).device_group)
-    return out
+    """`src` is the rank within the group (vLLM's convention)."""
+    return _lookup(group_name).communicator.broadcast(x, src)
 
 
 @_broadcast_op.register_fake

@@ -58,6 +58,7 @@ class CudaPlatform(Platform):
     device_name = "cuda"
     device_type = "cuda"
     dispatch_key = "CUDA"
+    dist_backend = "nccl"
 
     def import_ir_kernels(self) -> None:
         import reference_impl.kernels.cuda  # noqa: F401

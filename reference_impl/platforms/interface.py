@@ -28,6 +28,7 @@ class Platform:
     device_type: str = "cpu"
     dispatch_key: str = "CPU"
     supported_dtypes: list[torch.dtype] = [torch.float32, torch.float16, torch.bfloat16]
+    dist_backend: str = "gloo"     # torch.distributed backend of the device group (vLLM's attribute of that name)
 
     def is_cuda(self) -> bool:
         return self._enum == PlatformEnum.CUDA
@@ -73,6 +74,13 @@ class Platform:
         """Whether attention runs as one opaque custom op (vLLM 0.32's hook): torch.compile then traces only that
         call, never the backend's code (reference_impl/attention/layer.py). False by default, as in vLLM."""
         return False
+
+    def get_device_communicator_cls(self) -> str:
+        """The qualname of the device communicator class (vLLM 0.32's hook): vLLM's `GroupCoordinator` builds one per
+        group of more than one rank, `cls(cpu_group=, device=, device_group=, unique_name=, use_all2all=)`, with
+        `DeviceCommunicatorBase`'s methods. Default: the reference communicator over torch.distributed
+        (reference_impl/distributed/communicator.py; its contract: docs/collectives.md)."""
+        return "reference_impl.distributed.communicator.ReferenceCommunicator"
 
     @classmethod
     def check_and_update_config(cls, config) -> None:
