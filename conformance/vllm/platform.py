@@ -85,6 +85,14 @@ class VllmPlatform(Platform):
             weakref.finalize(self, self._engine_session.close)
         return self._engine_session(workdir)
 
+    def get_device_communicator_cls(self) -> str:
+        """vLLM's platform's device communicator class (a qualname), for the collective family; its ranks build it
+        after `conformance_communicator_setup` (conformance/vllm/communicator_bridge.py) resolved vLLM's platform
+        there."""
+        return self.resolved.platform.get_device_communicator_cls()
+
+    conformance_communicator_setup = "conformance.vllm.communicator_bridge.prepare_rank"
+
     def opaque_attention_op(self) -> bool:
         """vLLM's platform's answer (True on CPU, CUDA, ROCm: attention is one opaque custom op to torch.compile)."""
         return bool(self.resolved.platform.opaque_attention_op())
