@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -80,9 +81,26 @@ def import_vllm():
             raise VllmBridgeError(f"vLLM is not installed in this environment: {INSTALL_HINT}") from None
         raise _import_failure(exc) from exc
     except Exception as exc:  # noqa: BLE001 - any import failure is one line
+        active = _active_named_in(exc)
+        if active:
+            raise _too_many_active(active) from None
         raise _import_failure(exc) from exc
     check_release(str(getattr(vllm, "__version__", "unknown")))
     return vllm
+
+
+# vLLM before 0.29 resolves its platform inside `import vllm` and refuses two active platform plugins there, before
+# check_plugins can; its message names them, and the harness says it the way it does for later releases
+_VLLM_TWO_ACTIVE = re.compile(r"Only one platform plugin can be activated, but got: \[([^\]]*)\]")
+
+
+def _active_named_in(exc: BaseException) -> dict[str, EntryPoint]:
+    """The platform plugins vLLM's own "only one platform plugin" refusal names (name -> entry point), else {}."""
+    found = _VLLM_TWO_ACTIVE.search(str(exc))
+    if found is None:
+        return {}
+    names = {part.strip().strip("'\"") for part in found.group(1).split(",")}
+    return {ep.name: ep for ep in entry_points(group=PLATFORM_GROUP) if ep.name in names}
 
 
 def installed_version() -> str:
@@ -239,12 +257,16 @@ def check_plugins() -> dict[str, EntryPoint]:
         if qualname is not None:
             active[ep.name] = ep
     if len(active) > 1:
-        listed = ", ".join(f"'{name}' ({_dist(ep)})" for name, ep in sorted(active.items()))
-        raise VllmBridgeError(f"{len(active)} vLLM platform plugins are active: {listed}; vLLM runs only one: choose "
-                              "it with VLLM_PLUGINS=<entry-point name> (comma-separate general plugins to keep)")
+        raise _too_many_active(active)
     for ep in active.values():
         check_general_plugins_kept(ep)
     return active
+
+
+def _too_many_active(active: dict[str, EntryPoint]) -> VllmBridgeError:
+    listed = ", ".join(f"'{name}' ({_dist(ep)})" for name, ep in sorted(active.items()))
+    return VllmBridgeError(f"{len(active)} vLLM platform plugins are active: {listed}; vLLM runs only one: choose it "
+                           "with VLLM_PLUGINS=<entry-point name> (comma-separate general plugins to keep)")
 
 
 def check_general_plugins_kept(platform_ep: EntryPoint) -> None:

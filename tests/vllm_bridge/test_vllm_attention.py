@@ -11,7 +11,7 @@ import importlib.util
 
 import pytest
 
-from _vllm_cpu import FP8_REFUSED, fp8_refused_here
+from _vllm_cpu import CPU_ATTN_BLOCK, FP8_REFUSED, SINKS_IN_FLOAT32, fp8_refused_here
 from harness_runner import run_harness
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -56,7 +56,8 @@ def test_cpu_attn_is_graded_through_the_bridge(attention_run):
     assert {"decode", "chunked_prefill", "non_causal", "non_causal_window", "non_causal_alibi"} <= \
         {r["case"] for r in forward}
     assert forward and all(r["outcome"] == "PASS" for r in forward), forward
-    # decode and chunked_prefill are block-16 cases: CPU_ATTN (MultipleOf(32)) gets them at its preferred block
+    # decode and chunked_prefill are block-16 cases: CPU_ATTN (MultipleOf(32) since 0.29) gets them at its preferred
+    # block
     # vLLM's code, vLLM's distribution: CPU_ATTN's results are attributed to vLLM's CPU build
     assert all(r["origin"]["distribution"] == "vllm-cpu" for r in graded)
     assert {r["origin"]["code"] for r in graded} == {"vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"}
@@ -88,11 +89,21 @@ def test_fp8_truncation_is_a_quality_warning_naming_the_quantiser(attention_run)
 
 @needs_vllm
 def test_undeclared_features_that_work_say_declare_it(attention_run):
-    for probe, where in (("sinks", "supports_sink()"), ("head_size_48", "get_supported_head_sizes()"),
-                         ("block_size_16", "get_supported_kernel_block_sizes()")):
+    working = [("head_size_48", "get_supported_head_sizes()")]
+    working += [("sinks", "supports_sink()")] if SINKS_IN_FLOAT32 else []
+    working += [("block_size_16", "get_supported_kernel_block_sizes()")] if CPU_ATTN_BLOCK == 32 else []
+    for probe, where in working:
         r = _one(attention_run, "dispatch", case=probe)
         assert r["outcome"] == "PASS", r
         assert "declared unsupported" in r["message"] and f"declare it ({where})" in r["message"], r
+    if not SINKS_IN_FLOAT32:   # before 0.31: undeclared, and its kernel refuses them in float32
+        r = _one(attention_run, "dispatch", case="sinks")
+        assert r["outcome"] == "NOT_SUPPORTED", r
+        assert "declared unsupported (supports_sink()), and the backend refuses it" in r["message"], r
+        assert "expected scalar type BFloat16 but found Float" in r["message"], r
+    if CPU_ATTN_BLOCK == 16:   # before 0.29: MultipleOf(16) declared
+        r = _one(attention_run, "dispatch", case="block_size_16")
+        assert r["outcome"] == "PASS" and "is declared (get_supported_kernel_block_sizes())" in r["message"], r
     declared = _one(attention_run, "dispatch", case="sliding_window")
     assert declared["outcome"] == "PASS" and "computed within tolerance" in declared["message"]
 
@@ -170,13 +181,14 @@ def test_adapter_declares_what_vllm_declares(bridge):
     assert cls.get_name() == "CPU_ATTN" and cls.conformance_code is CPUAttentionBackend
     assert cls.supported_dtypes == [torch.float16, torch.bfloat16, torch.float32]
     assert cls.supported_kv_cache_dtypes == ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
-    assert cls.get_supported_kernel_block_sizes() == [MultipleOf(32)]
-    assert cls.supports_block_size(64) and not cls.supports_block_size(16)
+    assert cls.get_supported_kernel_block_sizes() == [MultipleOf(CPU_ATTN_BLOCK)]
+    assert cls.supports_block_size(64) and cls.supports_block_size(16) == (CPU_ATTN_BLOCK == 16)
     assert not cls.supports_head_size(48) and cls.supports_head_size(80)
     assert not cls.supports_sink() and cls.supports_sliding_window() and cls.supports_non_causal()
     assert cls.forward_includes_kv_cache_update is False
     assert cls.validate_configuration(48, torch.float32, "auto", 16, has_sink=True) == [
-        "head_size not supported", "block_size not supported", "attention sinks not supported"]
+        "head_size not supported", *(["block_size not supported"] if CPU_ATTN_BLOCK == 32 else []),
+        "attention sinks not supported"]
 
 
 def test_selector_config_translates_and_unknown_names_are_refused(bridge):

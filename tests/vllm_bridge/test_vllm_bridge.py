@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from _vllm_cpu import RELEASE
 from harness_runner import PLUGINS, entry_points_of, harness_env, run_harness
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,8 +170,10 @@ def test_vllm_cpu_platform_end_to_end(tmp_path):
     assert run.returncode == 1 and run.doc["run"]["complete"], run.output[-3000:]
     assert run.doc["platform"]["class"] == "vllm.platforms.cpu.CpuPlatform"
     env = run.doc["environment"]
-    assert env["vllm"].startswith("0.32") and env["plugin"]["distribution"] == "vllm-cpu"
-    assert "vllm bridge: vLLM 0.32" in run.output and "built-in platform vllm.platforms.cpu.CpuPlatform" in run.output
+    release = ".".join(map(str, RELEASE))
+    assert env["vllm"].startswith(release) and env["plugin"]["distribution"] == "vllm-cpu"
+    assert f"vllm bridge: vLLM {release}" in run.output
+    assert "built-in platform vllm.platforms.cpu.CpuPlatform" in run.output
     # vLLM is the distribution under test here: every result that graded code records vLLM's, and none is upstream
     graded = [r for r in run.results if r["provider"]]
     assert graded and all(r["origin"]["distribution"] == "vllm-cpu" and r["origin"]["upstream"] is False

@@ -90,6 +90,17 @@ def test_every_api_the_bridge_uses_is_in_the_set_ups_vllm(tmp_path):
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     facts = json.loads(out.read_text())
-    bad = [f"{r['name']}: {r['status']} {r['detail']}" for r in facts["rows"] if r["status"] != "ok"]
+    # a release older than 0.32 lacks what the page records for it, each gap one the bridge adapts to (a release
+    # adapter, or NOT_SUPPORTED naming the release); nothing else may be missing
+    recorded = _recorded_gaps(facts["vllm"])
+    bad = [f"{r['name']}: {r['status']} {r['detail']}" for r in facts["rows"]
+           if r["status"] != "ok" and f"`{r['name']}`" not in recorded]
     assert not bad, "\n".join(bad)
     assert len(facts["rows"]) > 100   # every part of the bridge was probed, not only the imports
+
+
+def _recorded_gaps(release: str) -> str:
+    """The page's line of what `release` lacks ('' for a release it does not list, such as 0.32 or 0.33)."""
+    section = PAGE.read_text().split("### What each release lacks", 1)[1]
+    prefix = f"- **{release.split('+')[0]}**:"
+    return next((line for line in section.splitlines() if line.startswith(prefix)), "")
