@@ -1,0 +1,246 @@
+"""The reference runtime's sampler: temperature, min-p, top-k, top-p, penalties and the draw, with vLLM 0.32's
+semantics and order of processing (vllm/v1/sample/sampler.py), and the rejection sampler of speculative decoding.
+
+A platform written against our API may bring its own sampler: `sampler_for(platform)` answers what its
+`get_sampler()` returns where it defines one, else this module's `Sampler`. A sampler has three entry points, the
+units the `sampling` conformance family grades (docs/sampling.md):
+
+- `apply_top_k_top_p(logits, k, p)`: logits with every token outside the top-k (ties with the k-th value kept) and
+  outside the top-p nucleus (the fewest most likely tokens whose mass reaches p, the one crossing p kept) set to
+  -inf; `k` (int64, per row; the vocabulary size means off) or `p` (float, per row) may be None. May write in place.
+- `sample(logits, batch)`: one token per row from float32 logits, in vLLM's order: greedy rows (temperature below
+  `SAMPLING_EPS`) take the argmax; the others are divided by their temperature, then min-p, then top-k and top-p,
+  then drawn with each row's own `torch.Generator` (`batch.generators[row]`) or, for a row without one, the
+  default generator. Returns (tokens int64, processed logprobs float32: log-softmax of the processed logits).
+- `rejection_sample(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs, bonus_token_ids,
+  recovered_token_ids, uniform_probs, is_greedy, max_spec_len)`: the accept/reject kernel with the uniforms given.
+
+Penalties (`apply_penalties`) and `generate_uniform_probs` / `sample_recovered_tokens` follow vLLM's too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+SAMPLING_EPS = 1e-5          # vLLM's _SAMPLING_EPS: a temperature below it is greedy
+PLACEHOLDER_TOKEN_ID = -1    # a rejected position of the rejection sampler's output
+
+
+@dataclasses.dataclass
+class SamplingBatch:
+    """Per-row sampling parameters of one batch (tensors on the logits' device). `temperature` 0 is greedy; `top_k`
+    the vocabulary size, `top_p` 1 and `min_p` 0 are off, and None means off for every row."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
+    min_p: torch.Tensor | None = None
+    generators: dict[int, torch.Generator] = dataclasses.field(default_factory=dict)
+
+    @property
+    def all_greedy(self) -> bool:
+        return bool((self.temperature < SAMPLING_EPS).all())
+
+    @property
+    def all_random(self) -> bool:
+        return bool((self.temperature >= SAMPLING_EPS).all())
+
+
+def apply_top_k(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """-inf below each row's k-th largest value (ties with it kept); k >= the vocabulary size keeps the row."""
+    vocab = logits.shape[-1]
+    k = k.to(torch.long).clamp(1, vocab)
+    ordered = logits.sort(dim=-1, descending=True).values
+    kth = ordered.gather(-1, (k - 1).unsqueeze(-1))
+    kth = torch.where((k >= vocab).unsqueeze(-1), torch.full_like(kth, float("-inf")), kth)
+    return logits.masked_fill_(logits < kth, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """-inf outside each row's nucleus: ascending by probability, the tokens whose cumulative mass stays at or below
+    1 - p are dropped, the most likely token always kept (vLLM's rule)."""
+    ordered, order = logits.sort(dim=-1, descending=False)
+    mass = ordered.softmax(dim=-1).cumsum(dim=-1)
+    drop = mass <= (1 - p.to(mass.dtype)).unsqueeze(-1)
+    drop[:, -1] = False
+    ordered = ordered.masked_fill(drop, float("-inf"))
+    return logits.scatter_(-1, order, ordered)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+    if k is not None:
+        logits = apply_top_k(logits, k)
+    if p is not None:
+        logits = apply_top_p(logits, p)
+    return logits
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """-inf where a token's probability is below min_p times the row's largest probability."""
+    probs = logits.softmax(dim=-1)
+    floor = probs.amax(dim=-1, keepdim=True) * min_p.to(probs.dtype).unsqueeze(-1)
+    return logits.masked_fill_(probs < floor, float("-inf"))
+
+
+def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor, all_random: bool) -> torch.Tensor:
+    """Each row divided by its temperature; a greedy row (below SAMPLING_EPS) by 1 unless every row samples."""
+    if not all_random:
+        temperature = torch.where(temperature < SAMPLING_EPS, 1.0, temperature)
+    return logits.div_(temperature.to(logits.dtype).unsqueeze(-1))
+
+
+def apply_penalties(logits: torch.Tensor, prompt_ids: list[list[int]], output_ids: list[list[int]],
+                    repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
+    """vLLM's penalties: repetition (a token seen in the prompt or the output: a positive logit divided by the
+    penalty, a non-positive one multiplied), then frequency (minus the penalty times the output count) and presence
+    (minus the penalty where the output has the token)."""
+    rows, vocab = logits.shape
+    seen = torch.zeros((rows, vocab), dtype=torch.bool, device=logits.device)
+    counts = torch.zeros((rows, vocab), dtype=logits.dtype, device=logits.device)
+    for i in range(rows):
+        if prompt_ids[i]:
+            seen[i, torch.tensor(prompt_ids[i], device=logits.device)] = True
+        for t in output_ids[i]:
+            counts[i, t] += 1
+    seen |= counts > 0
+    rep = torch.where(seen, repetition.to(logits.dtype).unsqueeze(-1), 1.0)
+    logits *= torch.where(logits > 0, 1.0 / rep, rep)
+    logits -= frequency.to(logits.dtype).unsqueeze(-1) * counts
+    logits -= presence.to(logits.dtype).unsqueeze(-1) * (counts > 0)
+    return logits
+
+
+def exponential_noise(shape, generators: dict[int, torch.Generator], device, dtype=torch.float32) -> torch.Tensor:
+    """Exp(1) noise per row: a row with a generator draws from it alone, the others from the default generator."""
+    q = torch.empty(shape, dtype=dtype, device=device)
+    if len(generators) != shape[0]:
+        q.exponential_()
+    for row, gen in generators.items():
+        q[row].exponential_(generator=gen)
+    return q
+
+
+def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """A token per row drawn from `probs` by the exponential race (argmax of p / Exp(1)), which is a draw from p."""
+    return (probs / exponential_noise(probs.shape, generators, probs.device)).argmax(dim=-1)
+
+
+class Sampler:
+    """The reference sampler (see the module docstring for the contract a platform's sampler keeps)."""
+
+    name = "reference_impl.sampling.Sampler"
+    rejection_name = "reference_impl.sampling.rejection_sample"
+
+    def apply_top_k_top_p(self, logits, k, p):
+        return apply_top_k_top_p(logits, k, p)
+
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = logits.to(torch.float32)
+        greedy = logits.argmax(dim=-1)
+        if batch.all_greedy:
+            return greedy, logits.log_softmax(dim=-1)
+        logits = apply_temperature(logits, batch.temperature, batch.all_random)
+        if batch.min_p is not None:
+            logits = apply_min_p(logits, batch.min_p)
+        logits = self.apply_top_k_top_p(logits, batch.top_k, batch.top_p)
+        processed = logits.log_softmax(dim=-1)
+        drawn = random_sample(logits.softmax(dim=-1), batch.generators)
+        return torch.where(batch.temperature < SAMPLING_EPS, greedy, drawn), processed
+
+    def rejection_sample(self, draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs, bonus_token_ids,
+                         recovered_token_ids, uniform_probs, is_greedy, max_spec_len):
+        return rejection_sample(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs, bonus_token_ids,
+                                recovered_token_ids, uniform_probs, is_greedy, max_spec_len)
+
+    def speculative_sample(self, draft_token_ids, num_draft_tokens, cu_num_draft_tokens, draft_probs, target_logits,
+                           bonus_token_ids, generators):
+        """Speculative decoding's whole step for sampling requests at temperature 1 (vLLM's `rejection_sample`):
+        the uniforms, then the recovered tokens, from each request's generator, then the accept/reject kernel."""
+        target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
+        uniforms = generate_uniform_probs(list(num_draft_tokens), generators, target_logits.device)
+        recovered = sample_recovered_tokens(cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,
+                                            generators)
+        is_greedy = torch.zeros(len(num_draft_tokens), dtype=torch.bool, device=target_logits.device)
+        return self.rejection_sample(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs,
+                                     bonus_token_ids, recovered, uniforms, is_greedy, max(num_draft_tokens))
+
+
+def rejection_sample(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs, bonus_token_ids,
+                     recovered_token_ids, uniform_probs, is_greedy, max_spec_len) -> torch.Tensor:
+    """Speculative decoding's accept/reject, per request (rows of `cu_num_draft_tokens`): a greedy request accepts
+    draft tokens while each is the target's argmax, a sampling one while target_prob / draft_prob >= its uniform
+    (draft_probs None: draft_prob 1; a draft token < 0 or a draft_prob of 0 rejects); the first rejected position
+    takes the recovered token (greedy: the target's argmax), and a request that accepted every draft token gets its
+    bonus token. Output (requests, max_spec_len + 1) int32, PLACEHOLDER_TOKEN_ID after the last token."""
+    batch = cu_num_draft_tokens.shape[0]
+    out = torch.full((batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32,
+                     device=target_probs.device)
+    cu = cu_num_draft_tokens.tolist()
+    drafts = draft_token_ids.tolist()
+    argmax = target_probs.argmax(dim=-1).tolist()
+    for req in range(batch):
+        start = cu[req - 1] if req else 0
+        rejected = False
+        for pos in range(cu[req] - start):
+            t = start + pos
+            tok = drafts[t]
+            if bool(is_greedy[req]):
+                accepted = tok == argmax[t]
+                fallback = argmax[t]
+            else:
+                fallback = int(recovered_token_ids[t])
+                if tok < 0:
+                    accepted = False
+                else:
+                    q = 1.0 if draft_probs is None else float(draft_probs[t, tok])
+                    accepted = q > 0 and float(target_probs[t, tok]) / q >= float(uniform_probs[t])
+            out[req, pos] = tok if accepted else fallback
+            if not accepted:
+                rejected = True
+                break
+        if not rejected:
+            out[req, cu[req] - start] = int(bonus_token_ids[req])
+    return out
+
+
+def generate_uniform_probs(num_draft_tokens: list[int], generators: dict[int, torch.Generator], device):
+    """float64 uniforms per draft token; a request with a generator draws its own (none for no draft tokens)."""
+    u = torch.rand((sum(num_draft_tokens),), dtype=torch.float64, device=device)
+    start = 0
+    for req, n in enumerate(num_draft_tokens):
+        if n and req in generators:
+            u[start:start + n].uniform_(generator=generators[req])
+        start += n
+    return u
+
+
+def sample_recovered_tokens(cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,
+                            generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """Per draft position, a token drawn from max(target - draft, 0) (draft_probs None: the target without the draft
+    token), by the exponential race with one noise row per request."""
+    batch = cu_num_draft_tokens.shape[0]
+    cu = cu_num_draft_tokens.tolist()
+    counts = [cu[i] - (cu[i - 1] if i else 0) for i in range(batch)]
+    gens = {i: g for i, g in generators.items() if counts[i] > 0}
+    q = exponential_noise((batch, target_probs.shape[-1]), gens, target_probs.device)
+    rows = torch.repeat_interleave(torch.arange(batch, device=target_probs.device),
+                                   torch.tensor(counts, device=target_probs.device))
+    if draft_probs is None:
+        residual = target_probs.clone()
+        residual.scatter_(-1, draft_token_ids.long().clamp(min=0).unsqueeze(-1), 0.0)
+    else:
+        residual = (target_probs - draft_probs).clamp(min=0)
+    return (residual / q[rows]).argmax(dim=-1).to(draft_token_ids.dtype)
+
+
+def sampler_for(platform) -> object:
+    """The sampler a platform brings (its `get_sampler()`), or the reference one."""
+    get = getattr(platform, "get_sampler", None)
+    return get() if callable(get) else Sampler()
+
+
+__all__ = ["SAMPLING_EPS", "PLACEHOLDER_TOKEN_ID", "Sampler", "SamplingBatch", "apply_min_p", "apply_penalties",
+           "apply_temperature", "apply_top_k", "apply_top_k_top_p", "apply_top_p", "generate_uniform_probs",
+           "random_sample", "rejection_sample", "sample_recovered_tokens", "sampler_for"]
