@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from conformance.checks.common import (CheckContext, KernelRaised, Verdict, error_from, raised_on_accepted_arguments,
-                                       release_lacks_verdict)
+from conformance.checks.common import (CheckContext, KernelRaised, Verdict, error_from, global_state,
+                                       raised_on_accepted_arguments, release_lacks_verdict, side_effect_verdict)
 from conformance.checks.record import CheckRecord, declared
 from conformance.collect.units import Unit
 from conformance.results.result import Outcome
@@ -15,7 +15,7 @@ from conformance.results.result import Outcome
 def records() -> dict[str, CheckRecord]:
     """'family.name' -> record, for every check the harness has (importing the family modules registers them)."""
     from conformance.checks import (  # noqa: F401
-        aliasing, attention, compile, dispatch, engine, layer_compile, model, numerics, oot, repeat,
+        aliasing, attention, compile, dispatch, engine, layer_compile, model, numerics, oot, repeat, sampling,
     )
 
     return declared()
@@ -40,8 +40,11 @@ def is_layer_unit(unit: Unit) -> bool:
 
 
 def run_unit(ctx: CheckContext, unit: Unit) -> tuple[Verdict, float]:
-    """Run one unit in this process; a raise of the implementation is ERROR, so is one of the harness."""
+    """Run one unit in this process; a raise of the implementation is ERROR, so is one of the harness. A unit that
+    leaves global state changed (the default generator reseeded or drawn from, the default dtype, grad mode, the
+    thread count: common.side_effect_verdict) FAILs naming the change, in every family."""
     body = registry().get(f"{unit.family}.{unit.check}")
+    before = global_state()
     start = time.perf_counter()
     if body is None:
         verdict = Verdict(Outcome.ERROR, f"harness has no check named {unit.family}.{unit.check}")
@@ -53,6 +56,7 @@ def run_unit(ctx: CheckContext, unit: Unit) -> tuple[Verdict, float]:
                 exc.exc, exc.where, accepted=raised_on_accepted_arguments(exc.where), layer=is_layer_unit(unit))
         except Exception as exc:  # noqa: BLE001 - reported, the run goes on
             verdict = error_from(exc, f"check {unit.family}.{unit.check} (outside the implementation's own call)")
+    verdict = side_effect_verdict(verdict, before)
     return verdict, time.perf_counter() - start
 
 

@@ -276,3 +276,105 @@ def native_only() -> Iterator[None]:
         for op in list(IrOp.registry.values()):
             stack.enter_context(op.set_priority(["native"]))
         yield
+
+
+# ----- global state a unit must leave as it found it ----------------------------------------------------------------
+# A kernel that reseeds or draws from the default random generator breaks every seeded request after it; one that
+# changes the default dtype, grad mode or torch's thread count changes every computation after it. `run_unit`
+# (conformance.checks) snapshots these around every unit of every family and makes a change a FAIL naming it.
+_NOTED: list[str] = []     # what `drawing_default_generator` saw inside a unit (a reseed), for run_unit
+
+
+@dataclasses.dataclass
+class GlobalState:
+    generators: list[tuple[str, int, torch.Tensor]]     # (name, initial seed, state) of each default generator
+    default_dtype: torch.dtype
+    grad_enabled: bool
+    threads: int
+
+
+def _default_generators() -> list[tuple[str, torch.Generator]]:
+    gens = [("the default (CPU) generator", torch.default_generator)]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        gens += [(f"the default generator of cuda:{i}", g) for i, g in enumerate(torch.cuda.default_generators)]
+    return gens
+
+
+def global_state() -> GlobalState:
+    return GlobalState([(name, g.initial_seed(), g.get_state()) for name, g in _default_generators()],
+                       torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads())
+
+
+def restore_global_state(state: GlobalState) -> None:
+    gens = dict(_default_generators())
+    for name, _, rng in state.generators:
+        if name in gens:
+            gens[name].set_state(rng)
+    torch.set_default_dtype(state.default_dtype)
+    torch.set_grad_enabled(state.grad_enabled)
+    if torch.get_num_threads() != state.threads:
+        torch.set_num_threads(state.threads)
+
+
+def _generator_change(name: str, seed: int, rng: torch.Tensor, gen: torch.Generator) -> str | None:
+    if gen.initial_seed() != seed:
+        return f"{name} was reseeded (torch.manual_seed({gen.initial_seed()}); its seed was {seed})"
+    if not torch.equal(gen.get_state(), rng):
+        return f"{name} was drawn from (or its state set): its state changed"
+    return None
+
+
+def global_state_changes(before: GlobalState) -> list[str]:
+    """What changed since `before`, one phrase each (empty: nothing)."""
+    changes = []
+    gens = dict(_default_generators())
+    for name, seed, rng in before.generators:
+        if name in gens:
+            change = _generator_change(name, seed, rng, gens[name])
+            if change:
+                changes.append(change)
+    if torch.get_default_dtype() != before.default_dtype:
+        changes.append(f"the default dtype went from {dtype_name(before.default_dtype)} to "
+                       f"{dtype_name(torch.get_default_dtype())} (torch.set_default_dtype)")
+    if torch.is_grad_enabled() != before.grad_enabled:
+        changes.append(f"grad mode went from {'on' if before.grad_enabled else 'off'} to "
+                       f"{'on' if torch.is_grad_enabled() else 'off'} (torch.set_grad_enabled)")
+    if torch.get_num_threads() != before.threads:
+        changes.append(f"torch's thread count went from {before.threads} to {torch.get_num_threads()} "
+                       "(torch.set_num_threads)")
+    return changes
+
+
+@contextlib.contextmanager
+def drawing_default_generator(where: str) -> Iterator[None]:
+    """Code inside may draw from the default generators (a sampler does for requests without a seed, as vLLM's);
+    their states are put back afterwards, so the unit's snapshot does not count those draws. A reseed inside is still
+    noted, for `run_unit` to report."""
+    before = [(name, g.initial_seed(), g.get_state()) for name, g in _default_generators()]
+    try:
+        yield
+    finally:
+        gens = dict(_default_generators())
+        for name, seed, rng in before:
+            gen = gens.get(name)
+            if gen is None:
+                continue
+            if gen.initial_seed() != seed:
+                _NOTED.append(f"{where}: {_generator_change(name, seed, rng, gen)}")
+            gen.set_state(rng)
+
+
+def side_effect_verdict(verdict: Verdict, before: GlobalState) -> Verdict:
+    """`verdict` unless the unit changed global state it does not own: then a FAIL naming each change (a FAIL or an
+    ERROR keeps its outcome and gains the note), and the state is put back for the next unit."""
+    changes = list(dict.fromkeys(_NOTED + global_state_changes(before)))
+    _NOTED.clear()
+    if not changes:
+        return verdict
+    restore_global_state(before)
+    note = ("the unit changed global state it does not own: " + "; ".join(changes)
+            + " (every later computation, and every seeded request, sees the change)")
+    if verdict.outcome in (Outcome.FAIL, Outcome.ERROR, Outcome.CRASH, Outcome.TIMEOUT):
+        return dataclasses.replace(verdict, message=f"{verdict.message}; also, {note}")
+    was = f" (the check itself: {verdict.outcome.value}: {verdict.message})" if verdict.message else ""
+    return dataclasses.replace(verdict, outcome=Outcome.FAIL, message=f"{note}{was}")

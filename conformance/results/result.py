@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 SCHEMA_VERSION = 1
-FAMILIES = ("numerics", "aliasing", "compile", "dispatch", "model", "attention", "engine", "collective")
+FAMILIES = ("numerics", "aliasing", "compile", "dispatch", "model", "attention", "engine", "collective", "sampling")
 
 
 class Outcome(str, enum.Enum):

@@ -85,6 +85,15 @@ class VllmPlatform(Platform):
             weakref.finalize(self, self._engine_session.close)
         return self._engine_session(workdir)
 
+    def get_sampler(self):
+        """vLLM's sampler built with the resolved platform current (conformance/vllm/sampler_bridge.py), which the
+        `sampling` family grades: its `TopKTopPSampler` takes the forward this platform gets, its rejection sampler
+        the kernel overrides the platform registered."""
+        self.import_ir_kernels()
+        from conformance.vllm.sampler_bridge import VllmSampler
+
+        return VllmSampler()
+
     def get_device_communicator_cls(self) -> str:
         """vLLM's platform's device communicator class (a qualname), for the collective family; its ranks build it
         after `conformance_communicator_setup` (conformance/vllm/communicator_bridge.py) resolved vLLM's platform
