@@ -1,0 +1,78 @@
+"""Global state a unit must leave as it found it, in every family (conformance.checks.common.side_effect_verdict,
+applied by run_unit): the default generator, the default dtype, grad mode, torch's thread count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.checks.common import (Verdict, drawing_default_generator, global_state, global_state_changes,
+                                       side_effect_verdict)
+from conformance.results.result import Outcome
+
+
+@pytest.fixture
+def kept_state():
+    state = global_state()
+    yield state
+    from conformance.checks.common import restore_global_state
+
+    restore_global_state(state)
+
+
+def test_nothing_changed_keeps_the_verdict(kept_state):
+    verdict = Verdict(Outcome.PASS, "fine")
+    assert side_effect_verdict(verdict, global_state()) is verdict
+
+
+@pytest.mark.parametrize("change,said", [
+    (lambda: torch.manual_seed(0), "the default (CPU) generator was reseeded (torch.manual_seed(0)"),
+    (lambda: torch.rand(3), "the default (CPU) generator was drawn from"),
+    (lambda: torch.set_default_dtype(torch.float64), "the default dtype went from float32 to float64"),
+    (lambda: torch.set_grad_enabled(not torch.is_grad_enabled()), "grad mode went from"),
+    (lambda: torch.set_num_threads(torch.get_num_threads() + 1), "torch's thread count went from"),
+])
+def test_each_change_is_a_fail_naming_it_and_is_put_back(kept_state, change, said):
+    before = global_state()
+    change()
+    verdict = side_effect_verdict(Verdict(Outcome.PASS, "the values were right"), before)
+    assert verdict.outcome is Outcome.FAIL
+    assert said in verdict.message and "changed global state it does not own" in verdict.message
+    assert "(the check itself: PASS: the values were right)" in verdict.message
+    assert global_state_changes(before) == []       # put back for the next unit
+
+
+def test_a_failing_or_erroring_unit_keeps_its_outcome_and_gains_the_note(kept_state):
+    before = global_state()
+    torch.manual_seed(5)
+    verdict = side_effect_verdict(Verdict(Outcome.ERROR, "raised"), before)
+    assert verdict.outcome is Outcome.ERROR and verdict.message.startswith("raised; also, the unit changed")
+
+
+def test_draws_the_sampler_may_make_are_forgiven_a_reseed_is_not(kept_state):
+    before = global_state()
+    with drawing_default_generator("the sampler"):
+        torch.rand(10)
+    assert side_effect_verdict(Verdict(Outcome.PASS), before).outcome is Outcome.PASS
+    with drawing_default_generator("the sampler"):
+        torch.manual_seed(1)
+        torch.rand(10)
+    verdict = side_effect_verdict(Verdict(Outcome.PASS), before)
+    assert verdict.outcome is Outcome.FAIL
+    assert "the sampler: the default (CPU) generator was reseeded (torch.manual_seed(1)" in verdict.message
+    assert global_state_changes(before) == []
+
+
+def test_run_unit_applies_it_to_every_check(kept_state, monkeypatch):
+    """A check body of any family that reseeds: run_unit's verdict is the FAIL."""
+    import conformance.checks as checks
+    from conformance.checks.common import CheckContext
+    from conformance.collect.units import Unit
+
+    def body(ctx, unit):
+        torch.manual_seed(42)
+        return Verdict(Outcome.PASS, "ok")
+
+    monkeypatch.setattr(checks, "registry", lambda: {"numerics.ir_case": body})
+    verdict, _ = checks.run_unit(CheckContext("cpu", object(), level="quick"), Unit("numerics", "ir_case", "x"))
+    assert verdict.outcome is Outcome.FAIL and "torch.manual_seed(42)" in verdict.message
