@@ -15,7 +15,8 @@ from conformance.results.result import Outcome
 def records() -> dict[str, CheckRecord]:
     """'family.name' -> record, for every check the harness has (importing the family modules registers them)."""
     from conformance.checks import (  # noqa: F401
-        aliasing, attention, compile, dispatch, engine, layer_compile, model, numerics, oot, repeat, sampling,
+        aliasing, attention, collective, compile, dispatch, engine, layer_compile, model, numerics, oot, repeat,
+        sampling,
     )
 
     return declared()
