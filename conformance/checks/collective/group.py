@@ -169,7 +169,9 @@ class RankGroup:
         ended = [False] * self.world
         for at in indices:
             reported: dict[int, tuple] = {}
-            deadline = time.monotonic() + self.timeout + self.grace
+            # building the communicator imports its module and rendezvouses its groups: a minute at least
+            limit = self.timeout + self.grace if at >= 0 else max(60.0, self.timeout + self.grace)
+            deadline = time.monotonic() + limit
             while len(reported) < self.world:
                 waiting = [self.conns[r] for r in range(self.world) if r not in reported and not ended[r]]
                 if not waiting:
@@ -269,7 +271,7 @@ class RankGroup:
                 if not self.conns[r].poll(self.timeout + self.grace) or self.conns[r].recv()[0] != "end":
                     raise OSError("no end")
             for conn in self.conns:
-                conn.send(("drop", spec["group"], spec["use_all2all"]))
+                conn.send(("drop", spec["cls"], spec["group"], spec["use_all2all"]))
             for conn in self.conns:
                 if not conn.poll(self.timeout + self.grace) or conn.recv()[0] != "dropped":
                     raise OSError("not dropped")
@@ -310,7 +312,7 @@ _GROUPS: dict[tuple, RankGroup] = {}
 def group_for(world: int, recipe: dict) -> RankGroup:
     """The kept group of `world` ranks for `recipe`, started on first use and again after it was torn down."""
     timeout = call_timeout()
-    key = (world, tuple(sorted(recipe.items())), timeout)
+    key = (world, tuple(sorted((k, v) for k, v in recipe.items() if k != "cls")), timeout)   # a job names the class
     group = _GROUPS.get(key)
     if group is None or not group.alive():
         if group is not None:

@@ -4,7 +4,7 @@ WORLD INIT_FILE CALL_TIMEOUT`, started by the group runner (group.py), never by 
 It joins torch.distributed (gloo, every collective's timeout CALL_TIMEOUT seconds, so a rank left waiting on a hung
 peer raises instead of waiting for ever), builds the platform's communicator per group name as vLLM's
 `GroupCoordinator` builds it (a device group on the platform's backend, a gloo cpu group, `unique_name`, the device,
-`use_all2all`), and runs the jobs the runner sends: each call on its own inputs, compared on this rank against the
+`use_all2all`; the class a job names, so one group serves several classes), and runs the jobs the runner sends: each call on its own inputs, compared on this rank against the
 float64 reference of every rank's inputs (reference.py). Per call it reports `("call", job, i, finding)` (None: right)
 or `("raised", job, i, text)` and then waits to be told whether the group goes on (every rank raised alike) or stops.
 It dies with its parent (PR_SET_PDEATHSIG) and when the runner's connection closes.
@@ -56,12 +56,12 @@ class Rank:
         self.device = torch.device(device if device == "cpu" or ":" in device else f"{device}:{rank}")
 
     # ----- communicators ----------------------------------------------------------------------
-    def build(self, unique_name: str, use_all2all: bool):
+    def build(self, cls_name: str, unique_name: str, use_all2all: bool):
         import datetime
 
         import torch.distributed as dist
 
-        cls = resolve(self.recipe["cls"])
+        cls = resolve(cls_name)
         ranks = list(range(self.world))
         timeout = datetime.timedelta(seconds=self.call_timeout)
         device_group = dist.new_group(ranks, backend=self.recipe["backend"], timeout=timeout)
@@ -69,16 +69,16 @@ class Rank:
         return cls(cpu_group=cpu_group, device=self.device, device_group=device_group, unique_name=unique_name,
                    use_all2all=use_all2all)
 
-    def communicator(self, group: str, use_all2all: bool):
-        key = (group, use_all2all)
+    def communicator(self, cls_name: str, group: str, use_all2all: bool):
+        key = (cls_name, group, use_all2all)
         if key not in self.comms:
-            self.comms[key] = self.build(group, use_all2all)
+            self.comms[key] = self.build(cls_name, group, use_all2all)
         return self.comms[key]
 
-    def drop(self, group: str, use_all2all: bool) -> None:
+    def drop(self, cls_name: str, group: str, use_all2all: bool) -> None:
         """Forget the communicator of `group`; the next one gets a new shared-memory group name (VLLM_DIST_IDENT),
         the same on every rank, since the old one's may still be held."""
-        self.comms.pop((group, use_all2all), None)
+        self.comms.pop((cls_name, group, use_all2all), None)
         self.generation += 1
         os.environ["VLLM_DIST_IDENT"] = f"{self.ident}-g{self.generation}"
 
@@ -102,9 +102,9 @@ class Rank:
             if spec["calls"] and spec["calls"][0]["method"] == "destroy":
                 self.fresh += 1
                 prefix = spec["group"].split(":")[0]
-                comm = self.build(f"{prefix}:{self.fresh}", spec["use_all2all"])
+                comm = self.build(spec["cls"], f"{prefix}:{self.fresh}", spec["use_all2all"])
             else:
-                comm = self.communicator(spec["group"], spec["use_all2all"])
+                comm = self.communicator(spec["cls"], spec["group"], spec["use_all2all"])
         except Exception as exc:  # noqa: BLE001 - the constructor's raise is the result
             self.report_raise(job, -1, exc)
             self.conn.send(("end", job))
@@ -156,7 +156,7 @@ def main(argv: list[str]) -> int:
         if msg[0] == "job":
             me.run_job(msg[1], msg[2])
         elif msg[0] == "drop":   # the group's ranks disagreed on a call: its communicator is built afresh next time
-            me.drop(msg[1], msg[2])
+            me.drop(msg[1], msg[2], msg[3])
             conn.send(("dropped",))
 
 

@@ -2,8 +2,9 @@
 rank processes (ranks.py). `mode` "values" grades what comes back against the float64 reference; "aliasing" grades
 what the call writes into its input and returns (docs/collectives.md, the aliasing contract):
 
-- all_reduce may write the sum into its input (and return it), or leave the input alone; nothing else;
-- broadcast may write src's tensor into its input on the other ranks; src's input is left alone;
+- all_reduce may write the sum into its input, or leave the input alone; nothing else;
+- broadcast may write src's tensor into its input on the other ranks; src's input is left alone; both may return
+  their input itself;
 - every other method leaves its inputs byte-identical and returns tensors that share no storage with them;
 - a result the caller still holds does not change when the method is called again (no reused output buffer).
 """
@@ -141,7 +142,7 @@ def _aliasing(comm, call, rank, world, inputs, want, mags, dtype, held: dict) ->
         for name, x in tensors.items():
             if not _overlaps(out, x):
                 continue
-            in_place_ok = m in ("all_reduce",) or (m == "broadcast" and rank != call["src"])
+            in_place_ok = m in ("all_reduce", "broadcast")     # vLLM's base returns the input itself (src's too)
             if in_place_ok and out.data_ptr() == x.data_ptr() and out.shape == x.shape and out.stride() == x.stride():
                 continue     # the documented in-place form: the input itself comes back
             problems.append(f"{NAMES.get(out_name, out_name)} shares storage with its input{'' if name == 'input' else ' ' + name}"
