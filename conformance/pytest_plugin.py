@@ -232,6 +232,11 @@ class ConformanceRun:
         if result.origin is None and self.attribution is not None:
             origin = self.attribution.of_result(result.op, result.provider, result.family)
             result.origin = origin.to_json() if origin is not None else None
+        if self.vllm_release is not None:   # a defect of this vLLM release that a later one fixed says which
+            from conformance.vllm.fixed_later import fixed_later_note
+
+            note = fixed_later_note(self.vllm_release, result.family, result.op, result.outcome, result.message)
+            result.message = (result.message or "") + note if note else result.message
         self.results.append(result)
         if self.baseline is not None and gated(result, self.gate_upstream):   # upstream code is gated only on request
             msg = regression(result, self.baseline, self.vllm_release)

@@ -1,0 +1,54 @@
+"""vLLM's own defects that a later release of the supported window fixed: a result that shows one on an older release
+stays vLLM's (graded as it was observed), and its message names the release that fixes it, so a vendor pinned to
+that release knows the failure is not theirs and what moving the pin would change.
+
+Each entry was found by running the standard level on every release of the window
+(scripts/vllm_release_runs.py; docs/vllm.md, "Each release of the window") and reading both releases' code; its
+`fragment` is part of the message vLLM's code raised, so an unrelated failure of the same check is never named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from conformance.results.result import Outcome
+
+GATING = frozenset({Outcome.FAIL, Outcome.ERROR, Outcome.CRASH})
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedLater:
+    fixed_in: str        # the first release without the defect ("0.29")
+    family: str          # the family of the results it shows in
+    fragment: str        # part of the message vLLM raised
+    what: str            # the defect, and what the fixing release changed
+    op: str | None = None
+
+    def applies(self, release: str, family: str, op: str | None, message: str | None) -> bool:
+        return (_key(release) < _key(self.fixed_in) and family == self.family and self.fragment in (message or "")
+                and self.op in (None, op))
+
+
+FIXED_LATER = (
+    FixedLater("0.29", "attention", "FP8 KV cache is only supported on x86 (AMX/VEC) ISA",
+               "CPU_ATTN declares kernel block sizes MultipleOf(16) and the fp8 KV cache, but its block-16 (vec16) "
+               "kernel refuses fp8; 0.29 declares MultipleOf(32), whose kernels take fp8"),
+    FixedLater("0.31", "engine", "expected scalar type BFloat16 but found Float",
+               "gpt-oss's MoE in float32 reaches a bfloat16-only CPU kernel (vllm._custom_ops); 0.31 runs it",
+               op="gpt_oss"),
+)
+
+
+def _key(release: str) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else -1 for p in release.split("+")[0].split(".")[:2])
+
+
+def fixed_later_note(release: str | None, family: str, op: str | None, outcome: Outcome,
+                     message: str | None) -> str | None:
+    """' [vLLM's own defect on X; vLLM Y fixes it: ...]' for a failing result of a known defect, else None."""
+    if release is None or outcome not in GATING:
+        return None
+    for entry in FIXED_LATER:
+        if entry.applies(release, family, op, message):
+            return f" [vLLM's own defect on vLLM {release}; vLLM {entry.fixed_in} fixes it: {entry.what}]"
+    return None
