@@ -53,6 +53,56 @@ def test_reference_communicator_passes_every_standard_unit():
     assert "unique_name 'tp:0', 2 ranks over gloo, device cpu; code: reduce_scatter: its own" in v.message
 
 
+def test_aliasing_faults_are_caught_and_the_contract_allows_vllms_in_place_forms(monkeypatch):
+    """A reused output buffer and an input used as scratch FAIL collective.aliasing, naming the call and the rank;
+    the reference's out-of-place results PASS it."""
+    from reference_impl.platforms.builtin import CpuPlatform
+
+    here = os.path.dirname(__file__)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+
+    class Faulty(CpuPlatform):
+        def __init__(self, cls):
+            self.cls = cls
+
+        def get_device_communicator_cls(self):
+            return f"_aliasing_faults.{self.cls}"
+
+    try:
+        reused = _run(CheckContext("cpu", Faulty("ReusedBufferCommunicator")),
+                      _unit("all_gather", check="aliasing"))
+        scribbled = _run(CheckContext("cpu", Faulty("ScribblingCommunicator")),
+                         _unit("reduce_scatter", "dp:0", check="aliasing"))
+        fine = _run(CheckContext("cpu", Faulty("ScribblingCommunicator")), _unit("all_gather", check="aliasing"))
+    finally:
+        group.close_all()
+    assert reused.outcome is Outcome.FAIL, reused.message
+    assert reused.message.startswith("2 of 4 calls wrong: all_gather(dim=-2) on (3, 4) float32: rank 0: the result of "
+                                     "the previous call (still held by the caller) changed when the method was called "
+                                     "again (a reused output buffer)"), reused.message
+    assert scribbled.outcome is Outcome.FAIL, scribbled.message
+    assert scribbled.message.startswith("4 of 4 calls wrong: reduce_scatter(dim=-2) on (2, 4) float32: rank 0: wrote "
+                                        "something (it must be left unchanged) into its input; rank 1: "), \
+        scribbled.message
+    assert fine.outcome is Outcome.PASS and "inputs written only as the contract allows" in fine.message
+
+
+def test_world_size_four_at_the_full_level():
+    from reference_impl.platforms.builtin import CpuPlatform
+
+    ctx = CheckContext("cpu", CpuPlatform(), level="full")
+    units = [u for u in _units(ctx.platform, level="full") if u.case == "world=4" and u.dtype == "bfloat16"
+             and u.provider in ("tp:0", "ep:0")]
+    assert {u.op for u in units} == set(collective.METHODS)
+    try:
+        verdicts = {u.id: _run(ctx, u) for u in units}
+    finally:
+        group.close_all()
+    bad = {k: v.message for k, v in verdicts.items() if v.outcome is not Outcome.PASS}
+    assert not bad, bad
+    assert "unique_name 'tp:0', 4 ranks over gloo" in verdicts["send_recv-tp:0-bfloat16-world=4"].message
+
+
 # ----- through the vLLM bridge, on the fixture plugin -------------------------------------------------
 @pytest.fixture(scope="module")
 def bridged():

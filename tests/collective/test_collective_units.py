@@ -23,7 +23,8 @@ def _inventory(platform):
 
 
 def test_reference_platforms_name_the_reference_communicator_and_their_backend():
-    assert CpuPlatform().get_device_communicator_cls() == "reference_impl.distributed.communicator.ReferenceCommunicator"
+    assert CpuPlatform().get_device_communicator_cls() == \
+        "reference_impl.distributed.communicator.ReferenceCommunicator"
     assert (CpuPlatform.dist_backend, CudaPlatform.dist_backend) == ("gloo", "nccl")
     recipe = collective.recipe_of(CpuPlatform())
     assert recipe == {"cls": "reference_impl.distributed.communicator.ReferenceCommunicator", "setup": "",
@@ -39,7 +40,8 @@ def test_units_per_level():
     assert "dispatch_combine-ep:0-float16-world=2" in ids and not any("dispatch_combine-tp" in i for i in ids)
     assert {u.case for u in standard} == {"world=2"}
     full = collective.collective_units(_inventory(CpuPlatform()), "collective", "methods", "full")
-    assert {u.case for u in full} == {"world=2", "world=4"} and "all_gather-tp:0-bfloat16-world=4" in {u.id for u in full}
+    assert {u.case for u in full} == {"world=2", "world=4"}
+    assert "all_gather-tp:0-bfloat16-world=4" in {u.id for u in full}
     quick = collective.collective_units(_inventory(CpuPlatform()), "collective", "methods", "quick")
     assert {u.provider for u in quick} == {"tp:0", "ep:0"} and {u.dtype for u in quick} == {"float32"}
     aliasing = collective.collective_units(_inventory(CpuPlatform()), "collective", "aliasing", "standard")
@@ -115,7 +117,8 @@ def test_reference_and_its_diagnoses():
     want, mags = reference.expected(call, inputs, 0, world)
     got = inputs[0] + inputs[1]
     got[6] = inputs[0][6]
-    said = reference.compare(got, want["out"], mags["out"], world, dtype, reference.alternatives(call, inputs, 0, world))
+    others = reference.alternatives(call, inputs, 0, world)
+    said = reference.compare(got, want["out"], mags["out"], world, dtype, others)
     assert "1 of 7 elements wrong, first at (6,)" in said and "the wrong elements are the last 1 (flat 6..6)" in said
     assert "the wrong elements hold this rank's own input, unreduced" in said
     # a bfloat16 sum past float16's range is finite and within the bound

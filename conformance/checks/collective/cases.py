@@ -166,7 +166,8 @@ def aliasing_calls(method: str, world: int) -> list[dict]:
     first result is kept and must not change)."""
     first = calls_of(method, world, "quick", "float32")
     picked = [c for c in first if c["layout"] == "contiguous" and len(c["shape"]) == 2][:1] or first[:1]
-    picked += [c for c in first if c["layout"] != "contiguous"][:1]
+    if method != "send_recv":   # a send that refuses a strided tensor leaves its peer waiting out the call timeout:
+        picked += [c for c in first if c["layout"] != "contiguous"][:1]   # collective.methods already grades that
     out = []
     for call in picked:
         for again in (0, 1):

@@ -126,7 +126,8 @@ class RankGroup:
                     for r, p in enumerate(self.procs) if p.poll() is not None]
             self.close()
             raise GroupFailed(f"the process group of world size {self.world} did not start: "
-                              + ("; ".join(dead) if dead else f"its ranks did not connect within {START_TIMEOUT_S:g} s"))
+                              + ("; ".join(dead) if dead
+                                 else f"its ranks did not connect within {START_TIMEOUT_S:g} s"))
         # the ranks connect in any order: each says its rank first
         by_rank: dict[int, object] = {}
         for conn in accepted:

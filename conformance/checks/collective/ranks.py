@@ -4,8 +4,9 @@ WORLD INIT_FILE CALL_TIMEOUT`, started by the group runner (group.py), never by 
 It joins torch.distributed (gloo, every collective's timeout CALL_TIMEOUT seconds, so a rank left waiting on a hung
 peer raises instead of waiting for ever), builds the platform's communicator per group name as vLLM's
 `GroupCoordinator` builds it (a device group on the platform's backend, a gloo cpu group, `unique_name`, the device,
-`use_all2all`; the class a job names, so one group serves several classes), and runs the jobs the runner sends: each call on its own inputs, compared on this rank against the
-float64 reference of every rank's inputs (reference.py). Per call it reports `("call", job, i, finding)` (None: right)
+`use_all2all`; the class a job names, so one group serves several classes), and runs the jobs the runner sends:
+each call on its own inputs, compared on this rank against the float64 reference of every rank's inputs
+(reference.py). Per call it reports `("call", job, i, finding)` (None: right)
 or `("raised", job, i, text)` and then waits to be told whether the group goes on (every rank raised alike) or stops.
 It dies with its parent (PR_SET_PDEATHSIG) and when the runner's connection closes.
 """

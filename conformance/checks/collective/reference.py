@@ -147,11 +147,12 @@ def compare(got, want: torch.Tensor | None, mag: torch.Tensor | None, world: int
     if mag is not None:
         said += " (to within the sum's rounding bound)"
     bad_idx = bad.flatten().nonzero().flatten()
-    if n_bad < want.numel() and int(bad_idx[-1]) - int(bad_idx[0]) + 1 == n_bad and int(bad_idx[-1]) == want.numel() - 1:
+    first_bad, last_bad = int(bad_idx[0]), int(bad_idx[-1])
+    if n_bad < want.numel() and last_bad - first_bad + 1 == n_bad and last_bad == want.numel() - 1:
         said += f"; the wrong elements are the last {n_bad} (flat {int(bad_idx[0])}..{int(bad_idx[-1])})"
     for name, other in (others or {}).items():
         if tuple(other.shape) == tuple(want.shape) and _matches(g, other, mag, world, dtype):
-            said += f"; it is {name}"
+            said += f"; it is {name}" + (" (src ignored?)" if ", not src " in name else "")
             break
         if tuple(other.shape) == tuple(want.shape) and n_bad < want.numel():
             sub = bad
@@ -189,7 +190,7 @@ def alternatives(call: dict, inputs: list, rank: int, world: int) -> dict[str, t
     elif m == "broadcast":
         for r in range(world):
             if r != call["src"]:
-                alt[f"rank {r}'s tensor, not src {call['src']}'s (src ignored?)"] = f64[r]
+                alt[f"rank {r}'s tensor, not src {call['src']}'s"] = f64[r]
     elif m in ("all_gather", "all_gatherv", "gather"):
         alt["the ranks' parts in reverse rank order"] = torch.cat(f64[::-1], dim=call["dim"])
     elif m == "send_recv":

@@ -145,8 +145,9 @@ def _aliasing(comm, call, rank, world, inputs, want, mags, dtype, held: dict) ->
             in_place_ok = m in ("all_reduce", "broadcast")     # vLLM's base returns the input itself (src's too)
             if in_place_ok and out.data_ptr() == x.data_ptr() and out.shape == x.shape and out.stride() == x.stride():
                 continue     # the documented in-place form: the input itself comes back
-            problems.append(f"{NAMES.get(out_name, out_name)} shares storage with its input{'' if name == 'input' else ' ' + name}"
-                            " (a functional collective returns a tensor of its own)")
+            which = "" if name == "input" else f" {name}"
+            problems.append(f"{NAMES.get(out_name, out_name)} shares storage with its input{which} (a functional "
+                            "collective returns a tensor of its own)")
     key = (m, call["shape"] if not isinstance(call["shape"], list) else tuple(call["shape"]), call.get("layout"))
     if call.get("again", 0) == 0:
         held[key] = {k: (v, v.clone()) for k, v in got.items() if isinstance(v, torch.Tensor)}
