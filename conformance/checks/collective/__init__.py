@@ -225,6 +225,6 @@ def _verdict(result, calls: list[dict], dtype: str, where: str, limit: float, or
         return Verdict(Outcome.ERROR, f"{len(errors)} of {_calls(n)} raised: {'; '.join(raise_parts)}{more}{refusal} "
                        f"[{where}]", origin=origin)
     graded = n - len(raised) if mode == "aliasing" else n - len(refused)
-    said = ("calls on every rank: inputs written only as the contract allows, results of their own, a held result "
-            "unchanged by the next call") if mode == "aliasing" else "calls right on every rank"
+    said = ("on every rank: inputs written only as the contract allows, results of their own, a held result "
+            "unchanged by the next call") if mode == "aliasing" else "right on every rank"
     return Verdict(Outcome.PASS, f"{_calls(graded)} {said}{refusal} [{where}]", origin=origin)
