@@ -137,12 +137,14 @@ def call_impl(where: str, fn, *args):
     """`fn(*args)` (the platform's code); its raise becomes KernelRaised. What is called, and with which
     arguments, is noted first where a crash of this process would be reported (conformance.results.running_note)."""
     running_note.before_call(where, fn, args)
+    generators = _generator_states()
     try:
         return fn(*args)
     except Exception as exc:  # noqa: BLE001 - any raise of the kernel is the result
         raise KernelRaised(where, exc) from exc
     finally:
         running_note.after_call()
+        _note_generator_use(where, generators)
 
 
 def release_lacks_verdict(exc: KernelRaised, case_name: str | None) -> Verdict | None:
@@ -281,8 +283,11 @@ def native_only() -> Iterator[None]:
 # ----- global state a unit must leave as it found it ----------------------------------------------------------------
 # A kernel that reseeds or draws from the default random generator breaks every seeded request after it; one that
 # changes the default dtype, grad mode or torch's thread count changes every computation after it. `run_unit`
-# (conformance.checks) snapshots these around every unit of every family and makes a change a FAIL naming it.
-_NOTED: list[str] = []     # what `drawing_default_generator` saw inside a unit (a reseed), for run_unit
+# (conformance.checks) snapshots these around every unit of every family and makes a change a FAIL naming it. The
+# checks draw random inputs themselves (and build models whose initialisation draws), so a draw from the default
+# generator counts only inside the platform's code, `call_impl`; a reseed counts wherever it happens.
+_NOTED: list[str] = []     # what call_impl and drawing_default_generator saw inside a unit, for run_unit
+_DRAWS_ALLOWED = [0]       # > 0 inside drawing_default_generator: the code called may draw (not reseed)
 
 
 @dataclasses.dataclass
@@ -300,9 +305,26 @@ def _default_generators() -> list[tuple[str, torch.Generator]]:
     return gens
 
 
+def _generator_states() -> list[tuple[str, int, torch.Tensor]]:
+    return [(name, g.initial_seed(), g.get_state()) for name, g in _default_generators()]
+
+
+def _note_generator_use(where: str, before: list[tuple[str, int, torch.Tensor]]) -> None:
+    """After the platform's code ran (`where`): a reseed of a default generator is noted; so is a draw, unless the
+    caller allowed draws (drawing_default_generator)."""
+    gens = dict(_default_generators())
+    for name, seed, rng in before:
+        gen = gens.get(name)
+        if gen is None:
+            continue
+        change = _generator_change(name, seed, rng, gen)
+        if change and (gen.initial_seed() != seed or not _DRAWS_ALLOWED[0]):
+            _NOTED.append(f"{where}: {change}")
+
+
 def global_state() -> GlobalState:
-    return GlobalState([(name, g.initial_seed(), g.get_state()) for name, g in _default_generators()],
-                       torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads())
+    return GlobalState(_generator_states(), torch.get_default_dtype(), torch.is_grad_enabled(),
+                       torch.get_num_threads())
 
 
 def restore_global_state(state: GlobalState) -> None:
@@ -318,21 +340,20 @@ def restore_global_state(state: GlobalState) -> None:
 
 def _generator_change(name: str, seed: int, rng: torch.Tensor, gen: torch.Generator) -> str | None:
     if gen.initial_seed() != seed:
-        return f"{name} was reseeded (torch.manual_seed({gen.initial_seed()}); its seed was {seed})"
+        return f"{name} was reseeded (torch.manual_seed({gen.initial_seed()}))"
     if not torch.equal(gen.get_state(), rng):
         return f"{name} was drawn from (or its state set): its state changed"
     return None
 
 
 def global_state_changes(before: GlobalState) -> list[str]:
-    """What changed since `before`, one phrase each (empty: nothing)."""
+    """What changed since `before`, one phrase each (empty: nothing): a default generator reseeded (a draw alone is
+    the checks' own unless call_impl noted it), the default dtype, grad mode, the thread count."""
     changes = []
     gens = dict(_default_generators())
     for name, seed, rng in before.generators:
-        if name in gens:
-            change = _generator_change(name, seed, rng, gens[name])
-            if change:
-                changes.append(change)
+        if name in gens and gens[name].initial_seed() != seed:
+            changes.append(_generator_change(name, seed, rng, gens[name]))
     if torch.get_default_dtype() != before.default_dtype:
         changes.append(f"the default dtype went from {dtype_name(before.default_dtype)} to "
                        f"{dtype_name(torch.get_default_dtype())} (torch.set_default_dtype)")
@@ -348,12 +369,14 @@ def global_state_changes(before: GlobalState) -> list[str]:
 @contextlib.contextmanager
 def drawing_default_generator(where: str) -> Iterator[None]:
     """Code inside may draw from the default generators (a sampler does for requests without a seed, as vLLM's);
-    their states are put back afterwards, so the unit's snapshot does not count those draws. A reseed inside is still
-    noted, for `run_unit` to report."""
-    before = [(name, g.initial_seed(), g.get_state()) for name, g in _default_generators()]
+    their states are put back afterwards and call_impl does not note those draws. A reseed inside is still noted,
+    for `run_unit` to report."""
+    before = _generator_states()
+    _DRAWS_ALLOWED[0] += 1
     try:
         yield
     finally:
+        _DRAWS_ALLOWED[0] -= 1
         gens = dict(_default_generators())
         for name, seed, rng in before:
             gen = gens.get(name)
@@ -367,11 +390,12 @@ def drawing_default_generator(where: str) -> Iterator[None]:
 def side_effect_verdict(verdict: Verdict, before: GlobalState) -> Verdict:
     """`verdict` unless the unit changed global state it does not own: then a FAIL naming each change (a FAIL or an
     ERROR keeps its outcome and gains the note), and the state is put back for the next unit."""
-    changes = list(dict.fromkeys(_NOTED + global_state_changes(before)))
+    noted = list(dict.fromkeys(_NOTED))
     _NOTED.clear()
+    changes = noted + [c for c in global_state_changes(before) if not any(n.endswith(c) for n in noted)]
+    restore_global_state(before)      # the checks' own draws too: the next unit starts where this one did
     if not changes:
         return verdict
-    restore_global_state(before)
     note = ("the unit changed global state it does not own: " + "; ".join(changes)
             + " (every later computation, and every seeded request, sees the change)")
     if verdict.outcome in (Outcome.FAIL, Outcome.ERROR, Outcome.CRASH, Outcome.TIMEOUT):

@@ -57,6 +57,7 @@ class VllmSampler:
         self._sampler = Sampler(logprobs_mode="processed_logprobs")
         forward = getattr(self._sampler.topk_topp_sampler.forward, "__name__", "forward")
         self.name = f"vllm.v1.sample.ops.topk_topp_sampler.TopKTopPSampler.{forward}"
+        self.apply_name = "vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p"
         overrides = rejection_overrides()
         self.rejection_name = ("vLLM's rejection sampler with the platform's kernel overrides: " + ", ".join(
             f"{k} -> {v}" for k, v in sorted(overrides.items()))) if overrides else (

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.checks.common import (Verdict, drawing_default_generator, global_state, global_state_changes,
-                                       side_effect_verdict)
+from conformance.checks.common import (KernelRaised, Verdict, call_impl, drawing_default_generator, global_state,
+                                       global_state_changes, side_effect_verdict)
 from conformance.results.result import Outcome
 
 
@@ -27,7 +27,7 @@ def test_nothing_changed_keeps_the_verdict(kept_state):
 
 @pytest.mark.parametrize("change,said", [
     (lambda: torch.manual_seed(0), "the default (CPU) generator was reseeded (torch.manual_seed(0)"),
-    (lambda: torch.rand(3), "the default (CPU) generator was drawn from"),
+    (lambda: call_impl("the kernel", torch.rand, 3), "the kernel: the default (CPU) generator was drawn from"),
     (lambda: torch.set_default_dtype(torch.float64), "the default dtype went from float32 to float64"),
     (lambda: torch.set_grad_enabled(not torch.is_grad_enabled()), "grad mode went from"),
     (lambda: torch.set_num_threads(torch.get_num_threads() + 1), "torch's thread count went from"),
@@ -42,6 +42,28 @@ def test_each_change_is_a_fail_naming_it_and_is_put_back(kept_state, change, sai
     assert global_state_changes(before) == []       # put back for the next unit
 
 
+def test_the_checks_own_draws_outside_the_platforms_code_are_not_a_finding_and_are_put_back(kept_state):
+    before = global_state()
+    torch.rand(5)                           # a check drawing its inputs, a model's initialisation
+    verdict = side_effect_verdict(Verdict(Outcome.PASS, "ok"), before)
+    assert verdict.outcome is Outcome.PASS
+    assert torch.equal(torch.get_rng_state(), before.generators[0][2])     # the next unit starts alike
+
+
+def test_a_kernel_that_reseeds_and_raises_is_an_error_that_names_both(kept_state):
+    before = global_state()
+
+    def kernel():
+        torch.manual_seed(3)
+        raise RuntimeError("boom")
+
+    with pytest.raises(KernelRaised):
+        call_impl("the kernel", kernel)
+    verdict = side_effect_verdict(Verdict(Outcome.ERROR, "the kernel raised RuntimeError: boom"), before)
+    assert verdict.outcome is Outcome.ERROR
+    assert "the kernel: the default (CPU) generator was reseeded (torch.manual_seed(3)" in verdict.message
+
+
 def test_a_failing_or_erroring_unit_keeps_its_outcome_and_gains_the_note(kept_state):
     before = global_state()
     torch.manual_seed(5)
@@ -52,7 +74,7 @@ def test_a_failing_or_erroring_unit_keeps_its_outcome_and_gains_the_note(kept_st
 def test_draws_the_sampler_may_make_are_forgiven_a_reseed_is_not(kept_state):
     before = global_state()
     with drawing_default_generator("the sampler"):
-        torch.rand(10)
+        call_impl("the sampler", torch.rand, 10)
     assert side_effect_verdict(Verdict(Outcome.PASS), before).outcome is Outcome.PASS
     with drawing_default_generator("the sampler"):
         torch.manual_seed(1)

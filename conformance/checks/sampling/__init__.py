@@ -27,8 +27,10 @@ import math
 
 import torch
 
-from conformance.checks.common import (CheckContext, Verdict, call_impl, case_generator, drawing_default_generator,
-                                       failed, passed)
+import functools
+
+from conformance.checks.common import (CheckContext, KernelRaised, Verdict, call_impl, case_generator,
+                                       drawing_default_generator, error_from, failed, passed)
 from conformance.checks.record import check
 from conformance.checks.sampling import cases as sampling_cases
 from conformance.checks.sampling import oracle
@@ -68,6 +70,19 @@ def _case(unit: Unit, check_name: str):
     return entry[0]
 
 
+def sampler_errors(body):
+    """A raise of the sampler is an ERROR naming the entry point and the case (not the IR advice about
+    supports_args, which a sampler has none of)."""
+    @functools.wraps(body)
+    def run(ctx, unit):
+        try:
+            return body(ctx, unit)
+        except KernelRaised as exc:
+            return error_from(exc.exc, f"{exc.where} (case {unit.case})")
+
+    return run
+
+
 def _sampler_call(where: str, fn, *args):
     """The platform's sampler called; it may draw from the default generator, not reseed it."""
     with drawing_default_generator(where):
@@ -76,6 +91,7 @@ def _sampler_call(where: str, fn, *args):
 
 # ----- apply_top_k_top_p --------------------------------------------------------------------------------------
 @check("sampling", "top_k_top_p", units=sampling_units)
+@sampler_errors
 def top_k_top_p(ctx: CheckContext, unit: Unit) -> Verdict:
     req = _case(unit, "top_k_top_p")(case_generator(ctx, unit))
     sampler = _sampler(ctx)
@@ -83,9 +99,10 @@ def top_k_top_p(ctx: CheckContext, unit: Unit) -> Verdict:
     logits = req.logits.to(ctx.device)
     k = None if req.top_k is None else torch.tensor(req.top_k, dtype=torch.int32, device=ctx.device)
     p = None if req.top_p is None else torch.tensor(req.top_p, dtype=torch.float32, device=ctx.device)
-    out = _sampler_call(f"{name}.apply_top_k_top_p", sampler.apply_top_k_top_p, logits.clone(), k, p)
+    name = getattr(sampler, "apply_name", None) or f"{name}.apply_top_k_top_p"
+    out = _sampler_call(name, sampler.apply_top_k_top_p, logits.clone(), k, p)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(logits.shape):
-        return failed(f"{name}.apply_top_k_top_p returned {_what(out)} for logits of shape {tuple(logits.shape)}")
+        return failed(f"{name} returned {_what(out)} for logits of shape {tuple(logits.shape)}")
     out = out.detach().to("cpu", torch.float32)
     bad_rows = []
     for row in range(req.rows):
@@ -179,6 +196,7 @@ def draws_for(case: str, level: str) -> int:
 
 
 @check("sampling", "sample", units=sampling_units)
+@sampler_errors
 def sample(ctx: CheckContext, unit: Unit) -> Verdict:
     gen = case_generator(ctx, unit)
     req = _case(unit, "sample")(gen)
@@ -267,6 +285,7 @@ SEEDED_STEPS = 4
 
 
 @check("sampling", "seeded", units=sampling_units)
+@sampler_errors
 def seeded(ctx: CheckContext, unit: Unit) -> Verdict:
     from reference_impl.sampling import SamplingBatch
 
@@ -339,6 +358,7 @@ def _expected(spec, req: int) -> list[int]:
 
 
 @check("sampling", "rejection", units=sampling_units)
+@sampler_errors
 def rejection(ctx: CheckContext, unit: Unit) -> Verdict:
     spec = _case(unit, "rejection")(case_generator(ctx, unit))
     sampler = _sampler(ctx)
@@ -394,6 +414,7 @@ def _rejection_line(spec, req: int, got: list[int], want: list[int]) -> str:
 
 
 @check("sampling", "rejection_distribution", units=sampling_units)
+@sampler_errors
 def rejection_distribution(ctx: CheckContext, unit: Unit) -> Verdict:
     vocab, with_draft_probs = _case(unit, "rejection_distribution")
     gen = case_generator(ctx, unit)
@@ -436,3 +457,6 @@ def rejection_distribution(ctx: CheckContext, unit: Unit) -> Verdict:
                       f"expects {expect * n:.0f} {where}")
     return passed(f"the first token follows the target distribution ({accepted} of {n} draft tokens accepted) "
                   f"{where}")
+
+
+from conformance.checks.sampling import engine as _engine  # noqa: E402,F401 - registers sampling.engine

@@ -177,13 +177,19 @@ def mask_vocab_262k(gen):
     return _mixed(gen, 3, 262_144, (None, 100_000, 50), (0.8, 0.99, 1.0))
 
 
+def mask_no_rows(gen):
+    """No requests (top-k alone): vLLM's rejection sampler calls top-k/top-p on its draft positions, of which a
+    speculative step may have none."""
+    return Requests(torch.empty((0, 64)), top_k=[])
+
+
 MASK_CASES = {
     "k1": (mask_k1, QUICK), "k_vocab": (mask_k_vocab, QUICK), "k_only": (mask_k_only, QUICK),
     "p_only": (mask_p_only, QUICK), "topk_ties": (mask_topk_ties, QUICK),
     "topk_ties_sorted": (mask_topk_ties_sorted, QUICK), "topp_ties": (mask_topp_ties, QUICK),
     "p1": (mask_p1, QUICK), "neg_inf": (mask_neg_inf, QUICK), "one_left": (mask_one_left, QUICK),
     "mixed_batch": (mask_mixed_batch, QUICK), "vocab_152k": (mask_vocab_152k, QUICK),
-    "vocab_262k": (mask_vocab_262k, STANDARD),
+    "vocab_262k": (mask_vocab_262k, STANDARD), "no_rows": (mask_no_rows, QUICK),
 }
 
 

@@ -59,8 +59,10 @@ def as_f64(x) -> torch.Tensor:
 
 
 def keep_row(x: list[float], k: int | None, p: float | None, min_p: float | None = None,
-             margin: float | None = None) -> RowKeep:
-    """`x`: one row's logits (after temperature) as float64 values; see the module docstring."""
+             margin: float | None = None, slack: float = 0.0) -> RowKeep:
+    """`x`: one row's logits (after temperature) as float64 values; see the module docstring. `slack`: how far the
+    logits graded may be from `x` (an engine's model output): a token within it of the k-th value or of the min-p
+    floor is undetermined, and `margin` should then cover the mass that moves."""
     t = as_f64(x)
     vocab = t.numel()
     margin = margin_for(vocab) if margin is None else margin
@@ -70,15 +72,32 @@ def keep_row(x: list[float], k: int | None, p: float | None, min_p: float | None
         probs = t.softmax(0)
         floor = float(probs.max()) * min_p
         row.min_p_floor = floor
-        near = (probs - floor).abs() <= 1e-5 * floor + 1e-30
+        near = (probs - floor).abs() <= (1e-5 + math.expm1(2 * slack)) * floor + 1e-30
         state[(probs < floor) & (state != DROP)] = DROP
         state[near & (t != -math.inf)] = EITHER
     if k is not None and k < vocab:
         kth = float(t.sort(descending=True).values[k - 1])
         row.kth = kth
         state[t < kth] = DROP
+        if slack > 0:
+            state[((t - kth).abs() <= 2 * slack) & (t != -math.inf)] = EITHER
     if p is not None:
-        _top_p(t, state, p, margin, row)
+        unsure = state == EITHER
+        if not bool(unsure.any()):
+            _top_p(t, state, p, margin, row)
+            return row
+        # an undetermined token before top-p changes the mass top-p divides: decide with it kept and dropped, and
+        # leave undetermined what the two disagree on
+        with_it, without = state.clone(), state.clone()
+        without[unsure] = DROP
+        _top_p(t, with_it, p, margin, row)
+        groups = row.groups
+        row.groups = []
+        _top_p(t, without, p, margin, row)
+        row.groups = groups + row.groups
+        merged = torch.where(with_it == without, with_it, torch.full_like(state, EITHER))
+        merged[unsure & (with_it != DROP)] = EITHER
+        state.copy_(merged)
     return row
 
 

@@ -10,6 +10,8 @@ from reference_impl import sampling as rs
 
 
 def apply_top_k_top_p(logits, k, p):
+    if logits.shape[0] == 0:      # no requests (a speculative step without draft positions): nothing to mask
+        return logits
     if k is not None:
         vocab = logits.shape[-1]
         kk = k.to(torch.long).clamp(1, vocab)
