@@ -27,3 +27,8 @@ def test_sampling_rejection(conformance_unit, conformance_check):
 @pytest.mark.conformance("sampling", "rejection_distribution")
 def test_sampling_rejection_distribution(conformance_unit, conformance_check):
     conformance_check(conformance_unit)
+
+
+@pytest.mark.conformance("sampling", "engine")
+def test_sampling_engine(conformance_unit, conformance_check):
+    conformance_check(conformance_unit)

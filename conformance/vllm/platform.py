@@ -102,6 +102,22 @@ class VllmPlatform(Platform):
 
     conformance_communicator_setup = "conformance.vllm.communicator_bridge.prepare_rank"
 
+    def conformance_sampling_engine(self, workdir):
+        """vLLM's `LLM` engine for the `sampling` family's engine units: as `conformance_engine`, a kept engine process
+        of its own (conformance/vllm/sampling_engine.py), whose runs carry sampling parameters, a logprobs mode and a
+        speculative config."""
+        if getattr(self, "_sampling_session", None) is None:
+            import sys
+            import weakref
+
+            from conformance.vllm.engine_process import EngineProcess
+            from conformance.vllm.engine_session import EngineSession
+
+            command = [sys.executable, "-m", "conformance.vllm.sampling_engine"]
+            self._sampling_session = EngineSession(start=lambda d: EngineProcess(d, command=command))
+            weakref.finalize(self, self._sampling_session.close)
+        return self._sampling_session(workdir)
+
     def opaque_attention_op(self) -> bool:
         """vLLM's platform's answer (True on CPU, CUDA, ROCm: attention is one opaque custom op to torch.compile)."""
         return bool(self.resolved.platform.opaque_attention_op())

@@ -1,0 +1,279 @@
+"""The sampling family's engine units: vLLM's engine on the platform (under `--platform=vllm`; the bridge's platform
+lends `conformance_sampling_engine`, conformance/vllm/sampling_engine.py), the engine family's tiny Llama checkpoint
+in float32, graded against the reference decoder in float64 teacher-forced on the engine's tokens.
+
+- `batch`: one batch mixing greedy requests with requests that set temperature, top_k, top_p, min_p, repetition /
+  frequency / presence penalties, logit_bias, allowed_token_ids and a seed, in `processed_logprobs` mode: at every
+  generated position the returned logprobs (the sampled token's and the top 5) must be the oracle's after vLLM's order
+  of processing (allowed tokens, logit bias, penalties on the prompt and the tokens so far, temperature, min-p, top-k,
+  top-p), the sampled token inside the oracle's kept set and a greedy token the argmax where the margin binds; then a
+  seeded request must draw the same tokens alone and in another batch.
+- `ngram`: n-gram speculative decoding (prompt lookup, 3 draft tokens) on repetitive prompts: greedy requests must
+  give the oracle's argmax wherever its margin binds (the non-speculative greedy output), and a sampled request only
+  tokens of its kept set.
+
+Not graded here: bad_words (strings, and the checkpoints have no tokenizer) and min_tokens (it masks stop tokens,
+which `ignore_eos` runs never reach). On a platform without vLLM's engine the family has no engine units.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+from pathlib import Path
+
+import torch
+
+from conformance.checks.common import CheckContext, Verdict, failed, passed
+from conformance.checks.record import check
+from conformance.checks.sampling import oracle
+from conformance.collect.units import Unit
+from conformance.results.result import Outcome
+
+ENGINE_CASES = ("batch", "ngram")
+MODEL = "llama"
+JOB_TIMEOUT_S = 240.0
+LOGPROBS = 5
+
+
+def engine_units(inventory, family: str, check_name: str, level: str) -> list[Unit]:
+    if level == "quick" or getattr(inventory.platform, "conformance_sampling_engine", None) is None:
+        return []
+    return [Unit(family, check_name, MODEL, None, "float32", case) for case in ENGINE_CASES]
+
+
+@dataclasses.dataclass
+class Req:
+    id: int
+    prompt: list[int]
+    max_tokens: int
+    sampling: dict
+
+    def describe(self) -> str:
+        shown = {k: v for k, v in self.sampling.items() if k != "allowed_token_ids"}
+        if "allowed_token_ids" in self.sampling:
+            shown["allowed_token_ids"] = f"{len(self.sampling['allowed_token_ids'])} tokens"
+        params = ", ".join(f"{k}={v}" for k, v in shown.items())
+        return f"request {self.id} ({params}; prompt of {len(self.prompt)} tokens)"
+
+    def to_json(self, logprobs: int | None = LOGPROBS) -> dict:
+        return {"id": self.id, "prompt": self.prompt, "max_tokens": self.max_tokens, "logprobs": logprobs,
+                "sampling": self.sampling}
+
+
+def batch_requests(vocab: int, seed: int) -> list[Req]:
+    gen = torch.Generator().manual_seed(seed)
+
+    def prompt(n):
+        return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+    allowed = sorted(torch.randperm(vocab, generator=gen)[:40].tolist())
+    bias_tokens = torch.randperm(vocab, generator=gen)[:3].tolist()
+    return [
+        Req(0, prompt(23), 6, {"temperature": 0.0}),
+        Req(1, prompt(31), 6, {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 11}),
+        Req(2, prompt(17), 6, {"temperature": 1.2, "min_p": 0.05, "seed": 12}),
+        Req(3, prompt(40), 6, {"temperature": 0.0, "repetition_penalty": 1.3, "frequency_penalty": 0.4,
+                               "presence_penalty": 0.2}),
+        Req(4, prompt(28), 6, {"temperature": 0.7, "top_p": 0.8, "presence_penalty": 0.3, "seed": 13,
+                               "logit_bias": {bias_tokens[0]: 2.0, bias_tokens[1]: -3.0, bias_tokens[2]: 1.5}}),
+        Req(5, prompt(19), 6, {"temperature": 1.0, "top_k": 5, "repetition_penalty": 1.1, "seed": 14}),
+        Req(6, prompt(25), 6, {"temperature": 0.9, "allowed_token_ids": allowed, "seed": 15}),
+    ]
+
+
+def ngram_requests(vocab: int, seed: int) -> list[Req]:
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i, (period, reps) in enumerate(((4, 8), (7, 5), (5, 6))):
+        unit = torch.randint(0, vocab, (period,), generator=gen).tolist()
+        out.append(Req(i, unit * reps, 24, {"temperature": 0.0}))
+    unit = torch.randint(0, vocab, (6,), generator=gen).tolist()
+    out.append(Req(3, unit * 5, 16, {"temperature": 0.8, "top_k": 10, "seed": 21}))
+    return out
+
+
+# ----- the oracle: vLLM's order of processing on float64 logits --------------------------------------------------
+def oracle_logits(checkpoint: Path, reqs: list[Req], tokens: dict[int, list[int]]) -> dict[int, torch.Tensor]:
+    """Per request: `[generated, vocab]` float64 logits of the reference decoder teacher-forced on the prompt and the
+    engine's tokens."""
+    from conformance.checks.common import native_only
+    from conformance.checks.model import build_reference
+    from reference_impl.models.checkpoint import read_config, read_tensors
+
+    model = build_reference(read_config(checkpoint), torch.float64, read_tensors(checkpoint, torch.float64), "cpu")
+    out = {}
+    with native_only(), torch.no_grad():
+        for r in reqs:
+            ids = torch.tensor(r.prompt + tokens[r.id][:-1], dtype=torch.long)
+            out[r.id] = model(ids, torch.arange(ids.numel()))[len(r.prompt) - 1:].double()
+    return out
+
+
+def processed(r: Req, raw: torch.Tensor, so_far: list[int]) -> torch.Tensor:
+    """The logits after everything before temperature: allowed tokens, logit bias, penalties (vLLM's order)."""
+    s = r.sampling
+    x = raw.clone()
+    if "allowed_token_ids" in s:
+        keep = torch.zeros_like(x, dtype=torch.bool)
+        keep[s["allowed_token_ids"]] = True
+        x = x.masked_fill(~keep, -math.inf)
+    for tok, bias in s.get("logit_bias", {}).items():
+        x[int(tok)] += bias
+    counts = torch.bincount(torch.tensor(so_far, dtype=torch.long), minlength=x.numel()).double() if so_far else \
+        torch.zeros_like(x)
+    seen = counts > 0
+    if r.prompt:
+        seen = seen.clone()
+        seen[torch.tensor(r.prompt)] = True
+    rep = s.get("repetition_penalty", 1.0)
+    if rep != 1.0:
+        x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+    x = x - s.get("frequency_penalty", 0.0) * counts - s.get("presence_penalty", 0.0) * (counts > 0)
+    return x
+
+
+def step_bounds(r: Req, x: torch.Tensor, tol: float):
+    """(keep, lp_low, lp_high): the kept set of the step (KEEP / DROP / EITHER, with `tol` as the logits' slack) and
+    the interval of each token's processed logprob over the undetermined tokens kept or dropped."""
+    s = r.sampling
+    greedy = s.get("temperature", 1.0) < 1e-5
+    t = x if greedy else x / s["temperature"]
+    slack = tol / (1.0 if greedy else s["temperature"])
+    keep = oracle.keep_row(t, None if greedy else s.get("top_k"), None if greedy else s.get("top_p"),
+                           None if greedy else s.get("min_p"), margin=4 * tol, slack=slack)
+    sure = keep.state == oracle.KEEP
+    maybe = keep.state == oracle.EITHER
+    lp_all = t.masked_fill(~(sure | maybe), -math.inf).log_softmax(0)
+    lp_sure = t.masked_fill(~sure, -math.inf).log_softmax(0) if bool(sure.any()) else lp_all
+    return keep, torch.minimum(lp_all, lp_sure), torch.maximum(lp_all, lp_sure)
+
+
+def grade_batch(reqs: list[Req], answers: dict[int, dict], logits: dict[int, torch.Tensor], tol: float) -> list[str]:
+    """Every request's first problem, as a line naming the request, its parameters and the step."""
+    problems = []
+    for r in reqs:
+        got = answers[r.id]
+        greedy = r.sampling.get("temperature", 1.0) < 1e-5
+        for step, (tok, pairs) in enumerate(zip(got["tokens"], got["logprobs"])):
+            x = processed(r, logits[r.id][step], got["tokens"][:step])
+            keep, low, high = step_bounds(r, x, tol)
+            line = _step_problem(r, step, tok, pairs, x, keep, low, high, tol, greedy)
+            if line:
+                problems.append(line)
+                break
+    return problems
+
+
+def _step_problem(r, step, tok, pairs, x, keep, low, high, tol, greedy) -> str | None:
+    where = f"{r.describe()}, step {step}"
+    if keep.state[tok] == oracle.DROP:
+        return (f"{where}: sampled token {tok}, which vLLM's order of processing drops (allowed tokens, logit bias, "
+                f"penalties, temperature, min-p, top-k, top-p applied to the float64 logits)")
+    if greedy:
+        top2 = torch.topk(x, 2)
+        margin = float(top2.values[0] - top2.values[1])
+        if tok != int(top2.indices[0]) and margin > 2 * tol:
+            return (f"{where}: greedy token {tok} where the oracle's argmax after the penalties and bias is "
+                    f"{int(top2.indices[0])} (margin {margin:.3g})")
+    for t, value in pairs:
+        lo, hi = float(low[t]), float(high[t])
+        if value == -math.inf:
+            if keep.state[t] == oracle.KEEP:
+                return f"{where}: the processed logprob of token {t} is -inf where the oracle keeps it ({hi:.4f})"
+            continue
+        if not (lo - tol <= value <= hi + tol):
+            want = f"{lo:.4f}" if abs(hi - lo) < 1e-12 else f"{lo:.4f} to {hi:.4f}"
+            return (f"{where}: the processed logprob of token {t} is {value:.4f} where the oracle gives {want} "
+                    f"(tolerance {tol:.3g})")
+    return None
+
+
+# ----- the check ----------------------------------------------------------------------------------------------
+@check("sampling", "engine", units=engine_units)
+def engine(ctx: CheckContext, unit: Unit) -> Verdict:
+    from conformance.checks.engine import models as engine_models
+    from conformance.checks.engine.oracle import logprob_tolerance
+
+    lend = getattr(ctx.platform, "conformance_sampling_engine", None)
+    if lend is None:
+        return Verdict(Outcome.NOT_IMPLEMENTED, "the platform lends no vLLM engine (the engine units run under "
+                       "--platform=vllm)")
+    if unit.case not in ENGINE_CASES:
+        return Verdict(Outcome.ERROR, f"sampling engine case {unit.case!r} is not one of {ENGINE_CASES}")
+    tol = logprob_tolerance(torch.float32, MODEL)
+    vocab = engine_models.VOCAB
+    reqs = batch_requests(vocab, ctx.seed) if unit.case == "batch" else ngram_requests(vocab, ctx.seed)
+    with tempfile.TemporaryDirectory(prefix="conformance-sampling-engine-") as tmp:
+        checkpoint = engine_models.write_checkpoint(engine_models.MODELS[MODEL], torch.float32, Path(tmp) / MODEL)
+        run = dict(name=f"sampling-{unit.case}", model=str(checkpoint), dtype="float32", max_model_len=512,
+                   max_num_seqs=8, logprobs_mode="processed_logprobs", speculative=None)
+        if unit.case == "batch":
+            seeded = reqs[1]
+            again = [dataclasses.replace(reqs[5], id=105), dataclasses.replace(seeded, id=101),
+                     dataclasses.replace(reqs[0], id=100)]
+            run["waves"] = [[r.to_json() for r in reqs], [dataclasses.replace(seeded, id=201).to_json()],
+                            [r.to_json() for r in again]]
+            runs = [run]
+        else:       # greedy requests, then (a run of its own: an engine that raises loses its run) a sampled one
+            run["speculative"] = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                                  "prompt_lookup_min": 1}
+            run["waves"] = [[r.to_json(logprobs=None) for r in reqs if r.sampling["temperature"] == 0],
+                            [r.to_json(logprobs=None) for r in reqs if r.sampling["temperature"] > 0]]
+            runs = [run]
+        try:
+            with lend(Path(tmp)) as proc:
+                doc = proc.run(runs, JOB_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - only the engine process's death or silence is a result here
+            crashed = getattr(exc, "crashed", None)
+            if not isinstance(crashed, bool):
+                raise
+            return Verdict(Outcome.CRASH if crashed else Outcome.TIMEOUT, f"{exc} [sampling engine, {unit.case}]")
+        result = doc["runs"][0]
+        if "error" in result or (unit.case == "batch" and result.get("wave_error")):
+            report = result.get("wave_error") or result
+            return Verdict(Outcome.ERROR, f"vLLM's engine raised {report['error']}\n{report.get('traceback', '')}")
+        waves = result["waves"]
+        answers = {a["id"]: a for wave in (waves if unit.case == "ngram" else waves[:1]) for a in wave}
+        graded = [r for r in reqs if r.id in answers]
+        logits = oracle_logits(checkpoint, graded, {r.id: answers[r.id]["tokens"] for r in graded})
+    where = (f"[vLLM's engine on the platform, {MODEL} float32 (vocab {vocab}), {result['facts'].get('platform')}; "
+             f"float64 reference teacher-forced on the engine's tokens, logprob tolerance {tol:.3g}]")
+    if unit.case == "batch":
+        problems = grade_batch(reqs, answers, logits, tol)
+        if problems:
+            more = f" ({len(problems) - 1} more requests wrong)" if len(problems) > 1 else ""
+            return failed(f"{problems[0]}{more} {where}")
+        base = answers[1]["tokens"]
+        alone = waves[1][0]["tokens"]
+        inside = {a["id"]: a for a in waves[2]}[101]["tokens"]
+        for label, got in (("alone", alone), ("second in another batch of 3", inside)):
+            if got != base:
+                return failed(f"{reqs[1].describe()}: a seeded request drew {got} {label} where it drew {base} in "
+                              f"the first batch of {len(reqs)} {where}")
+        steps = sum(len(answers[r.id]["tokens"]) for r in reqs)
+        return passed(f"{len(reqs)} requests, {steps} positions: processed logprobs, sampled tokens and greedy "
+                      f"tokens as vLLM's order of processing says on the float64 logits; the seeded request drew "
+                      f"{base} in every batch {where}")
+    problems = []
+    for r in graded:
+        got = answers[r.id]["tokens"]
+        for step, tok in enumerate(got):
+            x = processed(r, logits[r.id][step], got[:step])
+            keep, _, _ = step_bounds(r, x, tol)
+            line = _step_problem(r, step, tok, [], x, keep, x, x, tol, r.sampling.get("temperature", 1.0) < 1e-5)
+            if line:
+                problems.append(line)
+                break
+    if problems:
+        return failed(f"n-gram speculative decoding (3 draft tokens): {problems[0]} {where}")
+    steps = sum(len(answers[r.id]["tokens"]) for r in graded)
+    said = (f"n-gram speculative decoding (3 draft tokens): {len(graded)} requests, {steps} tokens, greedy ones the "
+            f"oracle's argmax wherever the margin binds")
+    broken = result.get("wave_error")
+    if broken:
+        sampled = [r for r in reqs if r.id not in answers]
+        return Verdict(Outcome.ERROR, f"{said}; but with a sampled request ({sampled[0].describe()}) vLLM's engine "
+                       f"raised {broken['error']}\n{broken.get('traceback', '')} {where}")
+    return passed(f"{said}, the sampled one inside its top-k {where}")
