@@ -34,7 +34,8 @@ FIXED_LATER = (
                "CPU_ATTN declares kernel block sizes MultipleOf(16) and the fp8 KV cache, but its block-16 (vec16) "
                "kernel refuses fp8; 0.29 declares MultipleOf(32), whose kernels take fp8"),
     FixedLater("0.31", "engine", "expected scalar type BFloat16 but found Float",
-               "gpt-oss's MoE in float32 reaches a bfloat16-only CPU kernel (vllm._custom_ops); 0.31 runs it",
+               "gpt-oss's attention sinks in float32 reach CPU_ATTN's kernel (vllm._custom_ops."
+               "cpu_attention_with_kv_cache), which takes sinks only in bfloat16; 0.31 computes them",
                op="gpt_oss"),
 )
 
