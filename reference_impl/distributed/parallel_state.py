@@ -127,7 +127,15 @@ def _lookup(group_name: str) -> GroupCoordinator:
 # ----- the collectives as opaque torch ops -----------------------------------------------------------
 @torch.library.custom_op("reference_dist::all_reduce", mutates_args=())
 def _all_reduce_op(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    return _lookup(group_name).communicator.all_reduce(x)
+    comm = _lookup(group_name).communicator
+    # a communicator other than the reference may sum in place (vLLM's contract allows it): this op is functional
+    return comm.all_reduce(x if _is_reference(comm) else x.clone())
+
+
+def _is_reference(comm) -> bool:
+    from reference_impl.distributed.communicator import ReferenceCommunicator
+
+    return type(comm) is ReferenceCommunicator
 
 
 @_all_reduce_op.register_fake
@@ -150,7 +158,8 @@ def _(x, dim, world_size, group_name):
 @torch.library.custom_op("reference_dist::broadcast", mutates_args=())
 def _broadcast_op(x: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
     """`src` is the rank within the group (vLLM's convention)."""
-    return _lookup(group_name).communicator.broadcast(x, src)
+    comm = _lookup(group_name).communicator
+    return comm.broadcast(x if _is_reference(comm) else x.clone(), src)
 
 
 @_broadcast_op.register_fake
@@ -183,8 +192,11 @@ def init_distributed_environment(world_size: int, rank: int, init_method: str = 
     return _WORLD
 
 
-def initialize_model_parallel(tensor_model_parallel_size: int = 1, backend: str | None = None) -> GroupCoordinator:
-    """Split the world into tensor-parallel groups of consecutive ranks; every rank must call it."""
+def initialize_model_parallel(tensor_model_parallel_size: int = 1, backend: str | None = None,
+                              communicator_cls: type | None = None) -> GroupCoordinator:
+    """Split the world into tensor-parallel groups of consecutive ranks; every rank must call it. `communicator_cls`:
+    the device communicator class of the tensor-parallel group (a platform's `get_device_communicator_cls()`,
+    resolved), built as vLLM's GroupCoordinator builds it; default the reference communicator."""
     global _TP
     if _TP is not None:
         raise ParallelStateError("the tensor-parallel group is already initialized; call "
@@ -206,7 +218,10 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1, backend: str 
         # every rank creates every group (torch.distributed requires it), keeps its own
         group = dist.new_group(ranks, backend=backend) if tensor_model_parallel_size > 1 else None
         if _WORLD.rank in ranks:
-            mine = GroupCoordinator("tp", ranks, _WORLD.rank, group)
+            comm = None
+            if communicator_cls is not None and group is not None:
+                comm = communicator_cls(cpu_group=group, device=None, device_group=group, unique_name="tp:0")
+            mine = GroupCoordinator("tp", ranks, _WORLD.rank, group, comm)
     _TP = mine
     _GROUPS["tp"] = _TP
     return _TP

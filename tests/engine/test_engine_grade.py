@@ -49,13 +49,16 @@ def test_one_unit_per_model_above_quick_and_compiled_only_under_the_vllm_bridge(
         f"{m}-float32-eager" for m in STANDARD]
     from reference_impl.platforms.builtin import CpuPlatform
 
-    # a platform written against our API: the reference runtime on it, eager (tests/engine/test_engine_runtime.py)
+    # a platform written against our API: the reference runtime on it, eager (tests/engine/test_engine_runtime.py),
+    # and with tensor parallelism over 2 ranks in float32: Llama at standard, every model at full
+    # (tests/collective/test_engine_tp.py)
     native = _inventory(CpuPlatform())
     assert engine.engine_units(native, "engine", "generate", "quick") == []
     assert [u.id for u in engine.engine_units(native, "engine", "generate", "standard")] == [
-        f"{m}-{d}-eager" for d in ("float32", "bfloat16") for m in STANDARD]
+        f"{m}-{d}-eager" for d in ("float32", "bfloat16") for m in STANDARD] + ["llama-float32-eager,tp=2"]
     assert [u.id for u in engine.engine_units(native, "engine", "generate", "full")] == [
-        f"{m}-{d}-eager" for d in ("float32", "float16", "bfloat16") for m in FULL]
+        f"{m}-{d}-eager" for d in ("float32", "float16", "bfloat16") for m in FULL] + [
+        f"{m}-float32-eager,tp=2" for m in FULL]
 
 
 def test_the_checks_reach_vllms_engine_only_through_the_platform():

@@ -31,7 +31,9 @@ from conformance.collect.inventory import Inventory
 from conformance.collect.units import Unit, dtype_name
 from conformance.results.result import Outcome
 
-CASES = ("eager", "compiled")
+CASES = ("eager", "compiled", "eager,tp=2")
+TP_CASE = "eager,tp=2"       # the reference runtime on 2 ranks (parallel.py); not yet under the vLLM bridge
+TP_TIMEOUT_S = 240.0
 STANDARD_DTYPES = ("float32", "bfloat16")     # the full level: every dtype the platform supports
 JOB_TIMEOUT_S = 300.0                          # one job of the engine process; the per-check limit usually ends first
 # The reruns that explain a divergence take three more engines (about 15 s on an idle 2-core machine); past this
@@ -64,6 +66,9 @@ def engine_units(inventory: Inventory, family: str, check_name: str, level: str)
     units = [Unit(family, check_name, m, None, d, "eager") for d in dtypes for m in names]
     if engine_of(inventory.platform) is not None and level == "full":
         units += [Unit(family, check_name, m, None, d, "compiled") for d in dtypes for m in names]
+    if engine_of(inventory.platform) is None and "float32" in dtypes:   # tensor parallel: Llama, at full every model
+        units += [Unit(family, check_name, m, None, "float32", TP_CASE) for m in (names if level == "full"
+                                                                                  else names[:1])]
     return units
 
 
@@ -104,6 +109,11 @@ def generate(ctx: CheckContext, unit: Unit) -> Verdict:
                        f"{tuple(engine_models.MODELS)} (conformance/checks/engine/models.py)")
     dtype = unit_dtype(unit)
     engine = engine_of(ctx.platform)
+    if unit.case == TP_CASE:
+        if engine is not None:
+            return Verdict(Outcome.ERROR, f"engine unit {unit.id}: tensor parallelism runs on the reference runtime "
+                           "only; vLLM's engine with tensor_parallel_size=2 is not wired into the bridge yet")
+        return _on_runtime_tp(ctx, unit, dtype)
     if engine is None:
         return _on_runtime(ctx, unit, dtype)
     compiled = unit.case == "compiled"
@@ -188,6 +198,49 @@ def _on_runtime(ctx: CheckContext, unit: Unit, dtype) -> Verdict:
                       f"logprob tolerance {tol:.3g}): {name}: {result.grade.divergences[0].line()}; "
                       f"{result.explanation} [{where}]", **errs)
     return passed(f"{within} [{where}]", **errs)
+
+
+def _on_runtime_tp(ctx: CheckContext, unit: Unit, dtype) -> Verdict:
+    """The unit's model on the reference runtime with tensor parallelism over 2 spawned ranks (parallel.py), each
+    activating the platform; its TP group's collectives go through the platform's device communicator. Rank 0's
+    outputs are graded like the single-process runtime's; a rank whose outputs differ from rank 0's is named."""
+    from conformance.checks.engine import models as engine_models
+    from conformance.checks.engine.models import requests
+    from conformance.checks.engine.oracle import grade, logprob_tolerance, oracle_logprobs
+    from conformance.checks.engine.parallel import RanksFailed, run_ranks
+    from conformance.checks.engine.runtime import PROMPT_BLOCK
+
+    name, world = unit.op, 2
+    tol = logprob_tolerance(dtype, name)
+    where = (f"reference runtime (reference_impl.models) on the platform with tensor parallelism over {world} gloo "
+             f"ranks, {unit.dtype}, eager; {name} ({engine_models.MODELS[name].exercises})")
+    with tempfile.TemporaryDirectory(prefix="conformance-engine-") as tmp:
+        checkpoint = engine_models.write_checkpoint(engine_models.MODELS[name], dtype, Path(tmp) / name)
+        try:
+            ranks = run_ranks(ctx.platform_name, checkpoint, unit.dtype, str(ctx.device), world, TP_TIMEOUT_S)
+        except RanksFailed as exc:
+            outcome = {True: Outcome.CRASH, False: Outcome.TIMEOUT}.get(exc.crashed, Outcome.ERROR)
+            return Verdict(outcome, f"{exc} [{where}]")
+        reqs = requests(max(ranks[0]["block"], PROMPT_BLOCK))
+        where += f"; the TP group's communicator: {ranks[0]['communicator']}"
+        outputs = ranks[0]["outputs"]
+        for rank, other in enumerate(ranks[1:], start=1):
+            for req in reqs:
+                mine, theirs = outputs[req.id]["tokens"], other["outputs"][req.id]["tokens"]
+                if mine != theirs:
+                    step = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine),
+                                                                                                 len(theirs)))
+                    return failed(f"the ranks disagree: rank {rank} generated other tokens than rank 0 for request "
+                                  f"{req.id} (wave {req.wave}, prompt of {len(req.prompt)}) from step {step} (rank 0 "
+                                  f"{mine[step:step + 3]}, rank {rank} {theirs[step:step + 3]}): a collective gives "
+                                  f"the ranks different results [{where}]")
+        result = ModelResult(name, {}, grade(reqs, outputs, oracle_logprobs(checkpoint, reqs, outputs), tol))
+    within, errs = _within(result, tol)
+    if result.grade.divergences:
+        return failed(f"the runtime with tensor parallelism leaves the float64 reference (teacher-forced on its "
+                      f"tokens, logprob tolerance {tol:.3g}; every rank generated the same tokens): {name}: "
+                      f"{result.grade.divergences[0].line()} [{where}]", **errs)
+    return passed(f"{within}; all {world} ranks generated the same tokens [{where}]", **errs)
 
 
 def _within(result: ModelResult, tol: float) -> tuple[str, dict]:
