@@ -309,16 +309,22 @@ def _generator_states() -> list[tuple[str, int, torch.Tensor]]:
     return [(name, g.initial_seed(), g.get_state()) for name, g in _default_generators()]
 
 
+# Calls of the platform's code that may draw: a constructor initialises its parameters from the default generator
+# (torch.nn's layers do), as building a model does; a reseed there still counts.
+_DRAWING_CALLS = ("constructing ", "building ")
+
+
 def _note_generator_use(where: str, before: list[tuple[str, int, torch.Tensor]]) -> None:
     """After the platform's code ran (`where`): a reseed of a default generator is noted; so is a draw, unless the
-    caller allowed draws (drawing_default_generator)."""
+    caller allowed draws (drawing_default_generator) or the call constructs something (_DRAWING_CALLS)."""
     gens = dict(_default_generators())
+    draws_allowed = _DRAWS_ALLOWED[0] or where.startswith(_DRAWING_CALLS)
     for name, seed, rng in before:
         gen = gens.get(name)
         if gen is None:
             continue
         change = _generator_change(name, seed, rng, gen)
-        if change and (gen.initial_seed() != seed or not _DRAWS_ALLOWED[0]):
+        if change and (gen.initial_seed() != seed or not draws_allowed):
             _NOTED.append(f"{where}: {change}")
 
 

@@ -50,6 +50,21 @@ def test_the_checks_own_draws_outside_the_platforms_code_are_not_a_finding_and_a
     assert torch.equal(torch.get_rng_state(), before.generators[0][2])     # the next unit starts alike
 
 
+def test_a_constructor_may_initialise_from_the_default_generator_but_not_reseed_it(kept_state):
+    before = global_state()
+    call_impl("constructing vllm:Conv2dLayer", torch.nn.Linear, 4, 4)       # kaiming init draws
+    assert side_effect_verdict(Verdict(Outcome.PASS, "ok"), before).outcome is Outcome.PASS
+
+    def reseeding_constructor():
+        torch.manual_seed(9)
+        return torch.nn.Linear(4, 4)
+
+    call_impl("constructing a layer", reseeding_constructor)
+    verdict = side_effect_verdict(Verdict(Outcome.PASS, "ok"), before)
+    assert verdict.outcome is Outcome.FAIL and "constructing a layer: the default (CPU) generator was reseeded" \
+        in verdict.message
+
+
 def test_a_kernel_that_reseeds_and_raises_is_an_error_that_names_both(kept_state):
     before = global_state()
 
