@@ -2,7 +2,7 @@
 
     python -m reference_impl.generate (--checkpoint DIR | --random tiny|small|moe) --platform NAME
         (--prompt TEXT | --prompt-ids 1,2,3 | --batch-file prompts.jsonl) --max-new-tokens N
-        [--compile] [--tp N] [--dtype float32|float16|bfloat16] [--temperature T --top-k K --seed S]
+        [--compile] [--tp N] [--dtype float32|float16|bfloat16] [--temperature T --top-k K --top-p P --min-p M --seed S]
 
 Prints the generated tokens (and text, for text prompts), the provider selected for each IR op,
 the forward each CustomOp layer class runs, the attention backend the platform selected (it reads and
@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: the checkpoint config's dtype (float32 when it names none, and for --random)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k largest logits (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample from the nucleus of mass top-p (1: off)")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens below min-p times the likeliest's probability (0: off)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--stop-token-ids", metavar="IDS",
                    help="comma-separated ids ending a sequence (default: a checkpoint's eos_token_id, if any)")
@@ -135,6 +138,8 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[
         parser.error(f"--tp must be at least 1, got {args.tp}")
     if args.temperature < 0 or args.top_k < 0:
         parser.error("--temperature and --top-k must be >= 0")
+    if not 0 < args.top_p <= 1 or not 0 <= args.min_p <= 1:
+        parser.error(f"--top-p must be in (0, 1] and --min-p in [0, 1], got {args.top_p} and {args.min_p}")
     if args.prompt is None and args.prompt_ids is None and args.batch_file is None:
         parser.error("give --prompt, --prompt-ids or --batch-file")
     if args.stop_token_ids is not None and args.ignore_eos:
@@ -243,6 +248,10 @@ def run(args: argparse.Namespace, prompts: list[list[int]], rank: int = 0) -> di
             providers = probe_providers(lambda: generate(model, prompts[:1], 2, cache=scratch, device=device))
         cache = model.allocate_kv_cache(len(prompts), max_len)
         sampler = Sampler(SamplingParams(args.temperature, args.top_k, args.seed))
+        if args.top_p < 1 or args.min_p > 0:   # vLLM's order of processing (reference_impl.sampling)
+            from reference_impl.sampling import BatchSampler
+
+            sampler = BatchSampler(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
         bar = None
         if rank == 0 and args.max_new_tokens >= PROGRESS_MIN_STEPS:
             from tqdm import tqdm

@@ -235,12 +235,47 @@ def sample_recovered_tokens(cu_num_draft_tokens, draft_token_ids, draft_probs, t
     return (residual / q[rows]).argmax(dim=-1).to(draft_token_ids.dtype)
 
 
+class BatchSampler:
+    """`logits [rows, vocab] -> tokens` for the runtime's generation loop (reference_impl.models.generate): every row
+    with the same temperature, top_k (0: off), top_p (1: off) and min_p (0: off), in vLLM's order of processing
+    (`Sampler.sample`, or `sampler`'s), one generator seeded with `seed` on the logits' device drawing for every row
+    in turn. Temperature 0 is greedy."""
+
+    def __init__(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                 seed: int = 0, sampler=None):
+        for name, value, ok in (("temperature", temperature, temperature >= 0), ("top_k", top_k, top_k >= 0),
+                                ("top_p", top_p, 0 < top_p <= 1), ("min_p", min_p, 0 <= min_p <= 1)):
+            if not ok:
+                raise ValueError(f"{name}={value} is out of range (temperature >= 0, top_k >= 0, 0 < top_p <= 1, "
+                                 "0 <= min_p <= 1)")
+        self.temperature, self.top_k, self.top_p, self.min_p, self.seed = temperature, top_k, top_p, min_p, seed
+        self.sampler = sampler or Sampler()
+        self._generator: torch.Generator | None = None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        rows, vocab = logits.shape
+        device = logits.device
+        if self._generator is None:
+            self._generator = torch.Generator(device=device).manual_seed(self.seed)
+
+        def full(value, dtype):
+            return torch.full((rows,), value, dtype=dtype, device=device)
+
+        batch = SamplingBatch(
+            full(self.temperature, torch.float32),
+            top_k=full(min(self.top_k, vocab), torch.int32) if 0 < self.top_k < vocab else None,
+            top_p=full(self.top_p, torch.float32) if self.top_p < 1 else None,
+            min_p=full(self.min_p, torch.float32) if self.min_p > 0 else None,
+            generators={row: self._generator for row in range(rows)})
+        return self.sampler.sample(logits, batch)[0]
+
+
 def sampler_for(platform) -> object:
     """The sampler a platform brings (its `get_sampler()`), or the reference one."""
     get = getattr(platform, "get_sampler", None)
     return get() if callable(get) else Sampler()
 
 
-__all__ = ["SAMPLING_EPS", "PLACEHOLDER_TOKEN_ID", "Sampler", "SamplingBatch", "apply_min_p", "apply_penalties",
+__all__ = ["SAMPLING_EPS", "PLACEHOLDER_TOKEN_ID", "BatchSampler", "Sampler", "SamplingBatch", "apply_min_p", "apply_penalties",
            "apply_temperature", "apply_top_k", "apply_top_k_top_p", "apply_top_p", "generate_uniform_probs",
            "random_sample", "rejection_sample", "sample_recovered_tokens", "sampler_for"]
