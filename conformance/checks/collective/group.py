@@ -44,6 +44,16 @@ def call_timeout() -> float:
     return value
 
 
+def work_directory() -> str | None:
+    """Where a group keeps its rendezvous file and its ranks' logs: beside the kernel worker's running note (the run's
+    directory, which the run removes even when it had to kill the worker), else the temporary directory."""
+    from conformance.results import running_note
+
+    note = os.environ.get(running_note.NOTE_ENV)
+    parent = os.path.dirname(note) if note else ""
+    return parent if parent and os.path.isdir(parent) else None
+
+
 class GroupFailed(Exception):
     """The group could not start (a rank's setup raised, or it did not connect in time)."""
 
@@ -81,7 +91,7 @@ class RankGroup:
         self.recipe = dict(recipe)
         self.timeout = timeout
         self.grace = max(5.0, timeout / 2)
-        self.dir = tempfile.mkdtemp(prefix="conformance-collective-")
+        self.dir = tempfile.mkdtemp(prefix="conformance-collective-", dir=work_directory())
         self.procs: list[subprocess.Popen] = []
         self.conns: list = []
         self.jobs = 0
@@ -92,8 +102,9 @@ class RankGroup:
         from multiprocessing.connection import Listener
 
         key = secrets.token_bytes(16)
-        address = os.path.join(self.dir, "runner.sock")
-        listener = Listener(address, family="AF_UNIX", authkey=key)
+        # an abstract socket (Linux): no file, so no path-length limit wherever the temporary directory is
+        address = f"conformance-collective-{os.getpid()}-{secrets.token_hex(8)}"
+        listener = Listener("\0" + address, family="AF_UNIX", authkey=key)
         env = dict(os.environ, CONFORMANCE_COLLECTIVE_KEY=key.hex())
         env.setdefault("VLLM_DIST_IDENT", f"conformance-{os.getpid()}-{secrets.token_hex(4)}")
         init_file = os.path.join(self.dir, "init")

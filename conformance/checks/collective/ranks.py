@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
 
     address, rank, world, init_file, call_timeout = argv[0], int(argv[1]), int(argv[2]), argv[3], float(argv[4])
     _die_with_parent()
-    conn = Client(address, family="AF_UNIX", authkey=bytes.fromhex(os.environ["CONFORMANCE_COLLECTIVE_KEY"]))
+    conn = Client("\0" + address, family="AF_UNIX", authkey=bytes.fromhex(os.environ["CONFORMANCE_COLLECTIVE_KEY"]))
     try:
         recipe = conn.recv()
         if recipe.get("setup"):

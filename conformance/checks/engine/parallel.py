@@ -29,7 +29,9 @@ def run_ranks(platform_name: str, checkpoint: Path, dtype: str, device: str, wor
               timeout: float) -> list[dict]:
     """Every rank's {"block": its KV block size, "communicator": the class its TP group used, "outputs": {request
     id: output}} (rank order)."""
-    with tempfile.TemporaryDirectory(prefix="conformance-engine-tp-") as tmp:
+    from conformance.checks.collective.group import work_directory
+
+    with tempfile.TemporaryDirectory(prefix="conformance-engine-tp-", dir=work_directory()) as tmp:
         init = os.path.join(tmp, "init")
         procs = []
         for rank in range(world):
