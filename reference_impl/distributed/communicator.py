@@ -119,7 +119,13 @@ class ReferenceCommunicator:
     def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
         self._live("all_gather")
         dim = self._dim(input_, dim, "all_gather")
-        return torch.cat(self._gather_parts(input_), dim=dim)
+        x = input_.contiguous()
+        # one collective into one buffer, rank r's tensor at stacked[r]; moving the rank axis next to `dim` and
+        # merging the two is the concatenation in rank order (a view when dim is 0, else one copy)
+        flat = torch.empty(self.world_size * x.numel(), dtype=x.dtype, device=x.device)   # gloo takes it flat
+        dist.all_gather_into_tensor(flat, x.reshape(-1), group=self.device_group)
+        stacked = flat.view(self.world_size, *x.shape)
+        return stacked.movedim(0, dim).reshape(*x.shape[:dim], self.world_size * x.shape[dim], *x.shape[dim + 1:])
 
     def all_gatherv(self, input_: torch.Tensor | list[torch.Tensor], dim: int = 0,
                     sizes: list[int] | None = None) -> torch.Tensor | list[torch.Tensor]:
