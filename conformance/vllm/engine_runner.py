@@ -22,6 +22,7 @@ This module never imports the harness's checks (docs/architecture.md: the bridge
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -43,7 +44,32 @@ def _engine(run: dict):
                   enable_prefix_caching=bool(run["prefix_caching"]), enable_chunked_prefill=chunked,
                   max_num_batched_tokens=run["token_budget"] if chunked else run["max_model_len"],
                   max_num_seqs=run["max_num_seqs"], kv_cache_memory_bytes=KV_CACHE_BYTES)
-    return LLM(**kwargs)
+    tp = int(run.get("tensor_parallel_size", 1))
+    if tp == 1:
+        return LLM(**kwargs)
+    # one worker process per rank (vLLM's multiprocessing executor), collectives through the platform's communicator
+    kwargs.update(tensor_parallel_size=tp, distributed_executor_backend="mp")
+    with _cpu_threads_bound(tp):
+        return LLM(**kwargs)
+
+
+@contextlib.contextmanager
+def _cpu_threads_bound(ranks: int):
+    """While the ranks start: vLLM's CPU worker binds each rank's OpenMP threads to cores (VLLM_CPU_OMP_THREADS_BIND);
+    its default ('auto') wants a NUMA node per rank and refuses to start 2 ranks on a one-node machine. Unless the user
+    set it, each rank gets its own share of this process's cores ('0|1' on 2 cores); the next engine of this process
+    (one rank) starts without it. Other platforms do not read it."""
+    if os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+        yield
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cores) // ranks)
+    parts = [cores[r * share:(r + 1) * share] or cores[-1:] for r in range(ranks)]
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, p)) for p in parts)
+    try:
+        yield
+    finally:
+        del os.environ["VLLM_CPU_OMP_THREADS_BIND"]
 
 
 def _facts(llm) -> dict:
@@ -53,7 +79,8 @@ def _facts(llm) -> dict:
     config = llm.llm_engine.vllm_config
     cls = type(current_platform)
     return {"block_size": int(config.cache_config.block_size), "platform": f"{cls.__module__}.{cls.__qualname__}",
-            "compilation_mode": str(config.compilation_config.mode)}
+            "compilation_mode": str(config.compilation_config.mode),
+            "tensor_parallel_size": int(config.parallel_config.tensor_parallel_size)}
 
 
 def _wave(llm, requests: list[dict]) -> list[dict]:

@@ -43,7 +43,8 @@ def _bridged(distribution: str):
                                                                           "version": "0.1.0"}))
 
 
-def _verdicts(plugin: str, units, fixture=FIXTURE, distribution: str = "conformance-vllm-engine") -> dict:
+def _verdicts(plugin: str, units, fixture=FIXTURE, distribution: str = "conformance-vllm-engine",
+              case: str = "eager") -> dict:
     """{(model, dtype): verdict} of the eager units `units` ((model, dtype) pairs) with vLLM's engine on `plugin`
     (VLLM_PLUGINS) from `fixture`, in turn on one platform object, so they share its one engine process, as a kernel
     worker's units do (conformance/vllm/engine_session.py)."""
@@ -55,7 +56,7 @@ def _verdicts(plugin: str, units, fixture=FIXTURE, distribution: str = "conforma
     platform = _bridged(distribution)
     try:
         ctx = CheckContext("vllm", platform)
-        return {(m, d): engine.generate(ctx, Unit("engine", "generate", m, None, d, "eager")) for m, d in units}
+        return {(m, d): engine.generate(ctx, Unit("engine", "generate", m, None, d, case)) for m, d in units}
     finally:
         if platform._engine_session is not None:
             platform._engine_session.close()
@@ -105,6 +106,18 @@ def test_the_fresh_twin_passes_with_prefix_cache_hits(fresh):
     assert "prefix cache hits: request 4 256 tokens, request 5 128 tokens" in fresh.message
     assert "on conformance_vllm_engine.platform.FreshCpuPlatform, KV block 128" in fresh.message
     assert fresh.err_to_tol < 1
+
+
+def test_two_ranks_of_vllms_engine_pass_against_the_same_oracle():
+    """`eager,tp=2` under the bridge (the full level): vLLM's engine with tensor_parallel_size=2, a worker process per
+    rank, its collectives through the platform's device communicator (vLLM's CpuCommunicator here), graded like one
+    rank. On 2 cores each rank gets one (engine_runner binds VLLM_CPU_OMP_THREADS_BIND, which vLLM's default refuses
+    on one NUMA node). About a minute and a half."""
+    verdict = _verdicts("fresh_cpu", [("llama", "float32")], case=engine.TP_CASE)[("llama", "float32")]
+    assert verdict.outcome is Outcome.PASS, verdict.message
+    assert verdict.message.startswith("44 generated positions (llama) within logprob tolerance 0.0018"), verdict.message
+    assert "eager,tp=2 (tensor_parallel_size=2: a worker process per rank" in verdict.message
+    assert "on conformance_vllm_engine.platform.FreshCpuPlatform, KV block 128, 2 ranks;" in verdict.message  # observed
 
 
 def test_an_out_of_tree_platform_with_its_own_worker_runs_the_engine_and_passes():
