@@ -17,14 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from _registrations import registrations_undone
 from harness_runner import PLUGINS, broken_records
 
 from conformance.checks import CheckContext, run_unit
 from conformance.collect.inventory import activate
 from conformance.results.result import Outcome
-from reference_impl.custom_op import CustomOp
-from reference_impl.ir.op import IrOp
-from reference_impl.platforms import CpuPlatform, activate_platform
 
 RECORDS = broken_records()
 # Each fixture's expected verdict, from its module's `EXPECTED = Fault(...)`: the family and outcome that must
@@ -38,23 +36,14 @@ def plugin(dist: str, module: str):
     and register_oot registration made meanwhile is undone afterwards."""
     root = str(PLUGINS / dist)
     package = module.split(".")[0]
-    with activate_platform(CpuPlatform()):   # the built-in providers register on first activation: not undone below
-        pass
-    before_ir = {name: set(op.impls) for name, op in IrOp.registry.items()}
-    before_oot = dict(CustomOp.op_registry_oot)
     sys.path.insert(0, root)
     try:
-        with activate_platform(CpuPlatform()):   # whatever the plugin installs, the previous platform returns
+        with registrations_undone():
             yield lambda: importlib.import_module(module)
     finally:
         sys.path.remove(root)
         for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
             del sys.modules[name]
-        for name, op in IrOp.registry.items():
-            for provider in set(op.impls) - before_ir.get(name, set()):
-                op.remove_impl(provider)
-        CustomOp.op_registry_oot.clear()
-        CustomOp.op_registry_oot.update(before_oot)
 
 
 def run_family(name: str, make_platform, family: str, dtype: str | None, level: str = "quick") -> list[tuple]:

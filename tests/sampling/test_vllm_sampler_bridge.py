@@ -10,9 +10,11 @@ vllm = pytest.importorskip("vllm")
 
 @pytest.fixture(scope="module")
 def vllm_inventory():
+    from _registrations import registrations_undone
     from conformance.collect.inventory import activate
 
-    return activate("vllm")
+    with registrations_undone():   # the bridge's layers and providers stay out of the later tests of this worker
+        yield activate("vllm")
 
 
 def unit(check, case, op):

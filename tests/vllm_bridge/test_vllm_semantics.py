@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _registrations import registrations_undone
 
 from conformance.checks import CheckContext, run_unit
 from conformance.checks.common import Verdict, compare_outputs, failed, not_supported, passed, within_vllm
@@ -29,7 +30,7 @@ from reference_impl.layers.fused_moe.routing import MIN_ROUTING_MARGIN, by_exper
 from reference_impl.layers.layernorm import RMSNorm
 from reference_impl.layers.quantization import GroupShape, QuantFP8
 from reference_impl.layers.rotary_embedding import DualChunkRotaryEmbedding, RotaryEmbedding
-from reference_impl.platforms import CpuPlatform, Platform, PlatformEnum, activate_platform
+from reference_impl.platforms import Platform, PlatformEnum
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 import_catalog()   # every layer module, so CustomOp.op_registry holds the whole catalog
@@ -366,25 +367,16 @@ def _run(name, register, check, op, level="quick"):
     """Verdicts of `check` units of `op` for a platform whose plugin is `register()`, in this process."""
     from conformance.checks import records
 
-    before_ir = {n: set(o.impls) for n, o in ir.ops.IrOp.registry.items()}
-    before_oot = dict(CustomOp.op_registry_oot)
-    try:
-        with activate_platform(CpuPlatform()):
-            def factory():
-                register()
-                return _VendorPlatform()
+    with registrations_undone():
+        def factory():
+            register()
+            return _VendorPlatform()
 
-            inventory = activate(name, factory)
-            ctx = CheckContext(name, inventory.platform, seed=1234, level=level)
-            record = records()[check]
-            return {u.case or u.provider: run_unit(ctx, u)[0]
-                    for u in record.units(inventory, record.family, record.name, level) if u.op == op}
-    finally:
-        for n, o in ir.ops.IrOp.registry.items():
-            for provider in set(o.impls) - before_ir.get(n, set()):
-                o.remove_impl(provider)
-        CustomOp.op_registry_oot.clear()
-        CustomOp.op_registry_oot.update(before_oot)
+        inventory = activate(name, factory)
+        ctx = CheckContext(name, inventory.platform, seed=1234, level=level)
+        record = records()[check]
+        return {u.case or u.provider: run_unit(ctx, u)[0]
+                for u in record.units(inventory, record.family, record.name, level) if u.op == op}
 
 
 def test_a_kernel_that_rejects_3d_inputs_like_vllm_is_not_supported_there_not_failed():
