@@ -155,7 +155,9 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
     token, or on every prompt token with `prompt_logits` (kept in the result). `on_step(i)` is called after
     every step (progress bars). A sequence that samples one of `stop_token_ids` (end of sequence) ends
     there, that token included: it leaves the batch and its blocks are freed; generation stops once every
-    sequence has ended.
+    sequence has ended. A sampler with `takes_requests` (`reference_impl.sampling.RequestSampler`: parameters,
+    penalties and a seed per request, vLLM's semantics) is called with the requests its rows belong to and every
+    request's prompt and output so far; any other sampler with the logits alone.
     """
     prompts_ = _as_prompts(prompts)
     if max_new_tokens < 1:
@@ -187,7 +189,13 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
             last = logits[last_rows]
         else:
             last = model(input_ids, positions, cu_seqlens, lens, last_rows)
-        next_ids = sampler(last)
+        per_request = bool(getattr(sampler, "takes_requests", False))   # a RequestSampler: its rows' requests
+        outputs: list[list[int]] = [[] for _ in prompts_]
+        next_ids = (sampler(last, rows=range(seqs), prompts=prompts_, outputs=outputs) if per_request
+                    else sampler(last))
+        if per_request:
+            for s, t in enumerate(next_ids.tolist()):
+                outputs[s].append(t)
         _synchronize(device)
         prefill_seconds = time.perf_counter() - start
         kept = list(logits.split(lens.tolist())) if prompt_logits else []
@@ -211,7 +219,13 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
             positions = lens
             lens = lens + 1
             logits = model(next_ids, positions, decode_cu, lens, decode_cu[:-1])
-            next_ids = sampler(logits)
+            if per_request:
+                rows = live.tolist()
+                next_ids = sampler(logits, rows=rows, prompts=prompts_, outputs=outputs)
+                for r, t in zip(rows, next_ids.tolist()):
+                    outputs[r].append(t)
+            else:
+                next_ids = sampler(logits)
             if n < seqs:    # ended sequences' rows: NaN logits, no token
                 logits = logits.new_full((seqs, logits.shape[-1]), float("nan")).index_copy_(0, live, logits)
                 steps.append(logits)

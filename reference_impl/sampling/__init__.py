@@ -270,12 +270,90 @@ class BatchSampler:
         return self.sampler.sample(logits, batch)[0]
 
 
+@dataclasses.dataclass(frozen=True)
+class RequestParams:
+    """One request's sampling parameters, with vLLM's `SamplingParams` meaning: temperature 0 is greedy, top_k 0,
+    top_p 1 and min_p 0 are off; `seed` gives the request a generator of its own (its tokens are then the same alone
+    or in any batch), None draws from the default generator; penalties 1 (repetition) and 0 (frequency, presence)
+    are off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+    def __post_init__(self):
+        for name, ok in (("temperature", self.temperature >= 0), ("top_k", self.top_k >= 0),
+                         ("top_p", 0 < self.top_p <= 1), ("min_p", 0 <= self.min_p <= 1),
+                         ("repetition_penalty", self.repetition_penalty > 0),
+                         ("frequency_penalty", -2 <= self.frequency_penalty <= 2),
+                         ("presence_penalty", -2 <= self.presence_penalty <= 2)):
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)} is out of range (temperature >= 0, top_k >= 0, "
+                                 "0 < top_p <= 1, 0 <= min_p <= 1, repetition_penalty > 0, frequency_penalty and "
+                                 "presence_penalty in [-2, 2], as vLLM's SamplingParams)")
+
+    @property
+    def penalised(self) -> bool:
+        return self.repetition_penalty != 1 or self.frequency_penalty != 0 or self.presence_penalty != 0
+
+
+class RequestSampler:
+    """The runtime's sampler for requests with parameters of their own (`reference_impl.models.generate` hands it the
+    requests its rows belong to and every request's prompt and output so far): each row's penalties over its own
+    prompt and output, then `sampler.sample` in vLLM's order with each row's temperature, top-k, top-p and min-p; a
+    seeded request draws from its own generator, created on first use on the logits' device."""
+
+    takes_requests = True   # generate() calls it as sampler(logits, rows=..., prompts=..., outputs=...)
+
+    def __init__(self, params, sampler=None):
+        self.params = [p if isinstance(p, RequestParams) else RequestParams(**p) for p in params]
+        self.sampler = sampler or Sampler()
+        self._generators: dict[int, torch.Generator] = {}
+
+    def __call__(self, logits: torch.Tensor, rows, prompts, outputs) -> torch.Tensor:
+        rows = [int(r) for r in rows]
+        if any(not 0 <= r < len(self.params) for r in rows):
+            raise ValueError(f"rows {rows} name requests this sampler has no parameters for ({len(self.params)})")
+        params = [self.params[r] for r in rows]
+        device, vocab = logits.device, logits.shape[-1]
+        logits = logits.to(torch.float32).clone()
+
+        def per_row(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        if any(p.penalised for p in params):
+            logits = apply_penalties(logits, [list(prompts[r]) for r in rows], [list(outputs[r]) for r in rows],
+                                     per_row([p.repetition_penalty for p in params], torch.float32),
+                                     per_row([p.frequency_penalty for p in params], torch.float32),
+                                     per_row([p.presence_penalty for p in params], torch.float32))
+        generators = {}
+        for i, (r, p) in enumerate(zip(rows, params)):
+            if p.seed is not None:
+                if r not in self._generators:
+                    self._generators[r] = torch.Generator(device=device).manual_seed(p.seed)
+                generators[i] = self._generators[r]
+        batch = SamplingBatch(
+            per_row([p.temperature for p in params], torch.float32),
+            top_k=(per_row([p.top_k if 0 < p.top_k < vocab else vocab for p in params], torch.int32)
+                   if any(0 < p.top_k < vocab for p in params) else None),
+            top_p=per_row([p.top_p for p in params], torch.float32) if any(p.top_p < 1 for p in params) else None,
+            min_p=per_row([p.min_p for p in params], torch.float32) if any(p.min_p > 0 for p in params) else None,
+            generators=generators)
+        return self.sampler.sample(logits, batch)[0]
+
+
 def sampler_for(platform) -> object:
     """The sampler a platform brings (its `get_sampler()`), or the reference one."""
     get = getattr(platform, "get_sampler", None)
     return get() if callable(get) else Sampler()
 
 
-__all__ = ["SAMPLING_EPS", "PLACEHOLDER_TOKEN_ID", "BatchSampler", "Sampler", "SamplingBatch", "apply_min_p", "apply_penalties",
+__all__ = ["SAMPLING_EPS", "PLACEHOLDER_TOKEN_ID", "BatchSampler", "RequestParams", "RequestSampler", "Sampler",
+           "SamplingBatch", "apply_min_p", "apply_penalties",
            "apply_temperature", "apply_top_k", "apply_top_k_top_p", "apply_top_p", "generate_uniform_probs",
            "random_sample", "rejection_sample", "sample_recovered_tokens", "sampler_for"]

@@ -42,3 +42,65 @@ def test_the_command_line_refuses_a_top_p_outside_0_1(capsys):
     with pytest.raises(SystemExit) as exc:
         validate(parser, args)
     assert exc.value.code == 2 and "--top-p must be in (0, 1]" in capsys.readouterr().err
+
+
+# ----- per-request parameters in the runtime's generation (reference_impl.sampling.RequestSampler) --------------
+def _tiny():
+    from reference_impl.models import DecoderConfig, build_model
+
+    return build_model(DecoderConfig(), torch.float32, seed=2)
+
+
+def _generate(model, prompts, params, new=8):
+    from reference_impl.models import generate
+    from reference_impl.sampling import RequestSampler
+
+    return generate(model, prompts, new, cache=model.allocate_kv_cache(len(prompts), 32),
+                    sampler=RequestSampler(params)).tokens
+
+
+def test_a_seeded_request_gives_the_same_tokens_alone_and_in_any_batch():
+    from reference_impl.sampling import RequestParams
+
+    model = _tiny()
+    seeded = RequestParams(temperature=1.0, top_k=50, seed=11)
+    alone = _generate(model, [[5, 17, 3, 99, 42, 7]], [seeded])[0]
+    torch.manual_seed(123)   # the unseeded requests below draw from the default generator: not the seeded one's
+    batch = _generate(model, [[8, 1, 250], [5, 17, 3, 99, 42, 7], [60, 61, 62]],
+                      [RequestParams(temperature=0.7), seeded, RequestParams(temperature=1.3, top_p=0.9)])
+    assert batch[1] == alone
+    assert _generate(model, [[5, 17, 3, 99, 42, 7]], [RequestParams(temperature=1.0, top_k=50, seed=12)])[0] != alone
+    greedy = _generate(model, [[5, 17, 3, 99, 42, 7]], [RequestParams()])[0]
+    assert _generate(model, [[8, 1, 250], [5, 17, 3, 99, 42, 7]], [seeded, RequestParams()])[1] == greedy
+
+
+def test_penalties_act_on_each_requests_own_prompt_and_output():
+    from reference_impl.sampling import RequestParams
+
+    model = _tiny()
+    prompt = [5, 17, 3, 99, 42, 7]
+    plain = _generate(model, [prompt], [RequestParams()], new=12)[0]
+    # a repetition penalty this large makes every token seen in the prompt or the output so far the least likely
+    fresh = _generate(model, [prompt, [8, 1, 250]], [RequestParams(repetition_penalty=1e6), RequestParams()],
+                      new=12)
+    assert len(set(fresh[0])) == len(fresh[0]) and not set(fresh[0]) & set(prompt)
+    assert fresh[1] == _generate(model, [[8, 1, 250]], [RequestParams()], new=12)[0]   # the other row untouched
+    assert plain == _generate(model, [prompt], [RequestParams(repetition_penalty=1.0)], new=12)[0]
+
+
+@pytest.mark.parametrize("kwargs,name", [({"repetition_penalty": 0.0}, "repetition_penalty=0.0"),
+                                         ({"frequency_penalty": 3.0}, "frequency_penalty=3.0"),
+                                         ({"top_k": -1}, "top_k=-1")])
+def test_request_parameters_out_of_range_are_refused_by_name(kwargs, name):
+    from reference_impl.sampling import RequestParams
+
+    with pytest.raises(ValueError, match=name):
+        RequestParams(**kwargs)
+
+
+def test_rows_without_parameters_are_refused():
+    from reference_impl.sampling import RequestParams, RequestSampler
+
+    with pytest.raises(ValueError, match=r"rows \[0, 2\] name requests this sampler has no parameters for \(2\)"):
+        RequestSampler([RequestParams(), RequestParams()])(torch.zeros(2, 8), rows=[0, 2], prompts=[[1], [2], [3]],
+                                                            outputs=[[], [], []])
