@@ -33,8 +33,7 @@ def follow_torch_isa() -> str:
         for probe in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_amx_tile_supported"):
             setattr(torch.cpu, probe, lambda: False)
         return "AVX2 (ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU: torch, our kernels and vLLM's _C_AVX2 run AVX2 code)"
-    if torch.cpu._is_amx_tile_supported():
-        # Linux hands out AMX tile state only on request; a model runner's first bf16 GEMM (oneDNN) makes it before
-        # any attention runs, and vLLM's AMX attention kernel assumes it was made (without it: SIGILL)
-        torch._C._cpu._init_amx()
+    from reference_impl.utils import enable_amx_tiles
+
+    enable_amx_tiles()   # vLLM's AMX attention kernel assumes a model runner's bf16 GEMM asked for it (else SIGILL)
     return capability

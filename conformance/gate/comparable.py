@@ -29,3 +29,15 @@ def require_same_platform(first: tuple[str, str | None], second: tuple[str, str 
         raise NotComparable(f"{label_a} is a run of platform '{name_a}', {label_b} of platform '{name_b}': "
                             "runs of different platforms are not compared (their providers differ, so their "
                             "results cannot be matched); compare or gate runs of one platform")
+
+
+def release_change(before: str | None, after: str | None) -> str | None:
+    """'vLLM A before, vLLM B now' when two runs were made on different vLLM releases ('no vLLM' for a run that names
+    none), else None: what compare and the baseline gate say, since such a change may be vLLM's, not the plugin's."""
+    if before == after:
+        return None
+    return f"{_release(before)} before, {_release(after)} now"
+
+
+def _release(version: str | None) -> str:
+    return f"vLLM {version}" if version else "no vLLM"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from conformance.gate.comparable import platform_name, require_same_platform
+from conformance.gate.comparable import platform_name, release_change, require_same_platform
 from conformance.results.result import CaseKey, Outcome, case_key, describe
 
 BAD = frozenset({Outcome.FAIL, Outcome.ERROR, Outcome.TIMEOUT, Outcome.CRASH, Outcome.XPASS})
@@ -130,7 +130,7 @@ def compare(old: dict[str, Any], new: dict[str, Any], old_label: str = "OLD", ne
 def _release_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
     """'vLLM A before, vLLM B now' when both files name a vLLM release and they differ."""
     a, b = ((d.get("environment") or {}).get("vllm") for d in (old, new))
-    return f"vLLM {a} before, vLLM {b} now" if a and b and a != b else None
+    return release_change(a, b) if a and b else None
 
 
 def render_text(c: Comparison) -> str:

@@ -221,23 +221,14 @@ def load_baseline(path: str, platform: str | None = None) -> Baseline:
     return Baseline(baseline, env.get("vllm") if isinstance(env, dict) else None)
 
 
-def release_change(baseline: Baseline, vllm_now: str | None) -> str | None:
-    """'vLLM OLD before, vLLM NEW now' when the baseline and this run ran on different vLLM releases, else None."""
-    if baseline.vllm == vllm_now:
-        return None
-    return f"{_release(baseline.vllm)} before, {_release(vllm_now)} now"
-
-
-def _release(version: str | None) -> str:
-    return f"vLLM {version}" if version else "no vLLM"
-
-
 def regression(result: CheckResult, baseline: Baseline, vllm_now: str | None = None) -> str | None:
     """A message when the baseline had PASS here and this run has anything else; when the two runs are on different
     vLLM releases it says so, since the change may be vLLM's rather than the plugin's."""
     before = baseline.get(result_key(result))
     if before == Outcome.PASS.value and result.outcome is not Outcome.PASS:
-        changed = release_change(baseline, vllm_now) if isinstance(baseline, Baseline) else None
+        from conformance.gate.comparable import release_change
+
+        changed = release_change(baseline.vllm, vllm_now) if isinstance(baseline, Baseline) else None
         if changed:
             return (f"regression against the baseline: PASS before, {result.outcome.value} now, across a change of "
                     f"vLLM release ({changed}): vLLM's change or the plugin's; a baseline made on this release "

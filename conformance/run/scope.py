@@ -54,14 +54,14 @@ def configuration_notes(state) -> list[str]:
 
 def gate_description(state) -> str:
     """The header line naming the waivers and the baseline this run applies."""
-    from conformance.gate.waivers import release_change
+    from conformance.gate.comparable import release_change
 
     waivers = (f"{state.waivers_path} ({len(state.waivers)} waivers)" if state.waivers_path else "none")
     baseline = "none"
     if state.baseline is not None:
         passes = sum(1 for outcome in state.baseline.values() if outcome == Outcome.PASS.value)
         baseline = f"{state.baseline_path} ({len(state.baseline)} results, {passes} PASS guarded)"
-        changed = release_change(state.baseline, getattr(state, "vllm_release", None))
+        changed = release_change(getattr(state.baseline, "vllm", None), getattr(state, "vllm_release", None))
         if changed:
             baseline += (f"; made on another vLLM release ({changed}): a regression may be vLLM's change, "
                          "not the plugin's")

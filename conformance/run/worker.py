@@ -79,6 +79,10 @@ def serve(platform: str, seed: int, level: str) -> int:
         from conformance.collect.inventory import activate
 
         inventory = activate(platform)
+        from reference_impl.utils import enable_amx_tiles
+
+        # as in any engine process: otherwise an AMX kernel's outcome would depend on whether an earlier check in
+        # this worker happened to run a bf16 GEMM (which asks for the AMX state)
         enable_amx_tiles()
         ctx = CheckContext(platform, inventory.platform, seed=seed, level=level)
         registry()   # import every check module now: the first check's time limit is not for imports
@@ -132,19 +136,6 @@ def enable_crash_stacks(faulthandler) -> None:
         faulthandler.enable(file=_FAULT_FILE[0], all_threads=True)
     else:
         faulthandler.enable(all_threads=True)
-
-
-def enable_amx_tiles() -> bool:
-    """Ask Linux for the AMX tile state where the CPU has AMX, as every engine process has it before its attention
-    runs (its first bf16 GEMM, in oneDNN, asks): AMX kernels that assume it (vLLM's CPU attention in bf16) die of
-    SIGILL in a process that never asked, so without this a check's outcome would depend on whether an earlier check
-    in the same worker happened to run a bf16 GEMM. True when the state was granted."""
-    import torch
-
-    if not torch.cpu._is_amx_tile_supported():
-        return False
-    init = getattr(torch._C._cpu, "_init_amx", None)   # torch 2.3 and later
-    return bool(init()) if init is not None else False
 
 
 def prepare_reference_kernels(inventory) -> None:

@@ -1,4 +1,5 @@
-"""A kernel worker asks Linux for AMX tile state on a CPU with AMX (conformance.run.worker.enable_amx_tiles), so an
+"""A kernel worker asks Linux for AMX tile state on a CPU with AMX (reference_impl.utils.enable_amx_tiles, which
+conformance.run.worker.serve and the CPU benchmarks call), so an
 AMX kernel that assumes it (vLLM's bf16 CPU attention) cannot die of SIGILL only because no earlier check in the same
 worker ran a bf16 GEMM. Read back with arch_prctl(ARCH_GET_XCOMP_PERM): the XTILEDATA bit."""
 
@@ -14,7 +15,7 @@ PERMITTED = """
 import ctypes, sys, torch
 ARCH_GET_XCOMP_PERM, XFEATURE_XTILEDATA, SYS_arch_prctl = 0x1022, 18, 158
 if sys.argv[1] == "worker":
-    from conformance.run.worker import enable_amx_tiles
+    from reference_impl.utils import enable_amx_tiles
     print("granted" if enable_amx_tiles() else "refused")
 mask = ctypes.c_uint64(0)
 libc = ctypes.CDLL(None, use_errno=True)
@@ -38,6 +39,6 @@ def test_a_worker_holds_amx_tile_state_a_fresh_process_does_not():
 
 @pytest.mark.skipif(torch.cpu._is_amx_tile_supported(), reason="this CPU has AMX: the test above covers it")
 def test_without_amx_nothing_is_asked():
-    from conformance.run.worker import enable_amx_tiles
+    from reference_impl.utils import enable_amx_tiles
 
     assert enable_amx_tiles() is False
