@@ -31,8 +31,26 @@ def register_kernel_overrides() -> None:
     if not _OVERRIDES_REGISTERED:
         from vllm.platforms import current_platform
 
-        current_platform.register_triton_kernel_overrides()
+        # the hook came with vLLM 0.31 (scripts/vllm_release_probe.py); before it a platform overrides no kernel of the
+        # rejection sampler, and vLLM's platform object answers None for the missing name
+        if callable(getattr(type(current_platform), "register_triton_kernel_overrides", None)):
+            current_platform.register_triton_kernel_overrides()
         _OVERRIDES_REGISTERED = True
+
+
+def _require_cpu_rejection_kernels(rs) -> None:
+    """ReleaseLacks (graded NOT_SUPPORTED naming the release) where vLLM's rejection sampler has only Triton kernels
+    with nothing that runs them here: before 0.30 it has no `_rejection_greedy_sample` / `_rejection_random_sample`
+    entry points, and before 0.31 no platform hook that registers CPU versions (`register_triton_kernel_overrides`)."""
+    from vllm.platforms import current_platform
+
+    from conformance.collect.releases import ReleaseLacks
+    from conformance.vllm.discover import installed_version
+
+    hook = callable(getattr(type(current_platform), "register_triton_kernel_overrides", None))
+    if not hasattr(rs, "_rejection_greedy_sample") or (not hook and current_platform.is_cpu()):
+        raise ReleaseLacks("vLLM", installed_version(), "rejection-sampler kernels that run without Triton (the CPU "
+                           "platform's C++ overrides, registered through register_triton_kernel_overrides)", "0.31")
 
 
 def rejection_overrides() -> dict[str, str]:
@@ -78,6 +96,7 @@ class VllmSampler:
                          recovered_token_ids, uniform_probs, is_greedy, max_spec_len):
         from vllm.v1.sample import rejection_sampler as rs
 
+        _require_cpu_rejection_kernels(rs)
         batch = cu_num_draft_tokens.shape[0]
         out = torch.full((batch, max_spec_len + 1), rs.PLACEHOLDER_TOKEN_ID, dtype=torch.int32,
                          device=target_probs.device)
@@ -94,7 +113,10 @@ class VllmSampler:
     def speculative_sample(self, draft_token_ids, num_draft_tokens, cu_num_draft_tokens, draft_probs,
                            target_logits, bonus_token_ids, generators):
         from reference_impl.sampling import SamplingBatch
+        from vllm.v1.sample import rejection_sampler as rs
         from vllm.v1.sample.rejection_sampler import rejection_sample
+
+        _require_cpu_rejection_kernels(rs)
 
         temperature = torch.ones(len(num_draft_tokens), dtype=torch.float32, device=target_logits.device)
         metadata = self._metadata(target_logits, SamplingBatch(temperature, generators=generators))
