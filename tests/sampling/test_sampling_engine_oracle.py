@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conformance.checks.sampling import engine as E
+from conformance.results.result import Outcome
 
 
 def req(**sampling):
@@ -69,3 +70,38 @@ def test_a_token_within_the_tolerance_of_the_kth_value_may_go_either_way():
     r = E.Req(0, [0], 1, {"temperature": 1.0, "top_k": 2, "seed": 3})
     keep, low, high = E.step_bounds(r, E.processed(r, raw[:], []), 0.0018)
     assert keep.state.tolist()[1:3] == [-1, -1] and keep.state.tolist()[3] == 0
+
+
+class _EngineRaisingAtWave:
+    """A platform lending an engine whose n-gram run raises at the given wave (0: the greedy requests)."""
+
+    device_type = "cpu"
+
+    def __init__(self, wave: int):
+        self.wave = wave
+
+    def conformance_sampling_engine(self, workdir):
+        import contextlib
+
+        outer = self
+
+        class Proc:
+            def run(self, runs, timeout):
+                waves = [[{"id": r["id"], "tokens": [], "logprobs": []} for r in w] for w in runs[0]["waves"]]
+                return {"runs": [{"waves": waves[:outer.wave], "facts": {"platform": "Fake"},
+                                  "wave_error": {"error": "TypeError: boom", "traceback": "", "wave": outer.wave}}]}
+
+        return contextlib.nullcontext(Proc())
+
+
+@pytest.mark.parametrize("wave, names", [(0, "before any answer, with the greedy requests (0, 1, 2)"),
+                                         (1, "; then, with the sampled request (3)")])
+def test_an_ngram_engine_that_raises_names_the_wave_that_raised(wave, names):
+    from conformance.checks.common import CheckContext
+    from conformance.checks.sampling.engine import MODEL, engine
+    from conformance.collect.units import Unit
+
+    verdict = engine(CheckContext("vllm", _EngineRaisingAtWave(wave)),
+                     Unit("sampling", "engine", MODEL, None, "float32", "ngram"))
+    assert verdict.outcome == Outcome.ERROR
+    assert names in verdict.message and "TypeError: boom" in verdict.message

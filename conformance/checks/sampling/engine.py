@@ -273,7 +273,11 @@ def engine(ctx: CheckContext, unit: Unit) -> Verdict:
             f"oracle's argmax wherever the margin binds")
     broken = result.get("wave_error")
     if broken:
-        sampled = [r for r in reqs if r.id not in answers]
-        return Verdict(Outcome.ERROR, f"{said}; but with a sampled request ({sampled[0].describe()}) vLLM's engine "
-                       f"raised {broken['error']}\n{broken.get('traceback', '')} {where}")
+        wave = run["waves"][broken["wave"]]
+        which = ("the greedy requests" if broken["wave"] == 0 else "the sampled request") + \
+            f" ({', '.join(str(r['id']) for r in wave)})"
+        head = f"{said}; then, with {which}," if graded else \
+            f"n-gram speculative decoding (3 draft tokens): before any answer, with {which},"
+        return Verdict(Outcome.ERROR, f"{head} vLLM's engine raised {broken['error']}\n"
+                       f"{broken.get('traceback', '')} {where}")
     return passed(f"{said}, the sampled one inside its top-k {where}")
