@@ -23,11 +23,17 @@ class FixedLater:
     fragment: str        # part of the message vLLM raised
     what: str            # the defect, and what the fixing release changed
     op: str | None = None
+    also: tuple[str, ...] = ()   # more parts the message must hold: the vLLM class or platform that ran
 
     def applies(self, release: str, family: str, op: str | None, message: str | None) -> bool:
-        return (_key(release) < _key(self.fixed_in) and family == self.family and self.fragment in (message or "")
-                and self.op in (None, op))
+        text = message or ""
+        return (_key(release) < _key(self.fixed_in) and family == self.family and self.op in (None, op)
+                and all(part in text for part in (self.fragment, *self.also)))
 
+
+_SEEDED_0_28 = ("TopKTopPSampler.forward_cpu samples the whole batch from the global generator, ignoring every "
+                "request's own generator, whenever the batch mixes seeded and unseeded requests (its test is "
+                "len(generators) != batch size); 0.29 uses the generators whenever any request has one")
 
 FIXED_LATER = (
     FixedLater("0.29", "attention", "FP8 KV cache is only supported on x86 (AMX/VEC) ISA",
@@ -37,6 +43,15 @@ FIXED_LATER = (
                "gpt-oss's attention sinks in float32 reach CPU_ATTN's kernel (vllm._custom_ops."
                "cpu_attention_with_kv_cache), which takes sinks only in bfloat16; 0.31 computes them",
                op="gpt_oss"),
+    FixedLater("0.29", "sampling", "a seeded request's tokens depend on what else runs", _SEEDED_0_28,
+               also=("vllm.v1.sample.ops.topk_topp_sampler.TopKTopPSampler",)),
+    FixedLater("0.29", "sampling", "a seeded request drew", _SEEDED_0_28, op="llama",
+               also=("vllm.platforms.cpu.CpuPlatform",)),
+    FixedLater("0.31", "sampling", "Cannot inspect kernel parameters for function",
+               "n-gram speculative decoding's rejection sampler launches its Triton kernels (through "
+               "jit_warmup_triton_helper) on the CPU, where vLLM's CpuPlatform registers no replacement; 0.31 adds "
+               "Platform.register_triton_kernel_overrides and CpuPlatform's C++ rejection kernels", op="llama",
+               also=("vllm.platforms.cpu.CpuPlatform",)),
 )
 
 

@@ -9,6 +9,13 @@ from conformance.results.result import Outcome
 from conformance.vllm.fixed_later import FIXED_LATER, fixed_later_note
 
 FP8 = "do_kv_cache_update (the context) raised RuntimeError: FP8 KV cache is only supported on x86 (AMX/VEC) ISA"
+SEEDED_OP = ("a seeded request's tokens depend on what else runs: request (seed 1, ...) [vllm.v1.sample.ops."
+             "topk_topp_sampler.TopKTopPSampler.forward_cpu]")
+SEEDED_ENGINE = ("request 1 (...): a seeded request drew [1] alone where it drew [2] in the first batch of 7 [vLLM's "
+                 "engine on the platform, llama float32 (vocab 512), vllm.platforms.cpu.CpuPlatform; ...]")
+NGRAM = ("n-gram speculative decoding (3 draft tokens): before any answer, with the greedy requests (0, 1, 2), vLLM's "
+         "engine raised TypeError: Cannot inspect kernel parameters for function [vLLM's engine on the platform, "
+         "llama float32 (vocab 512), vllm.platforms.cpu.CpuPlatform; ...]")
 MOE = "vLLM's engine raised on model gpt_oss: RuntimeError: expected scalar type BFloat16 but found Float"
 
 
@@ -24,6 +31,13 @@ MOE = "vLLM's engine raised on model gpt_oss: RuntimeError: expected scalar type
     ("0.31.0", "engine", "gpt_oss", Outcome.ERROR, MOE, None),
     ("0.28.0+cpu", "engine", "gpt_oss", Outcome.ERROR, MOE, "0.31"),
     (None, "engine", "gpt_oss", Outcome.ERROR, MOE, None),                    # not a vLLM run
+    ("0.28.0", "sampling", "sample", Outcome.FAIL, SEEDED_OP, "0.29"),
+    ("0.29.0", "sampling", "sample", Outcome.FAIL, SEEDED_OP, None),
+    ("0.28.0", "sampling", "sample", Outcome.FAIL, SEEDED_OP.replace("vllm.v1", "vendor"), None),  # a vendor's sampler
+    ("0.28.0", "sampling", "llama", Outcome.FAIL, SEEDED_ENGINE, "0.29"),
+    ("0.28.0", "sampling", "llama", Outcome.FAIL, SEEDED_ENGINE.replace("vllm.platforms.cpu.", "vendor."), None),
+    ("0.30.0", "sampling", "llama", Outcome.ERROR, NGRAM, "0.31"),
+    ("0.31.0", "sampling", "llama", Outcome.ERROR, NGRAM, None),
 ])
 def test_a_known_defect_names_the_release_that_fixes_it(release, family, op, outcome, message, fixed_in):
     note = fixed_later_note(release, family, op, outcome, message)
