@@ -7,6 +7,12 @@ input and no `torch.distributed` call is made, so layers and models run in a pla
 (`reference_dist::*`) so compiled graphs call them instead of tracing into `torch.distributed`. Each op calls the
 group's device communicator (`reference_impl.distributed.communicator.ReferenceCommunicator`, vLLM 0.32's
 `DeviceCommunicatorBase` contract), as vLLM's `GroupCoordinator` calls the platform's.
+
+Expert parallelism (`initialize_model_parallel(..., enable_expert_parallel=True)`) adds an expert-parallel group
+over the tensor-parallel ranks, as vLLM builds its "ep" group with data parallelism 1: its device communicator is
+built with `unique_name` "ep:0" and `use_all2all=False` (vLLM turns all2all on only with data or sequence
+parallelism), and FusedMoE splits its experts by the rank in it. The partial expert sums are then combined by the
+MoE block's one tensor-parallel all_reduce, over the same ranks, as vLLM's MoE runner does.
 """
 
 from __future__ import annotations
@@ -169,6 +175,7 @@ def _(x, src, group_name):
 
 # ----- the process-wide state ------------------------------------------------------------------------
 _TP: GroupCoordinator | None = None
+_EP: GroupCoordinator | None = None
 _WORLD: GroupCoordinator | None = None
 _JOINED = False     # whether init_distributed_environment itself called init_process_group
 
@@ -193,11 +200,14 @@ def init_distributed_environment(world_size: int, rank: int, init_method: str = 
 
 
 def initialize_model_parallel(tensor_model_parallel_size: int = 1, backend: str | None = None,
-                              communicator_cls: type | None = None) -> GroupCoordinator:
+                              communicator_cls: type | None = None,
+                              enable_expert_parallel: bool = False) -> GroupCoordinator:
     """Split the world into tensor-parallel groups of consecutive ranks; every rank must call it. `communicator_cls`:
     the device communicator class of the tensor-parallel group (a platform's `get_device_communicator_cls()`,
-    resolved), built as vLLM's GroupCoordinator builds it; default the reference communicator."""
-    global _TP
+    resolved), built as vLLM's GroupCoordinator builds it; default the reference communicator.
+    `enable_expert_parallel`: also an expert-parallel group of the same ranks (get_ep_group), its communicator built
+    with `unique_name` "ep:0" and `use_all2all=False`, as vLLM builds it with data parallelism 1."""
+    global _TP, _EP
     if _TP is not None:
         raise ParallelStateError("the tensor-parallel group is already initialized; call "
                                  "destroy_model_parallel() first")
@@ -212,19 +222,32 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1, backend: str 
     if tensor_model_parallel_size < 1 or world_size % tensor_model_parallel_size:
         raise ParallelStateError(f"world size {world_size} is not divisible by tensor_model_parallel_size="
                                  f"{tensor_model_parallel_size}")
+    _TP = _build_groups("tp", tensor_model_parallel_size, backend, communicator_cls, {})
+    _GROUPS["tp"] = _TP
+    if enable_expert_parallel and tensor_model_parallel_size > 1:
+        # after every tp group: every rank creates the groups in the same order (torch.distributed requires it)
+        _EP = _build_groups("ep", tensor_model_parallel_size, backend, communicator_cls, {"use_all2all": False})
+        _GROUPS["ep"] = _EP
+    return _TP
+
+
+def _build_groups(name: str, size: int, backend: str | None, communicator_cls: type | None,
+                  extra: dict) -> GroupCoordinator:
+    """Groups `name` of `size` consecutive ranks over the world; this rank's, its communicator built with
+    `unique_name` "<name>:0" (and `extra`) as vLLM's GroupCoordinator builds it (without a class: the reference
+    communicator, which GroupCoordinator builds itself)."""
     mine = None
-    for start in range(0, world_size, tensor_model_parallel_size):
-        ranks = list(range(start, start + tensor_model_parallel_size))
+    for start in range(0, _WORLD.world_size, size):
+        ranks = list(range(start, start + size))
         # every rank creates every group (torch.distributed requires it), keeps its own
-        group = dist.new_group(ranks, backend=backend) if tensor_model_parallel_size > 1 else None
+        group = dist.new_group(ranks, backend=backend) if size > 1 else None
         if _WORLD.rank in ranks:
             comm = None
             if communicator_cls is not None and group is not None:
-                comm = communicator_cls(cpu_group=group, device=None, device_group=group, unique_name="tp:0")
-            mine = GroupCoordinator("tp", ranks, _WORLD.rank, group, comm)
-    _TP = mine
-    _GROUPS["tp"] = _TP
-    return _TP
+                comm = communicator_cls(cpu_group=group, device=None, device_group=group, unique_name=f"{name}:0",
+                                        **extra)
+            mine = GroupCoordinator(name, ranks, _WORLD.rank, group, comm)
+    return mine
 
 
 def model_parallel_is_initialized() -> bool:
@@ -234,6 +257,17 @@ def model_parallel_is_initialized() -> bool:
 def get_tp_group() -> GroupCoordinator:
     """The tensor-parallel group; a single-rank group when nothing was initialized."""
     return _TP if _TP is not None else _DEFAULT_TP
+
+
+def get_ep_group() -> GroupCoordinator:
+    """The expert-parallel group (the tensor-parallel ranks, with `enable_expert_parallel`); a single-rank group
+    when expert parallelism is off."""
+    return _EP if _EP is not None else _DEFAULT_EP
+
+
+def expert_parallel_is_enabled() -> bool:
+    """Whether initialize_model_parallel built an expert-parallel group of more than one rank."""
+    return _EP is not None and _EP.world_size > 1
 
 
 def get_tensor_model_parallel_world_size() -> int:
@@ -261,10 +295,11 @@ def tensor_model_parallel_broadcast(x: torch.Tensor, src: int = 0) -> torch.Tens
 
 
 def destroy_model_parallel() -> None:
-    """Forget the tensor-parallel group (torch.distributed groups are freed with the process group)."""
-    global _TP
-    _TP = None
+    """Forget the tensor- and expert-parallel groups (torch.distributed groups are freed with the process group)."""
+    global _TP, _EP
+    _TP = _EP = None
     _GROUPS.pop("tp", None)
+    _GROUPS.pop("ep", None)
 
 
 def destroy_distributed_environment() -> None:
@@ -280,14 +315,15 @@ def destroy_distributed_environment() -> None:
 
 @contextlib.contextmanager
 def single_rank_tensor_parallel() -> Iterator[GroupCoordinator]:
-    """Inside the block the tensor-parallel group is a single rank, whatever was initialized."""
-    global _TP
-    saved = _TP
-    _TP = _DEFAULT_TP
+    """Inside the block the tensor-parallel group is a single rank, whatever was initialized, and so is the
+    expert-parallel group (its ranks are the tensor-parallel ones)."""
+    global _TP, _EP
+    saved = _TP, _EP
+    _TP, _EP = _DEFAULT_TP, None
     try:
         yield _TP
     finally:
-        _TP = saved
+        _TP, _EP = saved
 
 
 @contextlib.contextmanager
@@ -310,4 +346,6 @@ def simulated_tensor_parallel(rank: int, world_size: int) -> Iterator[GroupCoord
 
 _DEFAULT_TP = _single_rank_group("tp-single")
 _GROUPS["tp-single"] = _DEFAULT_TP
+_DEFAULT_EP = _single_rank_group("ep-single")
+_GROUPS["ep-single"] = _DEFAULT_EP
 

@@ -3,7 +3,8 @@
 Embedding (VocabParallelEmbedding) -> N x [RMSNorm, attention (QKV column-parallel projection,
 rotary, causal attention, row-parallel output projection), RMSNorm, MLP (merged gate/up
 column-parallel projection, SiluAndMul or GeluAndMul, row-parallel down projection) or a sparse MoE
-block (a replicated router and FusedMoE over this rank's slice of every expert, all-reduced)] ->
+block (a replicated router and FusedMoE over this rank's slice of every expert, or with expert parallelism over this
+rank's experts whole, all-reduced)] ->
 RMSNorm -> ParallelLMHead + LogitsProcessor. The residual stream goes through `RMSNorm(x, residual)`
 (IR `fused_add_rms_norm.maybe_inplace`). Its shape is a DecoderConfig (models/decoder_config.py), which
 also covers the Llama-shaped families' variants (rope scaling, projection biases, a sliding attention
@@ -34,7 +35,12 @@ import torch.nn.functional as F
 
 from reference_impl.attention.layer import Attention
 from reference_impl.attention.registry import resolve
-from reference_impl.distributed import divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from reference_impl.distributed import (
+    divide,
+    get_ep_group,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
 from reference_impl.distributed import tensor_model_parallel_all_reduce
 from reference_impl.layers.fused_moe import FusedMoE
 from reference_impl.layers.layernorm import GemmaRMSNorm, RMSNorm
@@ -180,8 +186,11 @@ def _(x, router_logits, block):
 
 class SparseMoE(nn.Module):
     """Sparse MoE block: a replicated router, FusedMoE over this rank's `intermediate / tp` slice of every
-    expert, partial sums all-reduced over the ranks. Compiled, the experts run as the opaque
-    `reference_model::moe_experts` op. Subclasses name the router and choose the routing and activation."""
+    expert, partial sums all-reduced over the ranks. With expert parallelism (`get_ep_group()` of more than one rank,
+    as vLLM's enable_expert_parallel) FusedMoE holds this rank's experts whole instead (vLLM's MoE tensor-parallel
+    size is then 1) and the same one all-reduce, over the same ranks, combines the experts' parts, as vLLM's MoE
+    runner does with data parallelism 1. Compiled, the experts run as the opaque `reference_model::moe_experts` op.
+    Subclasses name the router and choose the routing and activation."""
 
     def __init__(self, config: DecoderConfig, dtype: torch.dtype, prefix: str, router: str, router_bias: bool,
                  **experts: Any):
@@ -190,10 +199,14 @@ class SparseMoE(nn.Module):
         self.router_name = router
         setattr(self, router, ReplicatedLinear(config.hidden_size, config.num_experts, bias=router_bias,
                                                params_dtype=dtype, prefix=f"{prefix}.{router}", return_bias=False))
-        self.intermediate_per_rank = divide(config.intermediate_size, get_tensor_model_parallel_world_size(),
-                                            "intermediate_size")
+        ep_size = get_ep_group().world_size
+        # (ranks, rank) the experts' intermediate size is split over: none under expert parallelism
+        self.shard = ((1, 0) if ep_size > 1 else
+                      (get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()))
+        self.intermediate_per_rank = divide(config.intermediate_size, self.shard[0], "intermediate_size")
         self.experts = FusedMoE(config.num_experts, config.num_experts_per_tok, config.hidden_size,
-                                self.intermediate_per_rank, params_dtype=dtype, prefix=f"{prefix}.experts", **experts)
+                                self.intermediate_per_rank, params_dtype=dtype, prefix=f"{prefix}.experts",
+                                ep_size=ep_size, **experts)
         self.key = f"{prefix}#{len(_MOE_BLOCKS)}"
         _MOE_BLOCKS[self.key] = self
 
@@ -217,14 +230,19 @@ class MixtralMoE(SparseMoE):
         super().__init__(config, dtype, prefix, "gate", False, renormalize=True)
 
     def load_expert(self, expert: int, which: str, tensor: torch.Tensor) -> None:
-        """Copy this rank's slice of expert `expert`'s `w1` (gate), `w3` (up) or `w2` (down) weight."""
-        n, rank = self.intermediate_per_rank, get_tensor_model_parallel_rank()
+        """Copy this rank's slice of expert `expert`'s `w1` (gate), `w3` (up) or `w2` (down) weight; nothing for an
+        expert another rank holds (expert parallelism)."""
+        held = self.experts.local_experts
+        if expert not in held:
+            return
+        local = expert - held.start
+        n, rank = self.intermediate_per_rank, self.shard[1]
         with torch.no_grad():
             if which == "w2":
-                self.experts.w2_weight[expert].copy_(tensor[:, rank * n:(rank + 1) * n])
+                self.experts.w2_weight[local].copy_(tensor[:, rank * n:(rank + 1) * n])
             else:
                 offset = 0 if which == "w1" else n
-                self.experts.w13_weight[expert, offset:offset + n].copy_(tensor[rank * n:(rank + 1) * n])
+                self.experts.w13_weight[local, offset:offset + n].copy_(tensor[rank * n:(rank + 1) * n])
 
 
 def gpt_oss_routing(hidden_states: torch.Tensor, router_logits: torch.Tensor, top_k: int,
@@ -250,10 +268,14 @@ class GptOssMoE(SparseMoE):
 
     def load_experts(self, which: str, tensor: torch.Tensor) -> None:
         """Copy this rank's slice of the stacked checkpoint tensor `which` (`gate_up_proj`, `gate_up_proj_bias`,
-        `down_proj`, `down_proj_bias`). Interleaved, this rank's gate and up columns are one contiguous range;
-        the down bias is added once, by rank 0, before the all-reduce."""
-        n, rank = self.intermediate_per_rank, get_tensor_model_parallel_rank()
+        `down_proj`, `down_proj_bias`): the experts it holds (all but under expert parallelism), and of each its
+        intermediate slice. Interleaved, this rank's gate and up columns are one contiguous range; the down bias is
+        added once: under tensor parallelism by rank 0 before the all-reduce, under expert parallelism by the rank
+        holding the expert."""
+        n, rank = self.intermediate_per_rank, self.shard[1]
         gate_up = slice(2 * rank * n, 2 * (rank + 1) * n)
+        held = self.experts.local_experts
+        tensor = tensor[held.start:held.stop]
         experts = self.experts
         with torch.no_grad():
             if which == "gate_up_proj":

@@ -314,7 +314,7 @@ def test_experts_go_through_ir_activation_ops():
     (dict(hidden_size=0), ValueError, "hidden_size=0"),
     (dict(quant_config=object()), NotImplementedError, "quantized MoE methods"),
     (dict(tp_size=2), NotImplementedError, "tp_size=2 is not supported"),
-    (dict(ep_size=4), NotImplementedError, "ep_size=4 is not supported"),
+    (dict(ep_size=4), ValueError, "ep_size=4 needs ep_rank, or an expert-parallel group of 4 ranks"),
     (dict(enable_eplb=True), NotImplementedError, "load balancing"),
     (dict(use_grouped_topk=True), ValueError, "needs num_expert_group and topk_group"),
     (dict(use_grouped_topk=True, num_expert_group=3, topk_group=1), ValueError, "num_expert_group=3 must divide"),

@@ -1,8 +1,12 @@
 """The FusedMoE layer (docs/catalog.md `fused_moe`): routing followed by the experts, and its
 conformance cases.
 
-Tensor/expert/data parallelism, expert-parallel load balancing and quantized methods are not part
-of the reference: their sizes must be 1 / off, and a `quant_config` raises NotImplementedError.
+Expert parallelism is (expert_parallel.py, as vLLM 0.32 does it): with `ep_size` > 1 the layer holds only its
+rank's contiguous range of experts (`expert_map`, global -> local, -1 elsewhere), computes their contributions for
+the tokens routed to them, and leaves the partial sums to one all_reduce (the caller's, or its own with
+`reduce_results`). Tensor and data parallelism inside the layer (the model blocks shard the intermediate size
+themselves), expert-parallel load balancing and quantized methods are not part of the reference: their sizes must
+be 1 / off, and a `quant_config` raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from reference_impl.ir.cases import randn
 from reference_impl.ir.tolerances import MOE_TOLERANCES
 from reference_impl.layers._composite import CompositeOp, init_composite_params, require_single_rank
 from reference_impl.layers.cases import LayerCase, declare_cases
+from reference_impl.layers.fused_moe.expert_parallel import determine_expert_map, local_experts, local_routing
 from reference_impl.layers.fused_moe.experts import _check_activation
 from reference_impl.layers.fused_moe.methods import FusedMoEConfig, UnquantizedFusedMoEMethod
 from reference_impl.layers.fused_moe.routing import (
@@ -40,9 +45,9 @@ class MoELayerBase:
                routed_scaling_factor: float = 1.0, e_score_correction_bias: torch.Tensor | None = None,
                apply_router_weight_on_input: bool = False, activation: str = "silu", enable_eplb: bool = False,
                num_redundant_experts: int = 0, has_bias: bool = False,
-               router_logits_dtype: torch.dtype | None = None) -> None:
+               router_logits_dtype: torch.dtype | None = None, *, ep_rank: int | None = None) -> None:
         name = type(self).__name__
-        for what, size in (("tp_size", tp_size), ("ep_size", ep_size), ("dp_size", dp_size)):
+        for what, size in (("tp_size", tp_size), ("dp_size", dp_size)):
             require_single_rank(name, what, size)
         if quant_config is not None:
             raise NotImplementedError(f"{name}: quantized MoE methods are not part of the reference (quant_config)")
@@ -61,7 +66,11 @@ class MoELayerBase:
         if e_score_correction_bias is not None and tuple(e_score_correction_bias.shape) != (num_experts,):
             raise ValueError(f"{name}: e_score_correction_bias must be [{num_experts}], got "
                              f"{tuple(e_score_correction_bias.shape)}")
-        self.global_num_experts = self.local_num_experts = num_experts
+        self.ep_size, self.ep_rank = _expert_parallel_rank(name, ep_size, ep_rank)
+        self.global_num_experts = num_experts
+        self.local_num_experts, expert_map = determine_expert_map(self.ep_size, self.ep_rank, num_experts)
+        # not saved with the weights (a rank's map is its placement, not a parameter); moves with the layer
+        self.register_buffer("expert_map", expert_map, persistent=False)
         self.top_k = top_k
         self.hidden_size = hidden_size
         self.intermediate_size_per_partition = intermediate_size
@@ -93,8 +102,13 @@ class MoELayerBase:
                                          params_dtype, activation, has_bias, apply_router_weight_on_input)
         # Not a submodule: the method's `apply(layer, ...)` shadows nn.Module.apply (see FusedMoEMethodBase).
         self.__dict__["quant_method"] = UnquantizedFusedMoEMethod(self.moe_config)
-        self.quant_method.create_weights(self, num_experts, hidden_size, intermediate_size,
+        self.quant_method.create_weights(self, self.local_num_experts, hidden_size, intermediate_size,
                                          params_dtype or torch.get_default_dtype())
+
+    @property
+    def local_experts(self) -> range:
+        """The global ids of the experts this rank holds, in the order of its weights' first dimension."""
+        return local_experts(self.expert_map, self.global_num_experts)
 
     def select_experts(self, hidden_states: torch.Tensor, router_logits: torch.Tensor, *,
                        native: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,6 +122,26 @@ class MoELayerBase:
                                  self.e_score_correction_bias, self.routed_scaling_factor)
 
     def _experts(self, x, topk_weights, topk_ids, native: bool) -> torch.Tensor:
+        """The experts for the routing (global ids); under expert parallelism this rank's experts' part only, summed
+        over the ranks here when `reduce_results` (else by the caller)."""
+        if self.expert_map is None:
+            return self._method(x, topk_weights, topk_ids, native)
+        rows, weights, ids = local_routing(topk_weights, topk_ids, self.expert_map)
+        out = torch.zeros_like(x)
+        if rows.numel():
+            out[rows] = self._method(x[rows], weights, ids, native)
+        if self.reduce_results:
+            from reference_impl.distributed import get_tp_group
+
+            group = get_tp_group()
+            if group.world_size != self.ep_size:
+                raise ValueError(f"{type(self).__name__}: reduce_results sums the experts' parts over the "
+                                 f"tensor-parallel group, which has {group.world_size} ranks, not ep_size="
+                                 f"{self.ep_size}")
+            out = group.all_reduce(out)
+        return out
+
+    def _method(self, x, topk_weights, topk_ids, native: bool) -> torch.Tensor:
         if native:
             return self.quant_method.apply_native(self, x, topk_weights, topk_ids)
         return self.quant_method.apply(self, x, topk_weights, topk_ids)
@@ -129,7 +163,31 @@ class MoELayerBase:
         return (f"num_experts={self.global_num_experts}, top_k={self.top_k}, hidden_size={self.hidden_size}, "
                 f"intermediate_size={self.intermediate_size_per_partition}, renormalize={self.renormalize}, "
                 f"use_grouped_topk={self.use_grouped_topk}, scoring_func={self.scoring_func!r}, "
-                f"activation={self.activation!r}")
+                f"activation={self.activation!r}"
+                + (f", ep_rank={self.ep_rank}/{self.ep_size}, experts {self.local_experts.start}.."
+                   f"{self.local_experts.stop - 1}" if self.ep_size > 1 else ""))
+
+
+def _expert_parallel_rank(name: str, ep_size: int | None, ep_rank: int | None) -> tuple[int, int]:
+    """(ep_size, ep_rank): `ep_size` None or 1 is one rank; a larger one takes `ep_rank`, or this process's rank in
+    the expert-parallel group, which must then have `ep_size` ranks."""
+    from reference_impl.distributed import get_ep_group
+
+    size = 1 if ep_size is None else ep_size
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"{name}: ep_size={ep_size!r} must be a positive int")
+    if size == 1:
+        if ep_rank not in (None, 0):
+            raise ValueError(f"{name}: ep_rank={ep_rank!r} without expert parallelism (ep_size 1)")
+        return 1, 0
+    if ep_rank is not None:
+        return size, ep_rank
+    group = get_ep_group()
+    if group.world_size != size:
+        raise ValueError(f"{name}: ep_size={size} needs ep_rank, or an expert-parallel group of {size} ranks "
+                         f"(initialize_model_parallel(..., enable_expert_parallel=True)); this process's has "
+                         f"{group.world_size}")
+    return size, group.rank_in_group
 
 
 @CustomOp.register("fused_moe")
@@ -153,13 +211,14 @@ class FusedMoE(MoELayerBase, CompositeOp):
                  routed_scaling_factor: float = 1.0, e_score_correction_bias: torch.Tensor | None = None,
                  apply_router_weight_on_input: bool = False, activation: str = "silu", enable_eplb: bool = False,
                  num_redundant_experts: int = 0, has_bias: bool = False,
-                 router_logits_dtype: torch.dtype | None = None, *, enforce_enable: bool = False) -> None:
+                 router_logits_dtype: torch.dtype | None = None, *, ep_rank: int | None = None,
+                 enforce_enable: bool = False) -> None:
         super().__init__(enforce_enable=enforce_enable)
         self._setup(num_experts, top_k, hidden_size, intermediate_size, params_dtype, reduce_results, renormalize,
                     use_grouped_topk, num_expert_group, topk_group, quant_config, tp_size, ep_size, dp_size, prefix,
                     custom_routing_function, scoring_func, routed_scaling_factor, e_score_correction_bias,
                     apply_router_weight_on_input, activation, enable_eplb, num_redundant_experts, has_bias,
-                    router_logits_dtype)
+                    router_logits_dtype, ep_rank=ep_rank)
 
 
 # ----- conformance cases --------------------------------------------------------------------------
