@@ -165,3 +165,34 @@ def test_reference_communicator_refuses_bad_arguments_by_name():
     comm.unique_name = "tp:0"
     with pytest.raises(RuntimeError, match=r"ReferenceCommunicator.all_reduce on group 'tp:0' after destroy\(\)"):
         comm.all_reduce(torch.zeros(2))
+
+
+class _ListGather:
+    """An in-process stand-in for one rank's communicator: all_gatherv over every rank's inputs, with a fault."""
+
+    def __init__(self, inputs, fault=None):
+        self.inputs, self.fault = inputs, fault
+
+    def all_gatherv(self, input_, dim=0, sizes=None):
+        parts = [torch.cat([x[k] for x in self.inputs], dim=dim) for k in range(len(input_))]
+        if self.fault == "first only":
+            return parts[0]
+        if self.fault == "swapped":
+            return parts[::-1]
+        return parts
+
+
+@pytest.mark.parametrize("fault, said", [
+    (None, None),
+    ("first only", "rank 1: given a list of 2 tensors, returned a Tensor where a list of 2 gathered tensors is right"),
+    ("swapped", "rank 1: the result's tensor 0: returned shape (6, 7), expected (6, 6)"),
+])
+def test_all_gatherv_of_a_list_gathers_each_tensor(fault, said):
+    from conformance.checks.collective import run_call
+
+    call = next(c for c in cases.calls_of("all_gatherv", 2, "standard", "float32") if c.get("parts"))
+    assert "a list of 2 tensors" in cases.describe(call, "float32")
+    spec = {"dtype": "float32", "seed": 7, "mode": "values"}
+    inputs = reference.all_inputs(call, 2, torch.float32, 7, "cpu")
+    got = run_call.run(_ListGather(inputs, fault), call, 1, 2, spec, "cpu", {})
+    assert got == said if said is None else got.startswith(said)

@@ -3,7 +3,9 @@
 No torch here: the runner and the units read these without building a tensor.
 
 A call dict: `method`; `shape` (every rank's input shape; the `v` variants' rank r has `sizes[r]` along `dim`);
-`dim`, `sizes`, `src`, `dst` where the method takes them; `layout` (`contiguous`, `transposed`: a transposed view of
+`dim`, `sizes`, `src`, `dst` where the method takes them; `parts` (all_gatherv: the input is a list of that many
+tensors, part k `k` wider in its last dim, all gathered with the same `sizes`, as vLLM gathers hidden states and
+router logits in one call); `layout` (`contiguous`, `transposed`: a transposed view of
 the last two dims, `strided`: every other element of the last dim); `values` (`normal`, or `large`: positive values
 whose sum over two ranks is past float16's largest finite value, for bfloat16 and float32); `index` (its place in the
 unit, which seeds its inputs).
@@ -98,6 +100,7 @@ def calls_of(method: str, world: int, level: str, dtype: str) -> list[dict]:
         add(shape=(6, 7), dim=0, sizes=uneven_sizes(world), layout="transposed")
         add(shape=(3, 4), dim=0, sizes=None)                      # sizes=None: every rank the same
         add(shape=(2, 3, 5), dim=1, sizes=uneven_sizes(world, 1))  # repeated
+        add(shape=(4, 6), dim=0, sizes=uneven_sizes(world, 2), parts=2)   # a list (hidden states and router logits)
         if big:
             add(shape=(BIG // world, 2), dim=0, sizes=uneven_sizes(world))
     elif method == "reduce_scatter":
@@ -185,6 +188,8 @@ def describe(call: dict, dtype: str) -> str:
     if method == "send_recv":
         args = [f"dst={call['dst']}", f"src={call['src']}"] if "dst" in call else ["default peers"]
     shape = tuple(call["shape"])
+    if call.get("parts"):
+        args.append(f"a list of {call['parts']} tensors")
     if method == "dispatch_combine":
         what = f"{call['sizes']} tokens per rank, hidden {shape[1]}, top-{call['topk']}"
     else:

@@ -17,19 +17,22 @@ from conformance.collect.units import dtype_from_name, unit_seed
 SUMS = ("all_reduce", "reduce_scatter", "reduce_scatterv", "combine")
 
 
-def rank_shape(call: dict, rank: int) -> tuple[int, ...]:
-    """Rank `rank`'s input shape: the `v` variants and all_gatherv's ranks differ along `dim` by `sizes`."""
+def rank_shape(call: dict, rank: int, part: int = 0) -> tuple[int, ...]:
+    """Rank `rank`'s input shape: the `v` variants and all_gatherv's ranks differ along `dim` by `sizes`; part `k`
+    of a list input is `k` wider in its last dim."""
     shape = list(call["shape"])
     if call["method"] == "all_gatherv" and call.get("sizes") is not None:
         shape[call["dim"]] = call["sizes"][rank]
+    shape[-1] += part
     return tuple(shape)
 
 
-def make_input(call: dict, rank: int, dtype: torch.dtype, seed: int, device, part: str = "x") -> torch.Tensor:
+def make_input(call: dict, rank: int, dtype: torch.dtype, seed: int, device, part: str = "x",
+               part_index: int = 0) -> torch.Tensor:
     """Rank `rank`'s input `part` of `call`, in `call`'s layout, on `device`."""
     gen = torch.Generator().manual_seed(unit_seed(seed, call["method"], call["index"], call.get("again", 0), rank,
                                                   part))
-    shape = rank_shape(call, rank)
+    shape = rank_shape(call, rank, part_index)
     layout = call.get("layout", "contiguous")
     if layout == "transposed" and len(shape) >= 2:
         base_shape = (*shape[:-2], shape[-1], shape[-2])
@@ -66,12 +69,23 @@ def moe_inputs(call: dict, rank: int, dtype: torch.dtype, seed: int, device) -> 
 def all_inputs(call: dict, world: int, dtype: torch.dtype, seed: int, device) -> list:
     if call["method"] == "dispatch_combine":
         return [moe_inputs(call, r, dtype, seed, device) for r in range(world)]
+    if call.get("parts"):
+        return [[make_input(call, r, dtype, seed, device, f"x{k}", k) for k in range(call["parts"])]
+                for r in range(world)]
     return [make_input(call, r, dtype, seed, device) for r in range(world)]
+
+
+def part_name(k: int) -> str:
+    """The output name of part `k` of a list input's result."""
+    return f"out[{k}]"
 
 
 def expected(call: dict, inputs: list, rank: int, world: int):
     """{name: float64 tensor or None} this rank must get back, and {name: bound tensor} of the sums' tolerances."""
     m = call["method"]
+    if call.get("parts"):    # a list input: each part gathered on its own
+        return {part_name(k): torch.cat([x[k].double() for x in inputs], dim=call["dim"])
+                for k in range(call["parts"])}, {}
     f64 = [x.double() if isinstance(x, torch.Tensor) else {k: v.double() for k, v in x.items()} for x in inputs]
     if m in ("all_reduce", "reduce_scatter", "reduce_scatterv"):
         total = sum(f64[1:], f64[0])
@@ -173,7 +187,7 @@ def alternatives(call: dict, inputs: list, rank: int, world: int) -> dict[str, t
     """What a wrong result may be instead, by name: another rank's chunk, another rank's tensor, this rank's own input,
     the parts in another order."""
     m = call["method"]
-    if m == "dispatch_combine":
+    if m == "dispatch_combine" or call.get("parts"):
         return {}
     f64 = [x.double() for x in inputs]
     alt: dict[str, torch.Tensor] = {}

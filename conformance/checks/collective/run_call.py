@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance.checks.collective.reference import all_inputs, alternatives, compare, expected
+from conformance.checks.collective.reference import all_inputs, alternatives, compare, expected, part_name
 
 
 class CallRaised(Exception):
@@ -38,7 +38,12 @@ def perform(comm, call: dict, rank: int, world: int, inputs: list) -> dict:
     if m == "all_gather":
         return {"out": _call(comm.all_gather, x, dim=call["dim"])}
     if m == "all_gatherv":
-        return {"out": _call(comm.all_gatherv, x, dim=call["dim"], sizes=call["sizes"])}
+        got = _call(comm.all_gatherv, x, dim=call["dim"], sizes=call["sizes"])
+        if call.get("parts"):     # a list in, a list of as many gathered tensors out
+            if not isinstance(got, (list, tuple)) or len(got) != call["parts"]:
+                return {"list": got}
+            return {part_name(k): t for k, t in enumerate(got)}
+        return {"out": got}
     if m == "reduce_scatter":
         return {"out": _call(comm.reduce_scatter, x, dim=call["dim"])}
     if m == "reduce_scatterv":
@@ -75,7 +80,8 @@ def perform(comm, call: dict, rank: int, world: int, inputs: list) -> dict:
 
 
 NAMES = {"hidden_states": "dispatch's hidden_states", "topk_weights": "dispatch's topk_weights",
-         "topk_ids": "dispatch's topk_ids", "combine": "combine's result", "out": "the result"}
+         "topk_ids": "dispatch's topk_ids", "combine": "combine's result", "out": "the result",
+         **{part_name(k): f"the result's tensor {k}" for k in range(8)}}
 
 
 def run(comm, call: dict, rank: int, world: int, spec: dict, device, held: dict) -> str | None:
@@ -93,6 +99,11 @@ def run(comm, call: dict, rank: int, world: int, spec: dict, device, held: dict)
     if "dispatch" in got:
         return f"rank {rank}: dispatch returned {type(got['dispatch']).__name__}, not (hidden_states, topk_weights, " \
                "topk_ids)"
+    if "list" in got:
+        what = f"a {type(got['list']).__name__}" + (f" of {len(got['list'])}" if isinstance(got["list"], (list, tuple))
+                                                     else "")
+        return f"rank {rank}: given a list of {call['parts']} tensors, returned {what} where a list of " \
+               f"{call['parts']} gathered tensors is right"
     problems = []
     for name, w in want.items():
         want_dtype = dtype if name not in ("topk_weights", "topk_ids") else inputs[rank][name].dtype
@@ -119,6 +130,8 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _aliasing(comm, call, rank, world, inputs, want, mags, dtype, held: dict) -> str | None:
     m = call["method"]
     mine = inputs[rank]
+    if isinstance(mine, list):
+        mine = {f"[{k}]": t for k, t in enumerate(mine)}
     tensors = mine if isinstance(mine, dict) else {"input": mine}
     before = {k: v.clone() for k, v in tensors.items()}
     got = perform(comm, call, rank, world, inputs)
