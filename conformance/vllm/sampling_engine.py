@@ -3,11 +3,12 @@ engine runner's protocol (conformance/vllm/engine_runner.py: jobs on stdin, a re
 parent), with runs that carry per-request sampling parameters, a logprobs mode and a speculative config.
 
 A run: {"name", "model", "dtype", "max_model_len", "max_num_seqs", "logprobs_mode", "speculative" (vLLM's
-speculative_config or None), "waves": [[{"id", "prompt", "max_tokens", "logprobs", "sampling": {SamplingParams
-keyword arguments}}]]}. Each wave is one `generate` call; its answers are the tokens and, per generated position,
-the [token, logprob] pairs vLLM returned; a wave that raises ends the run's waves (`wave_error`: the engine runner's
-error report and the wave's index), the answers of the waves before it kept. This module never imports the
-harness's checks.
+speculative_config or None), "tokenizer" (optional, default false: load the checkpoint's tokenizer, which bad_words
+need; without it the engine starts with skip_tokenizer_init), "waves": [[{"id", "prompt", "max_tokens", "logprobs",
+"sampling": {SamplingParams keyword arguments}}]]}. Each wave is one `generate` call; its answers are the tokens,
+the finish reason and stop reason vLLM gave, and, per generated position, the [token, logprob] pairs vLLM returned;
+a wave that raises ends the run's waves (`wave_error`: the engine runner's error report and the wave's index), the
+answers of the waves before it kept. This module never imports the harness's checks.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ def run_one(run: dict) -> dict:
     from vllm.inputs import TokensPrompt
 
     start = time.perf_counter()
-    llm = LLM(model=run["model"], skip_tokenizer_init=True, dtype=run["dtype"], seed=0, enforce_eager=True,
-              max_model_len=run["max_model_len"], max_num_seqs=run["max_num_seqs"],
+    llm = LLM(model=run["model"], skip_tokenizer_init=not run.get("tokenizer", False), dtype=run["dtype"], seed=0,
+              enforce_eager=True, max_model_len=run["max_model_len"], max_num_seqs=run["max_num_seqs"],
               kv_cache_memory_bytes=engine_runner.KV_CACHE_BYTES, logprobs_mode=run["logprobs_mode"],
               speculative_config=run.get("speculative"))
     facts = engine_runner._facts(llm)
@@ -44,7 +45,9 @@ def run_one(run: dict) -> dict:
         for request, out in zip(wave, outs):
             done = out.outputs[0]
             steps = [[[int(t), float(lp.logprob)] for t, lp in (d or {}).items()] for d in (done.logprobs or [])]
-            answers.append({"id": request["id"], "tokens": [int(t) for t in done.token_ids], "logprobs": steps})
+            stop_reason = done.stop_reason if isinstance(done.stop_reason, (int, str)) else None
+            answers.append({"id": request["id"], "tokens": [int(t) for t in done.token_ids], "logprobs": steps,
+                            "finish_reason": done.finish_reason, "stop_reason": stop_reason})
         waves.append(answers)
     shutdown_error = engine_runner._shut_down(llm)
     del llm

@@ -8,12 +8,21 @@ in float32, graded against the reference decoder in float64 teacher-forced on th
   of processing (allowed tokens, logit bias, penalties on the prompt and the tokens so far, temperature, min-p, top-k,
   top-p), the sampled token inside the oracle's kept set and a greedy token the argmax where the margin binds; then a
   seeded request must draw the same tokens alone and in another batch.
+- `stops` (stops.py, its own engine run so that one defect does not hide another): min_tokens with stop_token_ids
+  and bad_words, with a word-level tokenizer written beside the checkpoint (tokenizer.py) so that vLLM tokenizes the
+  bad words. Requests built from the oracle so the parameters bite; the same logprob grading with vLLM's masks
+  (stop_rules.py: min_tokens masks the stop tokens and the model's EOS for the first min_tokens tokens, a bad word
+  bans its last token only right after its other tokens were generated), then a generated stop token must end the
+  request. A stop token before min_tokens, a generated bad word or a stop token the request goes on after FAILs
+  naming the parameter, the request and the step.
 - `ngram`: n-gram speculative decoding (prompt lookup, 3 draft tokens) on repetitive prompts: greedy requests must
   give the oracle's argmax wherever its margin binds (the non-speculative greedy output), and a sampled request only
   tokens of its kept set.
 
-Not graded here: bad_words (strings, and the checkpoints have no tokenizer) and min_tokens (it masks stop tokens,
-which `ignore_eos` runs never reach). On a platform without vLLM's engine the family has no engine units.
+Every request runs with ignore_eos (the random checkpoint's EOS would end requests at random); min_tokens still masks
+the EOS, as vLLM's all_stop_token_ids holds it either way. Not graded: stop strings (they need detokenization) and
+a bad word whose space-prefixed encoding differs (the word-level tokenizer gives one encoding). On a platform
+without vLLM's engine the family has no engine units.
 """
 
 from __future__ import annotations
@@ -27,11 +36,11 @@ import torch
 
 from conformance.checks.common import CheckContext, Verdict, failed, passed
 from conformance.checks.record import check
-from conformance.checks.sampling import oracle
+from conformance.checks.sampling import oracle, stop_rules
 from conformance.collect.units import Unit
 from conformance.results.result import Outcome
 
-ENGINE_CASES = ("batch", "ngram")
+ENGINE_CASES = ("batch", "stops", "ngram")
 MODEL = "llama"
 JOB_TIMEOUT_S = 240.0
 LOGPROBS = 5
@@ -45,10 +54,15 @@ def engine_units(inventory, family: str, check_name: str, level: str) -> list[Un
 
 @dataclasses.dataclass
 class Req:
+    """One request: `sampling` is SamplingParams' keyword arguments (bad_words as strings); `eos_ids` the model's
+    end-of-sequence ids, which vLLM adds to the stop tokens min_tokens masks (all_stop_token_ids) even with
+    ignore_eos."""
+
     id: int
     prompt: list[int]
     max_tokens: int
     sampling: dict
+    eos_ids: tuple[int, ...] = ()
 
     def describe(self) -> str:
         shown = {k: v for k, v in self.sampling.items() if k != "allowed_token_ids"}
@@ -112,13 +126,16 @@ def oracle_logits(checkpoint: Path, reqs: list[Req], tokens: dict[int, list[int]
 
 
 def processed(r: Req, raw: torch.Tensor, so_far: list[int]) -> torch.Tensor:
-    """The logits after everything before temperature: allowed tokens, logit bias, penalties (vLLM's order)."""
+    """The logits after everything before temperature, in vLLM's order: allowed tokens, bad words, min_tokens' stop
+    token mask, logit bias, penalties."""
     s = r.sampling
     x = raw.clone()
     if "allowed_token_ids" in s:
         keep = torch.zeros_like(x, dtype=torch.bool)
         keep[s["allowed_token_ids"]] = True
         x = x.masked_fill(~keep, -math.inf)
+    for tok in stop_rules.masked(r, so_far, x.numel()):
+        x[tok] = -math.inf
     for tok, bias in s.get("logit_bias", {}).items():
         x[int(tok)] += bias
     counts = torch.bincount(torch.tensor(so_far, dtype=torch.long), minlength=x.numel()).double() if so_far else \
@@ -136,7 +153,9 @@ def processed(r: Req, raw: torch.Tensor, so_far: list[int]) -> torch.Tensor:
 
 def step_bounds(r: Req, x: torch.Tensor, tol: float):
     """(keep, lp_low, lp_high): the kept set of the step (KEEP / DROP / EITHER, with `tol` as the logits' slack) and
-    the interval of each token's processed logprob over the undetermined tokens kept or dropped."""
+    the interval of each token's processed logprob over every choice of the undetermined tokens kept: lowest with
+    all of them kept, highest with none (for an undetermined token itself: with only it kept, as when two tokens
+    within the slack of the k-th value compete for one place)."""
     s = r.sampling
     greedy = s.get("temperature", 1.0) < 1e-5
     t = x if greedy else x / s["temperature"]
@@ -146,8 +165,10 @@ def step_bounds(r: Req, x: torch.Tensor, tol: float):
     sure = keep.state == oracle.KEEP
     maybe = keep.state == oracle.EITHER
     lp_all = t.masked_fill(~(sure | maybe), -math.inf).log_softmax(0)
-    lp_sure = t.masked_fill(~sure, -math.inf).log_softmax(0) if bool(sure.any()) else lp_all
-    return keep, torch.minimum(lp_all, lp_sure), torch.maximum(lp_all, lp_sure)
+    lse_sure = torch.logsumexp(t.masked_fill(~sure, -math.inf), 0)
+    alone = torch.where(maybe, t - torch.logaddexp(lse_sure, t), torch.full_like(t, -math.inf))
+    high = torch.where(sure, t - lse_sure, alone)
+    return keep, lp_all, torch.maximum(lp_all, high)
 
 
 def grade_batch(reqs: list[Req], answers: dict[int, dict], logits: dict[int, torch.Tensor], tol: float) -> list[str]:
@@ -209,7 +230,15 @@ def engine(ctx: CheckContext, unit: Unit) -> Verdict:
         checkpoint = engine_models.write_checkpoint(engine_models.MODELS[MODEL], torch.float32, Path(tmp) / MODEL)
         run = dict(name=f"sampling-{unit.case}", model=str(checkpoint), dtype="float32", max_model_len=512,
                    max_num_seqs=8, logprobs_mode="processed_logprobs", speculative=None)
-        if unit.case == "batch":
+        if unit.case == "stops":    # bad_words need a tokenizer; requests built from the oracle so they bite
+            from conformance.checks.sampling import stops, tokenizer
+
+            tokenizer.write_tokenizer(checkpoint, vocab)
+            reqs = stops.design(checkpoint, vocab, ctx.seed)
+            run["tokenizer"] = True
+            run["waves"] = [[r.to_json() for r in reqs]]
+            runs = [run]
+        elif unit.case == "batch":
             seeded = reqs[1]
             again = [dataclasses.replace(reqs[5], id=105), dataclasses.replace(seeded, id=101),
                      dataclasses.replace(reqs[0], id=100)]
@@ -231,7 +260,7 @@ def engine(ctx: CheckContext, unit: Unit) -> Verdict:
                 raise
             return Verdict(Outcome.CRASH if crashed else Outcome.TIMEOUT, f"{exc} [sampling engine, {unit.case}]")
         result = doc["runs"][0]
-        if "error" in result or (unit.case == "batch" and result.get("wave_error")):
+        if "error" in result or (unit.case != "ngram" and result.get("wave_error")):
             report = result.get("wave_error") or result
             return Verdict(Outcome.ERROR, f"vLLM's engine raised {report['error']}\n{report.get('traceback', '')}")
         waves = result["waves"]
@@ -240,6 +269,8 @@ def engine(ctx: CheckContext, unit: Unit) -> Verdict:
         logits = oracle_logits(checkpoint, graded, {r.id: answers[r.id]["tokens"] for r in graded})
     where = (f"[vLLM's engine on the platform, {MODEL} float32 (vocab {vocab}), {result['facts'].get('platform')}; "
              f"float64 reference teacher-forced on the engine's tokens, logprob tolerance {tol:.3g}]")
+    if unit.case == "stops":
+        return _stops_verdict(reqs, answers, logits, tol, where)
     if unit.case == "batch":
         problems = grade_batch(reqs, answers, logits, tol)
         if problems:
@@ -281,3 +312,16 @@ def engine(ctx: CheckContext, unit: Unit) -> Verdict:
         return Verdict(Outcome.ERROR, f"{head} vLLM's engine raised {broken['error']}\n"
                        f"{broken.get('traceback', '')} {where}")
     return passed(f"{said}, the sampled one inside its top-k {where}")
+
+
+def _stops_verdict(reqs, answers, logits, tol, where) -> Verdict:
+    from conformance.checks.sampling import stops
+
+    problems = stops.grade(reqs, answers, logits, tol)
+    if problems:
+        more = f" ({len(problems) - 1} more requests wrong)" if len(problems) > 1 else ""
+        return failed(f"{problems[0]}{more} {where}")
+    steps = sum(len(answers[r.id]["tokens"]) for r in reqs)
+    return passed(f"min_tokens with stop_token_ids and bad_words (the checkpoint's word-level tokenizer): "
+                  f"{len(reqs)} requests, {steps} positions as vLLM's rules and order of processing say on the "
+                  f"float64 logits; {stops.summary(reqs, answers, logits, tol)} {where}")
