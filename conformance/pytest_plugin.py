@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import NoReturn
@@ -27,7 +28,7 @@ from conformance.exit_codes import ExitCode
 from conformance.exit_codes import one_line as exit_codes_line
 from conformance.results.messages import sanitize
 from conformance.results.result import CheckResult, Outcome, ResultsFile, RunInfo, gated, verdict
-from conformance.run import collection_plan, options
+from conformance.run import collection_plan, options, shm_files
 from conformance.run.options import MAX_TIMEOUT_S
 from conformance.run.run_dir import WORKERINPUT_KEY, ZYGOTE_KEY, RunDir
 from conformance.run.zygote import die_with_parent
@@ -106,6 +107,10 @@ class ConformanceRun:
             die_with_parent(controller)   # a killed controller leaves no xdist worker (nor, so, its kernel worker)
         shared = (workerinput or {}).get(WORKERINPUT_KEY)
         self.run_dir = RunDir(shared) if shared else RunDir.create()
+        self.started = time.time()
+        if not self.is_xdist_worker:    # what killed runs left in /dev/shm would fail this one's shared memory
+            shm_files.remove_orphans()
+            shm_files.remove_unused(None)
         # an xdist worker collects from the controller's plan: it never imports torch or the platform
         self.plan = self.run_dir.read_json(collection_plan.PLAN_FILE) if self.is_xdist_worker else None
         self.plan_written = False
@@ -424,6 +429,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if state is not None:
         state.close()
         state.run_dir.remove()
+        if not state.is_xdist_worker:   # what this run's killed rank groups and engines left in /dev/shm
+            shm_files.remove_orphans()
+            shm_files.remove_unused(state.started)
         _restore_sigterm()
 
 

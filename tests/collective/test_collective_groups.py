@@ -21,6 +21,7 @@ from conformance.checks.collective import group
 from conformance.checks.common import CheckContext
 from conformance.collect.units import Unit
 from conformance.results.result import Outcome
+from conformance.run import shm_files
 from harness_runner import PLUGINS
 
 FIXTURE = PLUGINS / "vllm_collective"
@@ -228,6 +229,13 @@ def test_vllms_cpu_communicator_under_test_is_graded_on_both_groups(bridged):
     assert v.outcome is Outcome.NOT_SUPPORTED and "raises NotImplementedError on every call" in v.message
     ep = _run(ctx, _unit("dispatch_combine", "ep:0"))
     assert ep.outcome is Outcome.SKIP and "data parallel group is not initialized" in ep.message
+    # its tp group made vLLM's shared-memory files, named for the group; closing the group (its ranks killed, as
+    # after a TIMEOUT) removes them: killed ranks never do
+    idents = [g.ident for g in group._GROUPS.values()]
+    made = [p.name for p in shm_files.SHM_DIR.iterdir() if any(p.name.startswith(i + "-") for i in idents)]
+    assert any(n.endswith("-tp:0-[0-1]-cpushm_0") for n in made), made
+    group.close_all()
+    assert not [p.name for p in shm_files.SHM_DIR.iterdir() if any(p.name.startswith(i + "-") for i in idents)]
 
 
 def test_a_rank_that_dies_is_one_crash_naming_the_call_and_the_run_goes_on(bridged):

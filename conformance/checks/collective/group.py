@@ -24,6 +24,8 @@ import tempfile
 import threading
 import time
 
+from conformance.run import shm_files
+
 CALL_TIMEOUT_ENV = "CONFORMANCE_COLLECTIVE_CALL_TIMEOUT"
 DEFAULT_CALL_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 150.0
@@ -106,7 +108,8 @@ class RankGroup:
         address = f"conformance-collective-{os.getpid()}-{secrets.token_hex(8)}"
         listener = Listener("\0" + address, family="AF_UNIX", authkey=key)
         env = dict(os.environ, CONFORMANCE_COLLECTIVE_KEY=key.hex())
-        env.setdefault("VLLM_DIST_IDENT", f"conformance-{os.getpid()}-{secrets.token_hex(4)}")
+        env.setdefault("VLLM_DIST_IDENT", shm_files.new_ident())
+        self.ident = env["VLLM_DIST_IDENT"]     # vLLM's shared-memory files of the group carry it: removed at close
         init_file = os.path.join(self.dir, "init")
         accepted: list = []
 
@@ -316,6 +319,8 @@ class RankGroup:
                 pass
         self.conns = []
         shutil.rmtree(self.dir, ignore_errors=True)
+        if getattr(self, "ident", None):    # killed ranks never remove vLLM's shared-memory files: 8 MB each
+            shm_files.remove_ident(self.ident)
 
 
 _GROUPS: dict[tuple, RankGroup] = {}
