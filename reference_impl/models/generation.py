@@ -156,8 +156,10 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
     every step (progress bars). A sequence that samples one of `stop_token_ids` (end of sequence) ends
     there, that token included: it leaves the batch and its blocks are freed; generation stops once every
     sequence has ended. A sampler with `takes_requests` (`reference_impl.sampling.RequestSampler`: parameters,
-    penalties and a seed per request, vLLM's semantics) is called with the requests its rows belong to and every
-    request's prompt and output so far; any other sampler with the logits alone.
+    penalties, a seed, min_tokens, stop tokens and bad words per request, vLLM's semantics) is called with the
+    requests its rows belong to, every request's prompt and output so far and `stop_token_ids` (which its
+    min_tokens masks); a request also ends on its own stop tokens (`request_stop_token_ids(row)`). Any other sampler
+    is called with the logits alone.
     """
     prompts_ = _as_prompts(prompts)
     if max_new_tokens < 1:
@@ -191,8 +193,10 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
             last = model(input_ids, positions, cu_seqlens, lens, last_rows)
         per_request = bool(getattr(sampler, "takes_requests", False))   # a RequestSampler: its rows' requests
         outputs: list[list[int]] = [[] for _ in prompts_]
-        next_ids = (sampler(last, rows=range(seqs), prompts=prompts_, outputs=outputs) if per_request
-                    else sampler(last))
+        ends = [set(stop_token_ids) | (set(sampler.request_stop_token_ids(s)) if per_request else set())
+                for s in range(seqs)]
+        next_ids = (sampler(last, rows=range(seqs), prompts=prompts_, outputs=outputs, stop_token_ids=stop_token_ids)
+                    if per_request else sampler(last))
         if per_request:
             for s, t in enumerate(next_ids.tolist()):
                 outputs[s].append(t)
@@ -203,12 +207,12 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
         generated = [next_ids]
         if on_step is not None:
             on_step(0)
-        stop = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.int64, device=device)
         live = torch.arange(seqs, device=device)        # the sequences still running, in cache-row order
         start = time.perf_counter()
         for i in range(1, max_new_tokens):
-            if stop.numel():
-                running = ~torch.isin(next_ids, stop)
+            if any(ends):
+                running = torch.tensor([t not in ends[s] for s, t in zip(live.tolist(), next_ids.tolist())],
+                                       dtype=torch.bool, device=device)
                 if not bool(running.all()):
                     cache.release((~running).nonzero().flatten().tolist())
                     live, next_ids, lens = live[running], next_ids[running], lens[running]
@@ -221,7 +225,7 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
             logits = model(next_ids, positions, decode_cu, lens, decode_cu[:-1])
             if per_request:
                 rows = live.tolist()
-                next_ids = sampler(logits, rows=rows, prompts=prompts_, outputs=outputs)
+                next_ids = sampler(logits, rows=rows, prompts=prompts_, outputs=outputs, stop_token_ids=stop_token_ids)
                 for r, t in zip(rows, next_ids.tolist()):
                     outputs[r].append(t)
             else:
@@ -238,7 +242,7 @@ def generate(model: Callable[..., torch.Tensor], prompts: Sequence[Sequence[int]
         _synchronize(device)
         decode_seconds = time.perf_counter() - start
         cache.reset()
-    tokens = [_up_to_stop(row, stop_token_ids) for row in torch.stack(generated, dim=1).tolist()]
+    tokens = [_up_to_stop(row, ends[s]) for s, row in enumerate(torch.stack(generated, dim=1).tolist())]
     return BatchGeneration(tokens, kept, torch.stack(steps), prefill_seconds, decode_seconds,
                            [len(p) for p in prompts_])
 

@@ -24,6 +24,8 @@ import dataclasses
 
 import torch
 
+from reference_impl.sampling import stops
+
 SAMPLING_EPS = 1e-5          # vLLM's _SAMPLING_EPS: a temperature below it is greedy
 PLACEHOLDER_TOKEN_ID = -1    # a rejected position of the rejection sampler's output
 
@@ -275,7 +277,9 @@ class RequestParams:
     """One request's sampling parameters, with vLLM's `SamplingParams` meaning: temperature 0 is greedy, top_k 0,
     top_p 1 and min_p 0 are off; `seed` gives the request a generator of its own (its tokens are then the same alone
     or in any batch), None draws from the default generator; penalties 1 (repetition) and 0 (frequency, presence)
-    are off."""
+    are off. `stop_token_ids` end the request (the token kept as its last); `min_tokens` masks them, and the
+    generation's end-of-sequence ids, until that many tokens are generated; `bad_words` are token-id lists, each
+    banning its last id right after its other ids were generated (reference_impl/sampling/stops.py)."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -285,8 +289,20 @@ class RequestParams:
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "bad_words", tuple(tuple(w) for w in self.bad_words))
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens={self.min_tokens} must be at least 0")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids={list(self.stop_token_ids)} must be non-negative token ids")
+        if any(not w or any(not isinstance(t, int) or t < 0 for t in w) for w in self.bad_words):
+            raise ValueError(f"bad_words={[list(w) for w in self.bad_words]} must be non-empty lists of non-negative "
+                             "token ids (the runtime has no tokenizer: give each word's ids)")
         for name, ok in (("temperature", self.temperature >= 0), ("top_k", self.top_k >= 0),
                          ("top_p", 0 < self.top_p <= 1), ("min_p", 0 <= self.min_p <= 1),
                          ("repetition_penalty", self.repetition_penalty > 0),
@@ -301,27 +317,43 @@ class RequestParams:
     def penalised(self) -> bool:
         return self.repetition_penalty != 1 or self.frequency_penalty != 0 or self.presence_penalty != 0
 
+    def masked(self, output, end_ids=()) -> set[int]:
+        """The tokens min_tokens and bad_words mask at the step after `output`; `end_ids`: the generation's
+        end-of-sequence ids, which min_tokens masks with the request's stop tokens."""
+        return (stops.min_tokens_mask(self.min_tokens, set(self.stop_token_ids) | set(end_ids), output)
+                | stops.bad_word_bans(self.bad_words, output))
+
 
 class RequestSampler:
     """The runtime's sampler for requests with parameters of their own (`reference_impl.models.generate` hands it the
-    requests its rows belong to and every request's prompt and output so far): each row's penalties over its own
-    prompt and output, then `sampler.sample` in vLLM's order with each row's temperature, top-k, top-p and min-p; a
-    seeded request draws from its own generator, created on first use on the logits' device."""
+    requests its rows belong to, every request's prompt and output so far, and its own stop tokens): each row's
+    bad_words and min_tokens masks, then its penalties over its own prompt and output, then `sampler.sample` in
+    vLLM's order with each row's temperature, top-k, top-p and min-p; a seeded request draws from its own generator,
+    created on first use on the logits' device. `request_stop_token_ids(row)` tells generate() which tokens end
+    that request."""
 
-    takes_requests = True   # generate() calls it as sampler(logits, rows=..., prompts=..., outputs=...)
+    takes_requests = True   # generate() calls it as sampler(logits, rows=, prompts=, outputs=, stop_token_ids=)
 
     def __init__(self, params, sampler=None):
         self.params = [p if isinstance(p, RequestParams) else RequestParams(**p) for p in params]
         self.sampler = sampler or Sampler()
         self._generators: dict[int, torch.Generator] = {}
 
-    def __call__(self, logits: torch.Tensor, rows, prompts, outputs) -> torch.Tensor:
+    def request_stop_token_ids(self, row: int) -> tuple[int, ...]:
+        """The tokens that end request `row` (its stop_token_ids)."""
+        return self.params[row].stop_token_ids
+
+    def __call__(self, logits: torch.Tensor, rows, prompts, outputs, stop_token_ids=()) -> torch.Tensor:
+        """One token per row; `stop_token_ids`: the generation's own end-of-sequence ids, which min_tokens masks
+        too (vLLM's all_stop_token_ids holds the EOS)."""
         rows = [int(r) for r in rows]
         if any(not 0 <= r < len(self.params) for r in rows):
             raise ValueError(f"rows {rows} name requests this sampler has no parameters for ({len(self.params)})")
         params = [self.params[r] for r in rows]
         device, vocab = logits.device, logits.shape[-1]
         logits = logits.to(torch.float32).clone()
+        for i, (r, p) in enumerate(zip(rows, params)):
+            stops.mask_row(logits, i, p.masked(outputs[r], stop_token_ids))
 
         def per_row(values, dtype):
             return torch.tensor(values, dtype=dtype, device=device)

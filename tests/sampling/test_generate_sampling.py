@@ -104,3 +104,78 @@ def test_rows_without_parameters_are_refused():
     with pytest.raises(ValueError, match=r"rows \[0, 2\] name requests this sampler has no parameters for \(2\)"):
         RequestSampler([RequestParams(), RequestParams()])(torch.zeros(2, 8), rows=[0, 2], prompts=[[1], [2], [3]],
                                                             outputs=[[], [], []])
+
+
+# ----- min_tokens, stop tokens and bad words per request (reference_impl/sampling/stops.py) --------------------
+PROMPT = [5, 17, 3, 99, 42, 7]
+
+
+def _one(params, new=8, stop_token_ids=()):
+    from reference_impl.models import generate
+    from reference_impl.sampling import RequestSampler
+
+    model = _tiny()
+    return generate(model, [PROMPT], new, cache=model.allocate_kv_cache(1, 32), sampler=RequestSampler([params]),
+                    stop_token_ids=stop_token_ids).tokens[0]
+
+
+def test_min_tokens_holds_back_the_stop_tokens_then_a_stop_token_ends_the_request():
+    from reference_impl.sampling import RequestParams
+
+    plain = _one(RequestParams())
+    stop = [plain[0]]      # the first choice: min_tokens must mask it
+    for _ in range(6):     # add the token taken right after min_tokens until a stop token ends the request there
+        got = _one(RequestParams(min_tokens=3, stop_token_ids=stop))
+        if len(got) == 4 and got[-1] in stop:
+            break
+        stop.append(got[3])
+    assert len(got) == 4 and got[-1] in stop and not set(got[:3]) & set(stop)
+    assert _one(RequestParams(stop_token_ids=stop)) == plain[:1]     # without min_tokens it ends at once
+
+
+def test_min_tokens_masks_the_generations_end_of_sequence_too():
+    from reference_impl.sampling import RequestParams
+
+    eos = _one(RequestParams())[0]
+    assert _one(RequestParams(), stop_token_ids=[eos]) == [eos]
+    held = _one(RequestParams(min_tokens=2), stop_token_ids=[eos])
+    assert eos not in held[:2] and len(held) > 2
+
+
+def test_bad_words_ban_a_token_always_or_right_after_their_other_tokens_and_never_match_the_prompt():
+    from reference_impl.sampling import RequestParams
+
+    plain = _one(RequestParams())
+    single = _one(RequestParams(bad_words=[[plain[0]]]))
+    assert plain[0] not in single
+    k = next(i for i in range(1, 7) if plain[i] != plain[i + 1])
+    pair = _one(RequestParams(bad_words=[[plain[k], plain[k + 1]]]))
+    assert pair[:k + 1] == plain[:k + 1] and pair[k + 1] != plain[k + 1]
+    assert _one(RequestParams(bad_words=[[PROMPT[-1], plain[0]]]))[0] == plain[0]   # the prompt does not count
+
+
+def test_a_sampled_request_draws_past_a_banned_first_choice():
+    from reference_impl.sampling import RequestParams
+
+    model = _tiny()
+    logits = model(torch.tensor(PROMPT), torch.arange(len(PROMPT)))[-1]
+    first, second = logits.topk(2).indices.tolist()
+    assert _one(RequestParams(temperature=1.0, top_k=1, seed=3, bad_words=[[first]]), new=1) == [second]
+
+
+@pytest.mark.parametrize("kwargs,says", [({"min_tokens": -1}, "min_tokens=-1"),
+                                         ({"stop_token_ids": [3, -1]}, r"stop_token_ids=\[3, -1\]"),
+                                         ({"bad_words": [[4], []]}, r"bad_words=\[\[4\], \[\]\] must be non-empty")])
+def test_stop_and_bad_word_parameters_out_of_range_are_refused_by_name(kwargs, says):
+    from reference_impl.sampling import RequestParams
+
+    with pytest.raises(ValueError, match=says):
+        RequestParams(**kwargs)
+
+
+def test_a_bad_word_outside_the_vocabulary_is_refused_when_sampling():
+    from reference_impl.sampling import RequestParams
+
+    with pytest.raises(ValueError, match=r"token ids \[100000\] \(stop_token_ids or bad_words\) are outside the "
+                                         r"vocabulary"):
+        _one(RequestParams(bad_words=[[100000]]))
