@@ -70,8 +70,8 @@ def _timed(fn, group, min_time: float) -> float:
     return per_call.item()
 
 
-def _rank(rank: int, port: int, args, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), VLLM_DIST_IDENT=f"bench-{port}")
+def _rank(rank: int, port: int, ident: str, args, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), VLLM_DIST_IDENT=ident)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     group = dist.new_group(list(range(WORLD)), backend="gloo")
@@ -131,12 +131,22 @@ def main(argv: list[str] | None = None) -> int:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, args, queue)) for r in range(WORLD)]
+    from conformance.run import shm_files
+
+    ident = shm_files.new_ident()     # vLLM's shared-memory files carry it; removed when the ranks are done
+    procs = [ctx.Process(target=_rank, args=(r, port, ident, args, queue)) for r in range(WORLD)]
     for p in procs:
         p.start()
-    rows, why = queue.get(timeout=1800)
-    for p in procs:
-        p.join(timeout=60)
+    try:
+        rows, why = queue.get(timeout=1800)
+        for p in procs:
+            p.join(timeout=60)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        shm_files.remove_ident(ident)
     print(f"machine: {cpu_model()}; {os.cpu_count()} cores; {WORLD} ranks, 1 thread each; gloo over loopback; "
           f"torch {torch.__version__}")
     if why:
