@@ -103,11 +103,10 @@ def design(checkpoint: Path, vocab: int, seed: int) -> list[E.Req]:
     single = tokenizer.word(_first_word(ranked(p2)))
     path = greedy_path(E.Req(2, p2, 6, {"temperature": 0.0, "bad_words": [single]}, eos), last)
     words = [single]
-    pair = next(([a, b] for a, b in zip(path[1:], path[2:]) if min(a, b) >= len(tokenizer.SPECIAL) and a != b), None)
-    if pair:
-        words.append(tokenizer.words(pair))
-    if path[0] >= len(tokenizer.SPECIAL):
-        words.append(tokenizer.words([p2[-1], path[0]]))
+    from_prompt = [p2[-1], path[0]] if path[0] >= len(tokenizer.SPECIAL) else None
+    pair = next(([a, b] for a, b in zip(path[1:], path[2:])
+                 if min(a, b) >= len(tokenizer.SPECIAL) and a != b and [a, b] != from_prompt), None)
+    words += [tokenizer.words(w) for w in (pair, from_prompt) if w]
     r2 = E.Req(2, p2, 6, {"temperature": 0.0, "bad_words": words}, eos)
     return [r0, r1, r2]
 
