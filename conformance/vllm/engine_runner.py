@@ -16,7 +16,9 @@ Besides the tokens, a run records what the engine observed about whose code ran,
 (conformance/checks/engine/whose.py): the platform vLLM resolved (its class, whether it is out of tree, whether its
 device name is a torch device type, the layers registered out of tree), the code that computed the model (its
 attention backend, impl and builder classes, every CustomOp's class and dispatched forward, the `vllm.ir`
-implementations dispatched), and for a run that raised, the frames of the raise (module and qualified name).
+implementations dispatched), and for a run that raised, the frames of the raise (module and qualified name) and what
+the log says of a worker process that died meanwhile (worker_deaths.py: on 2 ranks the engine itself then only
+raises "cancelled").
 This module never imports the harness's checks (docs/architecture.md: the bridge runs no check).
 """
 
@@ -47,8 +49,11 @@ def _engine(run: dict):
     tp = int(run.get("tensor_parallel_size", 1))
     if tp == 1:
         return LLM(**kwargs)
-    # one worker process per rank (vLLM's multiprocessing executor), collectives through the platform's communicator
+    # one worker process per rank (vLLM's multiprocessing executor), collectives through the platform's communicator;
+    # expert parallelism splits a MoE model's experts over the same ranks (vLLM's "ep" group)
     kwargs.update(tensor_parallel_size=tp, distributed_executor_backend="mp")
+    if run.get("expert_parallel"):
+        kwargs.update(enable_expert_parallel=True)
     with _cpu_threads_bound(tp):
         return LLM(**kwargs)
 
@@ -80,7 +85,8 @@ def _facts(llm) -> dict:
     cls = type(current_platform)
     return {"block_size": int(config.cache_config.block_size), "platform": f"{cls.__module__}.{cls.__qualname__}",
             "compilation_mode": str(config.compilation_config.mode),
-            "tensor_parallel_size": int(config.parallel_config.tensor_parallel_size)}
+            "tensor_parallel_size": int(config.parallel_config.tensor_parallel_size),
+            "enable_expert_parallel": bool(getattr(config.parallel_config, "enable_expert_parallel", False))}
 
 
 def _wave(llm, requests: list[dict]) -> list[dict]:
@@ -279,6 +285,8 @@ def serve() -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     import vllm
 
+    from conformance.vllm.worker_deaths import stderr_offset, worker_deaths
+
     protocol.write("ready\n")
     protocol.flush()
     for line in sys.stdin:
@@ -288,10 +296,15 @@ def serve() -> int:
         out = Path(job["out"])
         doc = {"vllm": str(vllm.__version__), "runs": []}
         for run in job["runs"]:
+            offset = stderr_offset()
             try:
                 doc["runs"].append(run_one(run))
             except Exception as exc:  # noqa: BLE001 - reported to the check, which names the run and the contract
-                doc["runs"].append(error_report(run, exc))
+                report = error_report(run, exc)
+                died = worker_deaths(offset)     # a rank's worker that died shows here only as "cancelled"
+                if died:
+                    report["worker_deaths"] = died
+                doc["runs"].append(report)
             out.write_text(json.dumps(doc))
         protocol.write("done\n")
         protocol.flush()

@@ -42,7 +42,8 @@ def test_one_unit_per_model_above_quick_and_compiled_only_under_the_vllm_bridge(
         f"{m}-{d}-eager" for d in ("float32", "bfloat16") for m in STANDARD]
     assert [u.id for u in engine.engine_units(bridged, "engine", "generate", "full")] == [
         f"{m}-{d}-{case}" for case in ("eager", "compiled") for d in ("float32", "float16", "bfloat16") for m in FULL
-    ] + ["llama-float32-eager,tp=2"]   # vLLM's engine on 2 ranks, at full only: a minute to start on 2 cores
+    ] + ["llama-float32-eager,tp=2",   # vLLM's engine on 2 ranks, at full only: a minute to start on 2 cores
+         "mixtral-float32-eager,tp=2,ep"]   # and with expert parallelism, on Mixtral (tests/collective/test_engine_ep.py)
     assert engine_models.models_at("standard") == list(STANDARD)
     assert engine_models.models_at("full") == list(FULL)
     only32 = _inventory(_bridged([torch.float32]))
@@ -52,14 +53,17 @@ def test_one_unit_per_model_above_quick_and_compiled_only_under_the_vllm_bridge(
 
     # a platform written against our API: the reference runtime on it, eager (tests/engine/test_engine_runtime.py),
     # and with tensor parallelism over 2 ranks in float32: Llama at standard, every model at full
-    # (tests/collective/test_engine_tp.py)
+    # (tests/collective/test_engine_tp.py); with expert parallelism too on every MoE model at full
+    # (tests/collective/test_engine_ep.py)
     native = _inventory(CpuPlatform())
     assert engine.engine_units(native, "engine", "generate", "quick") == []
     assert [u.id for u in engine.engine_units(native, "engine", "generate", "standard")] == [
         f"{m}-{d}-eager" for d in ("float32", "bfloat16") for m in STANDARD] + ["llama-float32-eager,tp=2"]
     assert [u.id for u in engine.engine_units(native, "engine", "generate", "full")] == [
         f"{m}-{d}-eager" for d in ("float32", "float16", "bfloat16") for m in FULL] + [
-        f"{m}-float32-eager,tp=2" for m in FULL]
+        f"{m}-float32-eager,tp=2" for m in FULL] + [
+        f"{m}-float32-eager,tp=2,ep" for m in FULL if engine_models.MODELS[m].moe]
+    assert [m for m in FULL if engine_models.MODELS[m].moe] == ["gpt_oss", "mixtral"]
 
 
 def test_the_checks_reach_vllms_engine_only_through_the_platform():

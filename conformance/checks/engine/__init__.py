@@ -14,8 +14,10 @@ chunked prefill and without prefix caching, and the verdict says which of them m
 raises is an ERROR naming the part of vLLM's contract for a platform it points to, where it is one of the known ways
 vLLM 0.32 raises (contracts.py), and whose code it is (whose.py: vLLM's own code, with none of the platform's on the
 stack, is upstream). On a platform written against our own API the units run the reference runtime
-(`reference_impl.models`) on the platform instead, graded by the same oracle (runtime.py). The family has no units
-at the quick level: an engine costs tens of seconds.
+(`reference_impl.models`) on the platform instead, graded by the same oracle (runtime.py). On 2 ranks (float32):
+TP_CASE, tensor parallelism, and at the full level EP_CASE, expert parallelism on the MoE models over the same ranks
+(vLLM's engine with enable_expert_parallel under the bridge; the reference runtime on spawned gloo ranks otherwise,
+parallel.py). The family has no units at the quick level: an engine costs tens of seconds.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ from conformance.collect.inventory import Inventory
 from conformance.collect.units import Unit, dtype_name
 from conformance.results.result import Outcome
 
-CASES = ("eager", "compiled", "eager,tp=2")
+CASES = ("eager", "compiled", "eager,tp=2", "eager,tp=2,ep")
 TP_CASE = "eager,tp=2"       # 2 ranks: the reference runtime's (parallel.py) or, under the bridge, vLLM's engine
+EP_CASE = "eager,tp=2,ep"    # the same 2 ranks with expert parallelism on a MoE model (full level only)
+PARALLEL_CASES = (TP_CASE, EP_CASE)
+EP_ENGINE_MODEL = "mixtral"  # under the bridge: the plain MoE (gpt-oss's sinks raise on vLLM before 0.31 already)
 TP_TIMEOUT_S = 240.0
 STANDARD_DTYPES = ("float32", "bfloat16")     # the full level: every dtype the platform supports
 JOB_TIMEOUT_S = 300.0                          # one job of the engine process; the per-check limit usually ends first
@@ -53,8 +58,10 @@ def engine_of(platform):
 def engine_units(inventory: Inventory, family: str, check_name: str, level: str) -> list[Unit]:
     """One unit per model of the level, dtype and mode (op = the model): standard, float32 and bfloat16 eager; full,
     every dtype the platform supports eager, and under the vLLM bridge compiled too. On a platform without vLLM's
-    engine the units run the reference runtime on it, eager only (model.decoder compiles the runtime's decoder)."""
-    from conformance.checks.engine.models import models_at
+    engine the units run the reference runtime on it, eager only (model.decoder compiles the runtime's decoder).
+    2 ranks (float32): TP_CASE, Llama at standard and every model at full on the runtime, Llama at full under the
+    bridge; EP_CASE at full only, every MoE model on the runtime, EP_ENGINE_MODEL under the bridge."""
+    from conformance.checks.engine.models import MODELS, models_at
     from conformance.checks.engine.oracle import tolerances
 
     if level == "quick":
@@ -71,6 +78,11 @@ def engine_units(inventory: Inventory, family: str, check_name: str, level: str)
                                                                                   else names[:1])]
     elif level == "full" and "float32" in dtypes:   # vLLM's engine on 2 ranks: a minute to start on 2 cores
         units.append(Unit(family, check_name, names[0], None, "float32", TP_CASE))
+    if level == "full" and "float32" in dtypes:     # expert parallelism: the MoE models (one under the bridge)
+        moe = [m for m in names if MODELS[m].moe]
+        if engine_of(inventory.platform) is not None:
+            moe = [m for m in moe if m == EP_ENGINE_MODEL]
+        units += [Unit(family, check_name, m, None, "float32", EP_CASE) for m in moe]
     return units
 
 
@@ -109,21 +121,26 @@ def generate(ctx: CheckContext, unit: Unit) -> Verdict:
     if unit.op not in engine_models.MODELS:
         return Verdict(Outcome.ERROR, f"engine unit op {unit.op!r} names no model of the family: one of "
                        f"{tuple(engine_models.MODELS)} (conformance/checks/engine/models.py)")
+    if unit.case == EP_CASE and not engine_models.MODELS[unit.op].moe:
+        return Verdict(Outcome.ERROR, f"engine case {EP_CASE!r} is expert parallelism: model {unit.op!r} has no "
+                       "experts (the MoE models: " + ", ".join(m for m, v in engine_models.MODELS.items() if v.moe)
+                       + ")")
     dtype = unit_dtype(unit)
     engine = engine_of(ctx.platform)
-    if unit.case == TP_CASE and engine is None:
+    if unit.case in PARALLEL_CASES and engine is None:
         return _on_runtime_tp(ctx, unit, dtype)
     if engine is None:
         return _on_runtime(ctx, unit, dtype)
     compiled = unit.case == "compiled"
-    ranks = 2 if unit.case == TP_CASE else 1
+    ranks = 2 if unit.case in PARALLEL_CASES else 1
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="conformance-engine-") as tmp:
         work = Path(tmp)
         checkpoint = engine_models.write_checkpoint(engine_models.MODELS[unit.op], dtype, work / unit.op)
         try:
             with engine(work) as proc:
-                run = base_run(unit.op, checkpoint, unit.dtype, compiled, tensor_parallel_size=ranks)
+                run = base_run(unit.op, checkpoint, unit.dtype, compiled, tensor_parallel_size=ranks,
+                               expert_parallel=unit.case == EP_CASE)
                 doc = proc.run([run], JOB_TIMEOUT_S)
                 result = _grade_run(doc["runs"][0], checkpoint, dtype)
                 spent = time.monotonic() - start
@@ -206,7 +223,9 @@ def _on_runtime(ctx: CheckContext, unit: Unit, dtype) -> Verdict:
 
 def _on_runtime_tp(ctx: CheckContext, unit: Unit, dtype) -> Verdict:
     """The unit's model on the reference runtime with tensor parallelism over 2 spawned ranks (parallel.py), each
-    activating the platform; its TP group's collectives go through the platform's device communicator. Rank 0's
+    activating the platform; its TP group's collectives go through the platform's device communicator. EP_CASE adds
+    expert parallelism: each rank's MoE layers hold only its experts, whose parts the TP group's one all_reduce sums
+    (vLLM's MoE runner with data parallelism 1), and the EP group's communicator is built as "ep:0". Rank 0's
     outputs are graded like the single-process runtime's; a rank whose outputs differ from rank 0's is named."""
     from conformance.checks.engine import models as engine_models
     from conformance.checks.engine.models import requests
@@ -214,19 +233,25 @@ def _on_runtime_tp(ctx: CheckContext, unit: Unit, dtype) -> Verdict:
     from conformance.checks.engine.parallel import RanksFailed, run_ranks
     from conformance.checks.engine.runtime import PROMPT_BLOCK
 
-    name, world = unit.op, 2
+    name, world, ep = unit.op, 2, unit.case == EP_CASE
     tol = logprob_tolerance(dtype, name)
+    parallel = "tensor and expert parallelism" if ep else "tensor parallelism"
     where = (f"reference runtime (reference_impl.models) on the platform with tensor parallelism over {world} gloo "
-             f"ranks, {unit.dtype}, eager; {name} ({engine_models.MODELS[name].exercises})")
+             f"ranks{' and expert parallelism over the same ranks' if ep else ''}, {unit.dtype}, eager; {name} "
+             f"({engine_models.MODELS[name].exercises})")
     with tempfile.TemporaryDirectory(prefix="conformance-engine-") as tmp:
         checkpoint = engine_models.write_checkpoint(engine_models.MODELS[name], dtype, Path(tmp) / name)
         try:
-            ranks = run_ranks(ctx.platform_name, checkpoint, unit.dtype, str(ctx.device), world, TP_TIMEOUT_S)
+            ranks = run_ranks(ctx.platform_name, checkpoint, unit.dtype, str(ctx.device), world, TP_TIMEOUT_S, ep)
         except RanksFailed as exc:
             outcome = {True: Outcome.CRASH, False: Outcome.TIMEOUT}.get(exc.crashed, Outcome.ERROR)
             return Verdict(outcome, f"{exc} [{where}]")
         reqs = requests(max(ranks[0]["block"], PROMPT_BLOCK))
         where += f"; the TP group's communicator: {ranks[0]['communicator']}"
+        if ep:
+            where += (", the EP group's too (built as ep:0); experts held: " + "; ".join(
+                f"rank {r} {_span(doc['experts'])}" for r, doc in enumerate(ranks)) + ", their parts summed by the "
+                "TP group's one all_reduce per MoE layer, as vLLM's MoE runner sums them")
         outputs = ranks[0]["outputs"]
         for rank, other in enumerate(ranks[1:], start=1):
             for req in reqs:
@@ -237,14 +262,43 @@ def _on_runtime_tp(ctx: CheckContext, unit: Unit, dtype) -> Verdict:
                     return failed(f"the ranks disagree: rank {rank} generated other tokens than rank 0 for request "
                                   f"{req.id} (wave {req.wave}, prompt of {len(req.prompt)}) from step {step} (rank 0 "
                                   f"{mine[step:step + 3]}, rank {rank} {theirs[step:step + 3]}): a collective gives "
-                                  f"the ranks different results [{where}]")
+                                  f"the ranks different results; {_each_rank(ranks, reqs, req, checkpoint, tol)} "
+                                  f"[{where}]")
         result = ModelResult(name, {}, grade(reqs, outputs, oracle_logprobs(checkpoint, reqs, outputs), tol))
     within, errs = _within(result, tol)
     if result.grade.divergences:
-        return failed(f"the runtime with tensor parallelism leaves the float64 reference (teacher-forced on its "
+        return failed(f"the runtime with {parallel} leaves the float64 reference (teacher-forced on its "
                       f"tokens, logprob tolerance {tol:.3g}; every rank generated the same tokens): {name}: "
                       f"{result.grade.divergences[0].line()} [{where}]", **errs)
     return passed(f"{within}; all {world} ranks generated the same tokens [{where}]", **errs)
+
+
+def _each_rank(ranks: list[dict], reqs, req, checkpoint: Path, tol: float) -> str:
+    """Which ranks leave the float64 reference, each graded on its own tokens, and which leaves it first on `req`
+    (the request the ranks disagree on): once the ranks' tokens differ, every collective mixes their states and the
+    others follow a step later, so the first is the rank whose collective result was wrong."""
+    from conformance.checks.engine.oracle import grade, oracle_logprobs
+
+    said, first = [], {}
+    for rank, doc in enumerate(ranks):
+        g = grade(reqs, doc["outputs"], oracle_logprobs(checkpoint, reqs, doc["outputs"]), tol)
+        said.append(f"rank {rank} leaves it: {g.divergences[0].line()}" if g.divergences else
+                    f"rank {rank} matches it")
+        step = next((d.step for d in g.divergences if d.request.id == req.id), None)
+        if step is not None:
+            first[rank] = step
+    text = f"each rank against the float64 reference (logprob tolerance {tol:.3g}): {'; '.join(said)}"
+    if first and len(set(first.values())) == len(first):
+        rank = min(first, key=first.get)
+        text += f"; the first to leave it on request {req.id}: rank {rank}, at step {first[rank]}"
+    return text
+
+
+def _span(experts: list[int]) -> str:
+    """'experts 0-1' (a rank's experts are one contiguous range), or the list."""
+    if experts and experts == list(range(experts[0], experts[-1] + 1)):
+        return f"experts {experts[0]}-{experts[-1]}" if len(experts) > 1 else f"expert {experts[0]}"
+    return f"experts {experts}"
 
 
 def _within(result: ModelResult, tol: float) -> tuple[str, dict]:
@@ -326,7 +380,10 @@ def _where(unit: Unit) -> str:
 
     ranks = (" (tensor_parallel_size=2: a worker process per rank, vLLM's multiprocessing executor, the collectives "
              "through the platform's device communicator; the tokens and logprobs are rank 0's)"
-             if unit.case == TP_CASE else "")
+             if unit.case in PARALLEL_CASES else "")
+    if unit.case == EP_CASE:
+        ranks = ranks[:-1] + ("; enable_expert_parallel=True: each rank holds half the experts, the EP group's "
+                              "communicator built as ep:0)")
     return (f"vLLM LLM engine, {unit.dtype}, {unit.case}{ranks}, chunked prefill at {TOKEN_BUDGET} tokens a step and "
             f"prefix caching; model {unit.op} ({MODELS[unit.op].exercises})")
 
@@ -349,8 +406,9 @@ def _verdict(platform, result: ModelResult, doc: dict, dtype, unit: Unit) -> Ver
     observed = (facts.get("platform_facts") or result.report.get("platform") or {}).get("class")
     whose = Whose(platform, observed)
     ranks = facts.get("tensor_parallel_size", 1)
+    ep = ", expert parallel" if facts.get("enable_expert_parallel") else ""
     engine = (f"vLLM {doc.get('vllm')} on {facts.get('platform') or observed or 'its platform'}, KV block "
-              f"{facts.get('block_size', '?')}{f', {ranks} ranks' if ranks != 1 else ''}; {_where(unit)}"
+              f"{facts.get('block_size', '?')}{f', {ranks} ranks' if ranks != 1 else ''}{ep}; {_where(unit)}"
               f"{_shutdown_note(result)}")
     if result.error is not None:
         error = EngineError.from_report(result.report)
@@ -358,6 +416,8 @@ def _verdict(platform, result: ModelResult, doc: dict, dtype, unit: Unit) -> Ver
         origin, raised = whose.of_error(error, contract)
         first, _, rest = result.error.strip().partition("\n")
         said = f"{raised}; {contract.describe(error)}" if contract is not None else raised
+        if result.report.get("worker_deaths"):     # the engine's raise then only says it was cancelled
+            said += f"; a worker process died: {result.report['worker_deaths']}"
         return Verdict(Outcome.ERROR, f"vLLM's engine raised on model {result.model}: {first} ({said}) [{engine}]"
                        + (f"\n{rest}" if rest else ""), origin=origin.to_json())
     within, errs = _within(result, tol)

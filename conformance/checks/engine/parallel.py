@@ -1,9 +1,11 @@
 """The engine family with tensor parallelism on a platform written against our own API: the reference runtime on
 WORLD spawned ranks over gloo (`python -m conformance.checks.engine.parallel RANK WORLD INIT PLATFORM CHECKPOINT
-DTYPE DEVICE OUT`), each rank activating the platform under test, building the unit's checkpoint with only its shard
-of every tensor-parallel layer (reference_impl.distributed: the collectives go through the platform's device
+DTYPE DEVICE OUT [ep]`), each rank activating the platform under test, building the unit's checkpoint with only its
+shard of every tensor-parallel layer (reference_impl.distributed: the collectives go through the platform's device
 communicator contract) and generating the family's requests; every rank writes its outputs, which the unit grades
-(rank 0's against the float64 oracle; any rank that disagrees with rank 0 is named).
+(rank 0's against the float64 oracle; any rank that disagrees with rank 0 is named). With `ep` (expert parallelism,
+as vLLM's enable_expert_parallel) the ranks also form the expert-parallel group (its communicator built as "ep:0")
+and each MoE layer holds only its rank's experts; every rank says which.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ class RanksFailed(Exception):
 
 
 def run_ranks(platform_name: str, checkpoint: Path, dtype: str, device: str, world: int,
-              timeout: float) -> list[dict]:
+              timeout: float, expert_parallel: bool = False) -> list[dict]:
     """Every rank's {"block": its KV block size, "communicator": the class its TP group used, "outputs": {request
-    id: output}} (rank order)."""
+    id: output}} (rank order); with `expert_parallel` also "experts": the global ids of the experts its MoE layers
+    hold."""
     from conformance.checks.collective.group import work_directory
 
     with tempfile.TemporaryDirectory(prefix="conformance-engine-tp-", dir=work_directory()) as tmp:
@@ -38,7 +41,8 @@ def run_ranks(platform_name: str, checkpoint: Path, dtype: str, device: str, wor
             log = open(os.path.join(tmp, f"rank{rank}.log"), "wb")
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "conformance.checks.engine.parallel", str(rank), str(world), init,
-                 platform_name, str(checkpoint), dtype, device, os.path.join(tmp, f"out{rank}.json")],
+                 platform_name, str(checkpoint), dtype, device, os.path.join(tmp, f"out{rank}.json")]
+                + (["ep"] if expert_parallel else []),
                 stdout=log, stderr=subprocess.STDOUT, cwd=tmp))
             log.close()
         deadline = time.monotonic() + timeout
@@ -81,6 +85,7 @@ def _tail(path: str, lines: int = 8) -> str:
 def main(argv: list[str]) -> int:
     rank, world, init, platform_name, checkpoint, dtype_text, device, out = (
         int(argv[0]), int(argv[1]), argv[2], argv[3], Path(argv[4]), argv[5], argv[6], argv[7])
+    expert_parallel = argv[8:] == ["ep"]
     try:
         import ctypes
         import signal
@@ -98,7 +103,7 @@ def main(argv: list[str]) -> int:
     platform = activate(platform_name).platform
     communicator = resolve(platform.get_device_communicator_cls())
     d.init_distributed_environment(world, rank, f"file://{init}", "gloo")
-    d.initialize_model_parallel(world, communicator_cls=communicator)
+    d.initialize_model_parallel(world, communicator_cls=communicator, enable_expert_parallel=expert_parallel)
     try:
         model = build_for(checkpoint, dtype_from_name(dtype_text), device)
         reqs = family_requests(model)
@@ -106,9 +111,12 @@ def main(argv: list[str]) -> int:
     finally:
         d.destroy_model_parallel()
         d.destroy_distributed_environment()
+    doc = {"block": model.model.attention.block_size, "communicator": f"{communicator.__module__}."
+           f"{communicator.__qualname__}", "outputs": {str(k): v for k, v in outputs.items()}}
+    if expert_parallel:
+        doc["experts"] = sorted({e for m in model.modules() if hasattr(m, "local_experts") for e in m.local_experts})
     with open(out, "w") as f:
-        json.dump({"block": model.model.attention.block_size, "communicator": f"{communicator.__module__}."
-                   f"{communicator.__qualname__}", "outputs": {str(k): v for k, v in outputs.items()}}, f)
+        json.dump(doc, f)
     return 0
 
 
