@@ -12,7 +12,9 @@ ranks generate different tokens: the FAIL names rank 1 and, grading each rank on
 the reference and rank 1 leaves it. (A communicator that reduces every sum twice is not among them: doubling every
 all_reduce doubles the whole residual stream, which the RMSNorms take out, so the tokens and logprobs do not change;
 vllm-ascend #6710's second reduction showed because it hit the MoE output only.) About 15 to 30 s per 2-rank unit on
-a loaded 2-core machine (4 units).
+a loaded 2-core machine (4 units). Under the bridge vLLM 0.32's CPU worker segfaults in its fused-MoE kernel and the
+engine raises only "cancelled": the last tests check that the ERROR says the worker's death and where it segfaulted,
+from the engine log's lines (no engine is started here).
 """
 
 from __future__ import annotations
@@ -178,9 +180,10 @@ def test_a_dead_worker_is_said_with_where_it_segfaulted():
 
 
 def test_a_dead_worker_reaches_the_verdict():
-    """The engine's own raise ("cancelled", in vLLM's message queue) is the ERROR; the worker's death is said with it."""
-    from conformance.checks.engine import ModelResult, _verdict
+    """The engine's own raise ("cancelled", in vLLM's message queue) is the ERROR; the worker's death is said too."""
     import torch
+
+    from conformance.checks.engine import ModelResult, _verdict
 
     report = {"name": "mixtral", "error": "RuntimeError: cancelled", "error_type": "RuntimeError",
               "error_message": "cancelled", "frames": [["vllm.distributed.device_communicators.shm_broadcast",
