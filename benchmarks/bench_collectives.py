@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    from conformance.run import shm_files
+    from conformance import shm_files
 
     ident = shm_files.new_ident()     # vLLM's shared-memory files carry it; removed when the ranks are done
     procs = [ctx.Process(target=_rank, args=(r, port, ident, args, queue)) for r in range(WORLD)]

@@ -28,7 +28,8 @@ from conformance.exit_codes import ExitCode
 from conformance.exit_codes import one_line as exit_codes_line
 from conformance.results.messages import sanitize
 from conformance.results.result import CheckResult, Outcome, ResultsFile, RunInfo, gated, verdict
-from conformance.run import collection_plan, options, shm_files
+from conformance import shm_files
+from conformance.run import collection_plan, options
 from conformance.run.options import MAX_TIMEOUT_S
 from conformance.run.run_dir import WORKERINPUT_KEY, ZYGOTE_KEY, RunDir
 from conformance.run.zygote import die_with_parent

@@ -21,7 +21,7 @@ from conformance.checks.collective import group
 from conformance.checks.common import CheckContext
 from conformance.collect.units import Unit
 from conformance.results.result import Outcome
-from conformance.run import shm_files
+from conformance import shm_files
 from harness_runner import PLUGINS
 
 FIXTURE = PLUGINS / "vllm_collective"

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conformance.run import shm_files
+from conformance import shm_files
 
 
 def _file(d, name, size=4096):

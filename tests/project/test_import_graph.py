@@ -223,13 +223,14 @@ def test_reader_sees_function_level_and_relative_imports(tmp_path):
 # handed, and the bridge never runs a check.
 STAGE_IMPORTS = {
     "exit_codes": set(),
+    "shm_files": set(),
     "collect": set(),
     "results": {"collect"},
     "judge": {"collect", "results"},
     "vllm": {"collect", "results"},
-    "checks": {"collect", "results", "judge"},
+    "checks": {"collect", "results", "judge", "shm_files"},
     "gate": {"collect", "results", "checks"},
-    "run": {"collect", "results", "judge", "checks", "gate", "exit_codes"},
+    "run": {"collect", "results", "judge", "checks", "gate", "exit_codes", "shm_files"},
     "report": {"collect", "results", "judge", "gate"},
 }
 FRONT_DOORS = {"conformance", "pytest_plugin", "cli", "__main__"}

@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 
-from conformance.run import shm_files
+from conformance import shm_files
 
 CALL_TIMEOUT_ENV = "CONFORMANCE_COLLECTIVE_CALL_TIMEOUT"
 DEFAULT_CALL_TIMEOUT_S = 10.0
