@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from conformance.checks.sampling import engine as E
+from conformance.checks.sampling import engine_oracle as E
 from conformance.checks.sampling import oracle, stop_rules, tokenizer
 
 MIN_TOKENS = 3
