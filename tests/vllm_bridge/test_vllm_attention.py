@@ -11,7 +11,7 @@ import importlib.util
 
 import pytest
 
-from _vllm_cpu import CPU_ATTN_BLOCK, FP8_REFUSED, SINKS_IN_FLOAT32, before, fp8_refused_here
+from _vllm_cpu import CPU_ATTN_BLOCK, FP8_REFUSED, RELEASE, SINKS_IN_FLOAT32, before, fp8_refused_here
 from harness_runner import run_harness
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -75,7 +75,8 @@ def test_fp8_truncation_is_a_quality_warning_naming_the_quantiser(attention_run)
         if refused_here:
             assert any(refusal in r["message"] for refusal in FP8_REFUSED), r
             if before((0, 29)):   # vLLM's own defect, fixed in 0.29: the result names that release
-                assert "[vLLM's own defect on vLLM 0.28" in r["message"] and "vLLM 0.29 fixes it" in r["message"], r
+                assert (f"[vLLM's own defect on vLLM {RELEASE[0]}.{RELEASE[1]}" in r["message"]
+                        and "vLLM 0.29 fixes it" in r["message"]), r
             if _check(r) == "dispatch":
                 assert r["outcome"] == "FAIL" and "is declared (supported_kv_cache_dtypes)" in r["message"], r
             else:

@@ -16,6 +16,8 @@ SEEDED_ENGINE = ("request 1 (...): a seeded request drew [1] alone where it drew
 NGRAM = ("n-gram speculative decoding (3 draft tokens): before any answer, with the greedy requests (0, 1, 2), vLLM's "
          "engine raised TypeError: Cannot inspect kernel parameters for function [vLLM's engine on the platform, "
          "llama float32 (vocab 512), vllm.platforms.cpu.CpuPlatform; ...]")
+AMX_MOE = ("vLLM's engine raised on model gpt_oss: RuntimeError: CPU fused-MoE AMX grouped-gemm kernel cannot be used "
+           "for a layer with w13 shape (4, 512, 128)")
 MOE = "vLLM's engine raised on model gpt_oss: RuntimeError: expected scalar type BFloat16 but found Float"
 
 
@@ -32,6 +34,9 @@ MOE = "vLLM's engine raised on model gpt_oss: RuntimeError: expected scalar type
     ("0.28.0+cpu", "engine", "gpt_oss", Outcome.ERROR, MOE, "0.31"),
     (None, "engine", "gpt_oss", Outcome.ERROR, MOE, None),                    # not a vLLM run
     ("0.28.0", "sampling", "sample", Outcome.FAIL, SEEDED_OP, "0.29"),
+    ("0.27.0", "engine", "gpt_oss", Outcome.ERROR, AMX_MOE, "0.28"),
+    ("0.27.0", "engine", "mixtral", Outcome.ERROR, AMX_MOE.replace("gpt_oss", "mixtral"), "0.28"),
+    ("0.28.0", "engine", "gpt_oss", Outcome.ERROR, AMX_MOE, None),
     ("0.29.0", "sampling", "sample", Outcome.FAIL, SEEDED_OP, None),
     ("0.28.0", "sampling", "sample", Outcome.FAIL, SEEDED_OP.replace("vllm.v1", "vendor"), None),  # a vendor's sampler
     ("0.28.0", "sampling", "llama", Outcome.FAIL, SEEDED_ENGINE, "0.29"),

@@ -79,7 +79,7 @@ def test_the_page_keeps_its_generated_part_between_the_markers_with_the_command(
     assert text.count(probe.BEGIN) == 1 and text.count(probe.END) == 1
     generated = text.split(probe.BEGIN)[1].split(probe.END)[0]
     assert "scripts/vllm_release_probe.py --doc docs/vllm-releases.md" in generated
-    assert "Releases probed: 0.28.0, 0.29.0, 0.30.0, 0.31.0, 0.32.0" in generated
+    assert "Releases probed: 0.27.0, 0.28.0, 0.29.0, 0.30.0, 0.31.0, 0.32.0" in generated
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed here (bash "

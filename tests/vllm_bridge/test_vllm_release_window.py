@@ -53,9 +53,9 @@ def run_with_vllm(tmp_path: Path, version: str, modules: tuple[str, ...] = ()):
 
 @pytest.mark.parametrize("version, modules, lacks", [
     # older than any release probed: the line names the modules the bridge needs that this vLLM does not have
-    ("0.27.0", (), "vLLM 0.27.0 lacks vllm.ir, vllm.ir.op, vllm.model_executor.custom_op"),
+    ("0.26.0", (), "vLLM 0.26.0 lacks vllm.ir, vllm.ir.op, vllm.model_executor.custom_op"),
     # a release the probe has seen and left outside: the line says what it lacks, from RELEASE_GAPS (none at present:
-    # every release probed, 0.28 to 0.32, is in the window; test_a_release_gap_is_named_in_the_stop_line covers it)
+    # every release probed, 0.27 to 0.32, is in the window; test_a_release_gap_is_named_in_the_stop_line covers it)
     *((f"{release}.0", discover.REQUIRED_MODULES, f"vLLM {release} lacks {gap}")
       for release, gap in discover.RELEASE_GAPS.items()),
 ])
@@ -78,12 +78,12 @@ def test_every_release_of_the_window_passes_the_gate():
 
 
 def test_a_release_gap_is_named_in_the_stop_line(monkeypatch):
-    monkeypatch.setattr(discover, "RELEASE_GAPS", {"0.27": "the selector flag use_x that the bridge passes"})
+    monkeypatch.setattr(discover, "RELEASE_GAPS", {"0.26": "the selector flag use_x that the bridge passes"})
     with pytest.raises(discover.VllmBridgeError) as info:
-        discover.check_release("0.27.3+cpu")
+        discover.check_release("0.26.3+cpu")
     message = str(info.value)
-    assert f"vLLM 0.27.3+cpu is not a version the bridge knows ({WINDOW}: its supported window)" in message
-    assert "vLLM 0.27 lacks the selector flag use_x that the bridge passes" in message and "\n" not in message
+    assert f"vLLM 0.26.3+cpu is not a version the bridge knows ({WINDOW}: its supported window)" in message
+    assert "vLLM 0.26 lacks the selector flag use_x that the bridge passes" in message and "\n" not in message
 
 
 def test_no_release_is_both_supported_and_lacking():
