@@ -51,24 +51,40 @@ class SamplingBatch:
 
 
 def apply_top_k(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """-inf below each row's k-th largest value (ties with it kept); k >= the vocabulary size keeps the row."""
+    """-inf below each row's k-th largest value (ties with it kept); k >= the vocabulary size keeps the row. Only
+    the rows that cut are touched, through the largest k among them (a top-k, not a sort of the whole row)."""
     vocab = logits.shape[-1]
-    k = k.to(torch.long).clamp(1, vocab)
-    ordered = logits.sort(dim=-1, descending=True).values
-    kth = ordered.gather(-1, (k - 1).unsqueeze(-1))
-    kth = torch.where((k >= vocab).unsqueeze(-1), torch.full_like(kth, float("-inf")), kth)
-    return logits.masked_fill_(logits < kth, float("-inf"))
+    k = k.to(device=logits.device, dtype=torch.long).clamp(1, vocab)
+    rows = (k < vocab).nonzero().flatten()
+    if rows.numel() == 0:
+        return logits
+    cut = logits[rows]
+    largest = cut.topk(int(k[rows].max()), dim=-1).values        # sorted descending, as a full sort's head
+    kth = largest.gather(-1, (k[rows] - 1).unsqueeze(-1))
+    logits[rows] = cut.masked_fill_(cut < kth, float("-inf"))
+    return logits
 
 
 def apply_top_p(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """-inf outside each row's nucleus: ascending by probability, the tokens whose cumulative mass stays at or below
-    1 - p are dropped, the most likely token always kept (vLLM's rule)."""
-    ordered, order = logits.sort(dim=-1, descending=False)
+    1 - p are dropped, the most likely token always kept (vLLM's rule). A row with p >= 1 drops just its tokens of
+    probability 0 (those whose softmax underflows, besides the -inf ones), which needs no sort: only the rows with
+    p < 1 are sorted."""
+    p = p.to(device=logits.device)
+    whole = (p >= 1).nonzero().flatten()
+    if whole.numel():
+        kept = logits[whole]
+        logits[whole] = kept.masked_fill_(kept.softmax(dim=-1) == 0, float("-inf"))
+    rows = (p < 1).nonzero().flatten()
+    if rows.numel() == 0:
+        return logits
+    ordered, order = logits[rows].sort(dim=-1, descending=False)
     mass = ordered.softmax(dim=-1).cumsum(dim=-1)
-    drop = mass <= (1 - p.to(mass.dtype)).unsqueeze(-1)
+    drop = mass <= (1 - p[rows].to(mass.dtype)).unsqueeze(-1)
     drop[:, -1] = False
     ordered = ordered.masked_fill(drop, float("-inf"))
-    return logits.scatter_(-1, order, ordered)
+    logits[rows] = torch.empty_like(ordered).scatter_(-1, order, ordered)
+    return logits
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
@@ -125,8 +141,27 @@ def exponential_noise(shape, generators: dict[int, torch.Generator], device, dty
 
 
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
-    """A token per row drawn from `probs` by the exponential race (argmax of p / Exp(1)), which is a draw from p."""
-    return (probs / exponential_noise(probs.shape, generators, probs.device)).argmax(dim=-1)
+    """A token per row drawn from `probs` by the exponential race (argmax of p / Exp(1)), which is a draw from p. A
+    row with its own generator races only its tokens of positive probability (the others never win), so a request cut
+    to a few tokens draws a few numbers, not a vocabulary's worth; the rows without one draw from the default
+    generator together."""
+    rows, vocab = probs.shape
+    if not generators:
+        return (probs / exponential_noise(probs.shape, {}, probs.device)).argmax(dim=-1)
+    out = torch.empty(rows, dtype=torch.long, device=probs.device)
+    others = [r for r in range(rows) if r not in generators]
+    if others:
+        idx = torch.tensor(others, device=probs.device)
+        out[idx] = (probs[idx] / exponential_noise((len(others), vocab), {}, probs.device)).argmax(dim=-1)
+    for row, gen in generators.items():
+        support = (probs[row] > 0).nonzero().flatten()
+        if support.numel() == 0:       # no token of positive probability (a NaN row): as the full race would
+            q = torch.empty(vocab, dtype=probs.dtype, device=probs.device).exponential_(generator=gen)
+            out[row] = (probs[row] / q).argmax()
+            continue
+        q = torch.empty(support.numel(), dtype=probs.dtype, device=probs.device).exponential_(generator=gen)
+        out[row] = support[(probs[row, support] / q).argmax()]
+    return out
 
 
 class Sampler:

@@ -91,3 +91,46 @@ class _WithSampler:
 def test_a_platform_brings_its_sampler_or_gets_the_reference_one():
     assert rs.sampler_for(_WithSampler()) == "theirs"
     assert isinstance(rs.sampler_for(object()), rs.Sampler)
+
+
+def _sorted_top_k(logits, k):
+    """The definition: -inf below each row's k-th largest value of a full descending sort (ties kept)."""
+    vocab = logits.shape[-1]
+    kth = logits.sort(dim=-1, descending=True).values.gather(-1, (k.clamp(1, vocab) - 1).unsqueeze(-1))
+    kth = torch.where((k >= vocab).unsqueeze(-1), torch.full_like(kth, float("-inf")), kth)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def _sorted_top_p(logits, p):
+    """The definition on every row: ascending cumulative mass at or below 1 - p dropped, the top token kept."""
+    ordered, order = logits.sort(dim=-1)
+    mass = ordered.softmax(dim=-1).cumsum(dim=-1)
+    drop = mass <= (1 - p).unsqueeze(-1)
+    drop[:, -1] = False
+    return torch.empty_like(ordered).scatter_(-1, order, ordered.masked_fill(drop, float("-inf")))
+
+
+def test_top_k_and_top_p_touch_only_the_rows_that_cut_and_match_the_sorted_definition():
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(6, 300, generator=gen) * 3
+    logits[2, 10:20] = logits[2, 0]                       # ties at the k-th value
+    logits[4, :250] = -200.0                              # tokens whose probability underflows to 0
+    k = torch.tensor([1, 7, 2, 300, 1000, 299])
+    p = torch.tensor([0.9, 1.0, 0.5, 1.0, 1.0, 0.0])
+    assert torch.equal(rs.apply_top_k(logits.clone(), k), _sorted_top_k(logits, k))
+    assert torch.equal(rs.apply_top_p(logits.clone(), p), _sorted_top_p(logits, p))
+    assert bool(rs.apply_top_p(logits.clone(), p)[4, :250].isneginf().all())   # p = 1 drops probability 0
+
+
+def test_a_seeded_row_draws_only_among_its_kept_tokens_and_repeats_with_its_seed():
+    probs = torch.zeros(3, 50_000)
+    probs[0, [7, 40_000]] = torch.tensor([0.25, 0.75])
+    probs[1] = 1.0 / 50_000
+    probs[2, 49_999] = 1.0
+    draw = [rs.random_sample(probs, {0: torch.Generator().manual_seed(s), 2: torch.Generator().manual_seed(s)})
+            for s in range(400)]
+    firsts = torch.stack(draw)[:, 0]
+    assert set(firsts.tolist()) == {7, 40_000} and 60 < int((firsts == 7).sum()) < 140    # about a quarter
+    assert all(int(d[2]) == 49_999 for d in draw)
+    again = rs.random_sample(probs, {0: torch.Generator().manual_seed(3), 2: torch.Generator().manual_seed(3)})
+    assert int(again[0]) == int(draw[3][0])
