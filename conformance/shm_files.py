@@ -9,8 +9,10 @@ every later run fails. The harness removes what its children left:
 - a collective rank group's files by the identifier the group runner gave it (`conformance-<pid>-<hex>`), when the
   group is closed, and at a run's start those of a runner that is no longer alive (`remove_orphans`);
 - at a run's start and end, vLLM's files that no live process maps or holds open (`remove_unused`): a `vllm_dist_*`
-  group file of any age (vLLM maps it for the group's whole life), and `psm_*` / `sem.mp-*` files only when created
-  since the run started (another program may hand such a file from one process to the next by name).
+  group file of any age (vLLM maps it for the group's whole life), and `psm_*` segments only when written since the
+  run started (another program may hand such a file from one process to the next by name). Never multiprocessing's
+  semaphores (`sem.mp-*`, 32 bytes each): glibc maps a semaphore under the temporary name it created it with, so a
+  semaphore in use looks unused here (removing one broke a starting vLLM engine).
 
 Only files of this user are touched, and never one that a live process maps or holds open.
 """
@@ -26,7 +28,7 @@ SHM_DIR = Path("/dev/shm")
 IDENT_PREFIX = "conformance-"
 _OURS = re.compile(r"^conformance-(\d+)-[0-9a-f]{8}(?:-|$)")
 VLLM_GROUP_FILES = ("vllm_dist_",)                 # vLLM's CPU shared-memory groups: dead once no process maps them
-MP_FILES = ("psm_", "sem.mp-")                     # multiprocessing's segments and semaphores: this run's only
+MP_FILES = ("psm_",)                               # multiprocessing's shared-memory segments: this run's only
 
 
 def new_ident() -> str:

@@ -80,8 +80,9 @@ def test_vllms_unused_files_go_and_multiprocessings_only_when_made_during_the_ru
     assert shm_files.remove_unused(None, tmp_path) == [group_file.name]   # at a run's start: group files only
     assert new_segment.exists()
     removed = shm_files.remove_unused(started, tmp_path)                   # at its end: this run's segments too
-    assert sorted(removed) == sorted([new_segment.name, semaphore.name])
-    assert in_use.exists() and old_segment.exists() and unrelated.exists()
+    assert removed == [new_segment.name]
+    # a semaphore is never removed: glibc maps it under another name, so one in use looks unused
+    assert in_use.exists() and old_segment.exists() and unrelated.exists() and semaphore.exists()
 
 
 def test_a_missing_directory_is_nothing_to_remove(tmp_path):
