@@ -6,13 +6,11 @@ the expert-parallel group's communicator built as vLLM builds it ("ep:0", use_al
 
 from __future__ import annotations
 
-import multiprocessing
-import queue as queue_mod
-
 import pytest
 import torch
 
 import _ep_scenarios
+from _rank_world import assert_scenario, spawn_world
 from reference_impl.layers.fused_moe import FusedMoE
 from reference_impl.layers.fused_moe.expert_parallel import determine_expert_map, local_experts, local_routing
 
@@ -94,36 +92,9 @@ def test_the_ranks_parts_add_up_to_the_single_rank_layer(kwargs):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     """{scenario: {rank: traceback or None}} from one spawned world of two ranks with expert parallelism."""
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    init_file = str(tmp_path_factory.mktemp("gloo") / "store")
-    procs = [ctx.Process(target=_ep_scenarios.run_rank, args=(rank, init_file, results))
-             for rank in range(_ep_scenarios.WORLD_SIZE)]
-    for p in procs:
-        p.start()
-    expected = _ep_scenarios.WORLD_SIZE * len(_ep_scenarios.SCENARIOS)
-    outcome: dict[str, dict[int, str | None]] = {}
-    try:
-        for _ in range(expected):
-            rank, name, error = results.get(timeout=120)
-            outcome.setdefault(name, {})[rank] = error
-            if name == "setup":
-                break
-    except queue_mod.Empty:
-        pass
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return outcome
+    return spawn_world(_ep_scenarios, str(tmp_path_factory.mktemp("gloo") / "store"))
 
 
 @pytest.mark.parametrize("scenario", [s.__name__ for s in _ep_scenarios.SCENARIOS])
 def test_two_rank_expert_parallel_scenario(two_ranks, scenario):
-    assert "setup" not in two_ranks, two_ranks["setup"]
-    by_rank = two_ranks.get(scenario, {})
-    assert sorted(by_rank) == list(range(_ep_scenarios.WORLD_SIZE)), f"{scenario}: no result from some rank"
-    failures = {rank: err for rank, err in by_rank.items() if err}
-    assert not failures, "\n".join(f"rank {r}:\n{e}" for r, e in failures.items())
+    assert_scenario(two_ranks, scenario, _ep_scenarios.WORLD_SIZE)

@@ -6,13 +6,11 @@ scenario of tests/support/_tp_scenarios.py runs on both ranks and each test asse
 
 from __future__ import annotations
 
-import multiprocessing
-import queue as queue_mod
-
 import pytest
 import torch
 
 import _tp_scenarios
+from _rank_world import assert_scenario, spawn_world
 from reference_impl import distributed as d
 from reference_impl.distributed import ParallelStateError
 
@@ -82,38 +80,9 @@ def test_collective_ops_have_fake_kernels():
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     """{scenario: {rank: traceback or None}} from one spawned world of two ranks."""
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    init_file = str(tmp_path_factory.mktemp("gloo") / "store")
-    procs = [ctx.Process(target=_tp_scenarios.run_rank, args=(rank, init_file, results))
-             for rank in range(_tp_scenarios.WORLD_SIZE)]
-    for p in procs:
-        p.start()
-    expected = _tp_scenarios.WORLD_SIZE * len(_tp_scenarios.SCENARIOS)
-    outcome: dict[str, dict[int, str | None]] = {}
-    received = 0
-    try:
-        while received < expected:
-            rank, name, error = results.get(timeout=120)
-            outcome.setdefault(name, {})[rank] = error
-            received += 1
-            if name == "setup":
-                break
-    except queue_mod.Empty:
-        pass
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return outcome
+    return spawn_world(_tp_scenarios, str(tmp_path_factory.mktemp("gloo") / "store"))
 
 
 @pytest.mark.parametrize("scenario", [s.__name__ for s in _tp_scenarios.SCENARIOS])
 def test_two_rank_scenario(two_ranks, scenario):
-    assert "setup" not in two_ranks, two_ranks["setup"]
-    by_rank = two_ranks.get(scenario, {})
-    assert sorted(by_rank) == list(range(_tp_scenarios.WORLD_SIZE)), f"{scenario}: no result from some rank"
-    failures = {rank: err for rank, err in by_rank.items() if err}
-    assert not failures, "\n".join(f"rank {r}:\n{e}" for r, e in failures.items())
+    assert_scenario(two_ranks, scenario, _tp_scenarios.WORLD_SIZE)

@@ -5,9 +5,9 @@ float64. `run_rank` reports `(rank, scenario, traceback or None)` for every scen
 
 from __future__ import annotations
 
-import traceback
-
 import torch
+
+from _rank_world import run_scenarios
 
 WORLD_SIZE = 2
 
@@ -133,19 +133,5 @@ SCENARIOS = [groups, fused_moe_reduced_once, fused_moe_partial_parts, mixtral_de
 
 
 def run_rank(rank: int, init_file: str, queue) -> None:
-    torch.set_num_threads(1)
-    from reference_impl import distributed as d
-
-    try:
-        d.init_distributed_environment(WORLD_SIZE, rank, f"file://{init_file}", backend="gloo")
-        d.initialize_model_parallel(WORLD_SIZE, communicator_cls=CountingCommunicator, enable_expert_parallel=True)
-    except Exception:  # noqa: BLE001 - reported as every scenario failing
-        queue.put((rank, "setup", traceback.format_exc()))
-        return
-    for scenario in SCENARIOS:
-        try:
-            scenario(rank)
-            queue.put((rank, scenario.__name__, None))
-        except Exception:  # noqa: BLE001
-            queue.put((rank, scenario.__name__, traceback.format_exc()))
-    d.destroy_distributed_environment()
+    run_scenarios(rank, init_file, queue, WORLD_SIZE, SCENARIOS, communicator_cls=CountingCommunicator,
+                  enable_expert_parallel=True)

@@ -7,10 +7,10 @@ layers, and compares with the single-process computation; a raise is the scenari
 
 from __future__ import annotations
 
-import traceback
-
 import torch
 import torch.nn.functional as F
+
+from _rank_world import run_scenarios
 
 WORLD_SIZE = 2
 
@@ -171,19 +171,4 @@ SCENARIOS = [collectives, column_row_linear, qkv_projection, vocab_parallel, mod
 
 
 def run_rank(rank: int, init_file: str, queue) -> None:
-    torch.set_num_threads(1)
-    from reference_impl import distributed as d
-
-    try:
-        d.init_distributed_environment(WORLD_SIZE, rank, f"file://{init_file}", backend="gloo")
-        d.initialize_model_parallel(WORLD_SIZE)
-    except Exception:  # noqa: BLE001 - reported as every scenario failing
-        queue.put((rank, "setup", traceback.format_exc()))
-        return
-    for scenario in SCENARIOS:
-        try:
-            scenario(rank)
-            queue.put((rank, scenario.__name__, None))
-        except Exception:  # noqa: BLE001
-            queue.put((rank, scenario.__name__, traceback.format_exc()))
-    d.destroy_distributed_environment()
+    run_scenarios(rank, init_file, queue, WORLD_SIZE, SCENARIOS)

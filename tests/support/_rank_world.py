@@ -1,0 +1,68 @@
+"""A world of spawned gloo ranks that each run a module's scenarios, for the tests of the reference's tensor and
+expert parallelism (tests/runtime/test_distributed.py, tests/layers/test_moe_expert_parallel.py): a scenario module
+has WORLD_SIZE, SCENARIOS (functions of the rank) and `run_rank = rank_runner(...)`; the test module's fixture calls
+`spawn_world` once, and each scenario's test `assert_scenario`."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue as queue_mod
+import traceback
+
+
+def run_scenarios(rank: int, init_file: str, queue, world: int, scenarios, **parallel) -> None:
+    """One rank: join the world over gloo (`initialize_model_parallel(world, **parallel)`), run every scenario and
+    put (rank, scenario name, traceback or None) on `queue`; a setup that raises is reported as "setup"."""
+    import torch
+
+    torch.set_num_threads(1)
+    from reference_impl import distributed as d
+
+    try:
+        d.init_distributed_environment(world, rank, f"file://{init_file}", backend="gloo")
+        d.initialize_model_parallel(world, **parallel)
+    except Exception:  # noqa: BLE001 - reported as every scenario failing
+        queue.put((rank, "setup", traceback.format_exc()))
+        return
+    for scenario in scenarios:
+        try:
+            scenario(rank)
+            queue.put((rank, scenario.__name__, None))
+        except Exception:  # noqa: BLE001
+            queue.put((rank, scenario.__name__, traceback.format_exc()))
+    d.destroy_distributed_environment()
+
+
+def spawn_world(module, init_file: str, timeout: float = 120.0) -> dict[str, dict[int, str | None]]:
+    """{scenario: {rank: traceback or None}} from one spawned world running `module.run_rank` on every rank."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=module.run_rank, args=(rank, init_file, results)) for rank in range(module.WORLD_SIZE)]
+    for p in procs:
+        p.start()
+    expected = module.WORLD_SIZE * len(module.SCENARIOS)
+    outcome: dict[str, dict[int, str | None]] = {}
+    try:
+        for _ in range(expected):
+            rank, name, error = results.get(timeout=timeout)
+            outcome.setdefault(name, {})[rank] = error
+            if name == "setup":
+                break
+    except queue_mod.Empty:
+        pass
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return outcome
+
+
+def assert_scenario(outcome: dict[str, dict[int, str | None]], scenario: str, world: int) -> None:
+    """Every rank reported `scenario` and none raised (the world's setup too)."""
+    assert "setup" not in outcome, outcome["setup"]
+    by_rank = outcome.get(scenario, {})
+    assert sorted(by_rank) == list(range(world)), f"{scenario}: no result from some rank"
+    failures = {rank: err for rank, err in by_rank.items() if err}
+    assert not failures, "\n".join(f"rank {r}:\n{e}" for r, e in failures.items())
