@@ -256,5 +256,4 @@ def test_a_rank_that_hangs_is_a_timeout_naming_the_rank_and_the_call(bridged):
         assert v.message.startswith("broadcast(src=1) on (1,) float32 did not return on rank 1 within 8 s; rank 0 "
                                     "raised RuntimeError"), v.message
         assert "(waiting on the hung rank)" in v.message
-        assert _run(ctx, _unit("broadcast", "dp:0")).outcome is Outcome.TIMEOUT   # the hang is the vendor's, every time
     assert _run(ctx, _unit("all_reduce")).outcome is Outcome.PASS             # and the run goes on
