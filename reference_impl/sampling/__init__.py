@@ -356,7 +356,7 @@ class RequestParams:
         """The tokens min_tokens and bad_words mask at the step after `output`; `end_ids`: the generation's
         end-of-sequence ids, which min_tokens masks with the request's stop tokens."""
         return (stops.min_tokens_mask(self.min_tokens, set(self.stop_token_ids) | set(end_ids), output)
-                | stops.bad_word_bans(self.bad_words, output))
+                | set(stops.bad_word_bans(self.bad_words, output)))
 
 
 class RequestSampler:

@@ -18,13 +18,14 @@ from collections.abc import Collection, Sequence
 import torch
 
 
-def bad_word_bans(bad_words: Sequence[Sequence[int]], output: Sequence[int]) -> set[int]:
-    """The ids `bad_words` ban at the step after `output` (the tokens the request generated so far)."""
-    banned = set()
+def bad_word_bans(bad_words: Sequence[Sequence[int]], output: Sequence[int]) -> dict[int, list[int]]:
+    """The ids `bad_words` ban at the step after `output` (the tokens the request generated so far), each with the
+    first bad word that bans it."""
+    banned: dict[int, list[int]] = {}
     for ids in bad_words:
         prefix = len(ids) - 1
         if prefix <= len(output) and (prefix == 0 or list(output[len(output) - prefix:]) == list(ids[:prefix])):
-            banned.add(int(ids[-1]))
+            banned.setdefault(int(ids[-1]), list(ids))
     return banned
 
 

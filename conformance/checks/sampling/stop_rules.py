@@ -20,23 +20,13 @@ apply_logits_processors`). A request here is anything with `sampling` (SamplingP
 from __future__ import annotations
 
 from conformance.checks.sampling import tokenizer
+from reference_impl.sampling import stops
+from reference_impl.sampling.stops import bad_word_bans  # noqa: F401 - the rule the oracle applies, one place
 
 
 def bad_words_ids(sampling: dict, vocab: int) -> list[list[int]]:
     """The id lists vLLM makes of a request's bad words with the family's tokenizer."""
     return [tokenizer.encode(w.lstrip(), vocab) for w in dict.fromkeys(sampling.get("bad_words") or ())]
-
-
-def bad_word_bans(bad_ids: list[list[int]], output: list[int]) -> dict[int, list[int]]:
-    """Token id -> the bad word (ids) that bans it after `output` (the tokens generated so far)."""
-    bans = {}
-    for ids in bad_ids:
-        prefix = len(ids) - 1
-        if prefix > len(output):
-            continue
-        if prefix == 0 or list(output[-prefix:]) == list(ids[:prefix]):
-            bans.setdefault(ids[-1], ids)
-    return bans
 
 
 def all_stop_token_ids(r) -> set[int]:
@@ -46,7 +36,7 @@ def all_stop_token_ids(r) -> set[int]:
 
 def min_tokens_mask(r, output: list[int]) -> set[int]:
     """The stop tokens masked at the step after `output`: all of them before min_tokens tokens, none after."""
-    return all_stop_token_ids(r) if len(output) < r.sampling.get("min_tokens", 0) else set()
+    return stops.min_tokens_mask(r.sampling.get("min_tokens", 0), all_stop_token_ids(r), output)
 
 
 def masked(r, output: list[int], vocab: int) -> set[int]:
