@@ -3,10 +3,12 @@ CpuCommunicator (its shared-memory path on a `tp` group), sizes from 4 KB to 64 
 
 Each rank is a spawned process in one gloo group; for every size the implementations take turns (interleaved rounds,
 best round kept), each call timed on every rank from a barrier to its return and the slowest rank's time counted. The
-reference communicator's all_reduce is out of place (its contract: it never writes its input), so it pays a copy
-that gloo's in-place call does not: a fresh output each call (at 64 MB the allocator maps new pages every time), so
-the table also times gloo on a copy of its input (`gloo+copy`, the same contract as the reference's). Ratios are the
-other's time over the reference's (above 1.0: the reference is faster).
+reference communicator's all_reduce is out of place (its contract: it never writes its input): from 8 MB on it sums
+by a ring of point-to-point messages straight into a fresh output, below that gloo on a copy. Either way it writes a
+fresh output each call (at 64 MB the allocator maps new pages every time), which gloo's in-place call does not, so
+the table also times gloo on a copy of its input (`gloo+copy`, the same contract as the reference's). Each round
+starts with the next implementation (no column always runs first). Ratios are the other's time over the
+reference's (above 1.0: the reference is faster).
 
     python benchmarks/bench_collectives.py                  # every size, gloo and (where installed) vLLM
     python benchmarks/bench_collectives.py --quick          # 4 KB, 1 MB, 64 MB; three rounds
@@ -94,9 +96,10 @@ def _rank(rank: int, port: int, ident: str, args, queue) -> None:
             impls["all_gather"]["vllm"] = lambda: theirs.all_gather(x, 0)
         for op, fns in impls.items():
             best = {name: float("inf") for name in fns}
-            for _ in range(args.rounds):
-                for name, fn in fns.items():
-                    best[name] = min(best[name], _timed(fn, group, args.min_time))
+            names = list(fns)
+            for i in range(args.rounds):     # each round starts with the next one: no column always runs first
+                for name in names[i % len(names):] + names[:i % len(names)]:
+                    best[name] = min(best[name], _timed(fns[name], group, args.min_time))
             rows.append((op, size, best))
     if rank == 0:
         queue.put((rows, why))
