@@ -19,7 +19,16 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <vector>
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__) && defined(__x86_64__) && defined(__linux__) && \
+    defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define REFERENCE_CPU_ATTENTION_AMX 1
+#endif
 
 #include "attention.h"
 #include "vec_common.h"
@@ -354,19 +363,166 @@ __attribute__((noinline)) void group_accumulate_tile(float* __restrict acc, int6
   }
 }
 
-// p[j] = exp(s[j] - m) for n scores; returns their sum.
+// ----- the bf16 path: AMX tiles (AVX512_BF16 builds on CPUs with AMX-BF16) ------------------------
+// bf16 activations over a bf16 cache ("auto"), head size a multiple of 32: a task copies each block's keys and
+// values once into pair-interleaved ("VNNI") buffers, the layout AMX's TDPBF16PS takes for its second operand
+// (keys [D/2][keys][2]: elements 2i and 2i + 1 of a key side by side; values [keys/2][D][2]: two keys' elements
+// d side by side), and multiplies 16 query lanes at a time: scores = Q K (16 lanes x 32 keys a call, over D),
+// then, after the online-softmax update, acc += P V (16 lanes x 32 head dims a call, over the keys). Products
+// of bf16 are exact and summed in fp32; the query is not scaled (the scale multiplies the scores) and the
+// probabilities are rounded to bf16 (their sum is of the rounded values, so a row's weights still add up to
+// one). The cache layout is the same as everywhere (attention.h). vdpbf16ps (AVX512_BF16 without AMX) was
+// tried in place of the widening FMAs and was slower on the development VM (csrc/README.md).
+#if defined(REFERENCE_CPU_ATTENTION_AMX)
+
+// Whether AMX-BF16 is there and Linux lets this process use the tile registers (arch_prctl); read once.
+// REFERENCE_CPU_NO_AMX=1 turns the path off (A/B measurements; the bf16 rows then widen to fp32 as AVX2 does).
+inline bool amx_usable() {
+  static const bool ok = [] {
+    const char* off = std::getenv("REFERENCE_CPU_NO_AMX");
+    if (off != nullptr && off[0] != '\0' && off[0] != '0') return false;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!(d & (1u << 22)) || !(d & (1u << 24))) return false;  // AMX-BF16, AMX-TILE
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+// Tiles 0 and 1: fp32 results (16 x 16); 2: the first operand (16 rows of 32 bf16); 3 and 4: the second.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+__attribute__((target("amx-tile"))) inline void amx_begin() {
+  TileConfig cfg;
+  for (int t = 0; t < 5; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  asm volatile("" ::: "memory");
+  _tile_loadconfig(&cfg);
+}
+
+__attribute__((target("amx-tile"))) inline void amx_end() { _tile_release(); }
+
+// c[i * c_ld + n0 + n] = sum_d a[i * a_ld + d] k_{n0 + n}[d] for 16 lanes i and 32 keys n: a the lanes' bf16 query
+// rows, kp the keys packed [D/2][ks][2].
+__attribute__((target("amx-tile,amx-bf16"), noinline)) void amx_scores(const uint16_t* a, int64_t a_ld,
+                                                                    const uint16_t* kp, int64_t ks, int64_t D,
+                                                                    int64_t n0, float* c, int64_t c_ld) {
+  asm volatile("" ::: "memory");
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t d = 0; d < D; d += 32) {
+    const uint16_t* b = kp + ((d / 2) * ks + n0) * 2;
+    _tile_loadd(2, a + d, a_ld * 2);
+    _tile_loadd(3, b, ks * 4);
+    _tile_loadd(4, b + 32, ks * 4);
+    _tile_dpbf16ps(0, 2, 3);
+    _tile_dpbf16ps(1, 2, 4);
+  }
+  _tile_stored(0, c + n0, c_ld * 4);
+  _tile_stored(1, c + n0 + 16, c_ld * 4);
+  asm volatile("" ::: "memory");
+}
+
+// acc[i * D + d0 + d] += sum_{k0 <= j < k1} p[i * p_ld + j] v_j[d0 + d] for 16 lanes i and 32 head dims d: p the
+// lanes' bf16 probabilities (k0, k1 multiples of 32), vp the values packed [ks / 2][D][2].
+__attribute__((target("amx-tile,amx-bf16"), noinline)) void amx_values(float* acc, int64_t D, int64_t d0,
+                                                                    const uint16_t* p, int64_t p_ld,
+                                                                    const uint16_t* vp, int64_t k0, int64_t k1) {
+  asm volatile("" ::: "memory");
+  _tile_loadd(0, acc + d0, D * 4);
+  _tile_loadd(1, acc + d0 + 16, D * 4);
+  for (int64_t k = k0; k < k1; k += 32) {
+    const uint16_t* b = vp + ((k / 2) * D + d0) * 2;
+    _tile_loadd(2, p + k, p_ld * 2);
+    _tile_loadd(3, b, D * 4);
+    _tile_loadd(4, b + 32, D * 4);
+    _tile_dpbf16ps(0, 2, 3);
+    _tile_dpbf16ps(1, 2, 4);
+  }
+  _tile_stored(0, acc + d0, D * 4);
+  _tile_stored(1, acc + d0 + 16, D * 4);
+  asm volatile("" ::: "memory");
+}
+
+// out[2 i] = x[i], out[2 i + 1] = y[i] for i < n (two rows of 16-bit elements interleaved)
+alignas(64) inline const uint16_t kInterleave[2][32] = {
+    {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47},
+    {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+     24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63}};
+
+inline void interleave_rows(const uint16_t* x, const uint16_t* y, uint16_t* out, int64_t n) {
+  const __m512i lo = _mm512_load_si512(kInterleave[0]), hi = _mm512_load_si512(kInterleave[1]);
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512i a = _mm512_loadu_si512(x + i), b = _mm512_loadu_si512(y + i);
+    _mm512_storeu_si512(out + 2 * i, _mm512_permutex2var_epi16(a, lo, b));
+    _mm512_storeu_si512(out + 2 * i + 32, _mm512_permutex2var_epi16(a, hi, b));
+  }
+  if (i < n) {
+    const int64_t r = n - i;
+    const __mmask32 m = r >= 32 ? ~__mmask32{0} : (__mmask32{1} << r) - 1;
+    const __m512i a = _mm512_maskz_loadu_epi16(m, x + i), b = _mm512_maskz_loadu_epi16(m, y + i);
+    const __mmask32 m0 = 2 * r >= 32 ? ~__mmask32{0} : (__mmask32{1} << (2 * r)) - 1;
+    const __mmask32 m1 = 2 * r <= 32 ? 0 : (__mmask32{1} << (2 * r - 32)) - 1;
+    _mm512_mask_storeu_epi16(out + 2 * i, m0, _mm512_permutex2var_epi16(a, lo, b));
+    if (m1) _mm512_mask_storeu_epi16(out + 2 * i + 32, m1, _mm512_permutex2var_epi16(a, hi, b));
+  }
+}
+
+// n probabilities (bf16 values held as fp32) to bf16
+inline void probs_to_bf16(const float* p, uint16_t* dst, int64_t n) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(p + j))));
+  }
+  for (; j < n; ++j) dst[j] = c10::BFloat16(p[j]).x;
+}
+
+// x rounded to bf16 (nearest even), as fp32
+REFERENCE_CPU_INLINE __m512 round_to_bf16(__m512 x) {
+  const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
+// A task's AMX scratch (the bf16 path): the query rows, the packed keys and values of a span (ks keys, a
+// multiple of 32), the scores and the bf16 probabilities (ks apart), and per 16-lane block the keys it sees.
+struct AmxScratch {
+  std::vector<uint16_t> qa, kp, vp, pa;
+  std::vector<float> sa;
+  std::vector<int64_t> blo, bhi;
+  int64_t ks = 0;
+};
+
+// p[j] = exp(s[j] - m) for n scores; returns their sum. kRoundBf16: p rounded to bf16 (the bf16 path's
+// probabilities), the sum of the rounded values.
+template <bool kRoundBf16 = false>
 inline float exp_shifted(float* s, int64_t n, float m) {
   const fVec mv(m * kLog2e), l2e(kLog2e);
   fVec sum(0.f);
   int64_t j = 0;
   for (; j + kF <= n; j += kF) {
-    const fVec e = fast_exp2<5>(at::vec::fmsub(fVec::loadu(s + j), l2e, mv));
+    fVec e = fast_exp2<5>(at::vec::fmsub(fVec::loadu(s + j), l2e, mv));
+#if defined(REFERENCE_CPU_ATTENTION_AMX)
+    if constexpr (kRoundBf16) e = round_to_bf16(e);
+#endif
     e.store(s + j);
     sum = sum + e;
   }
   float total = hsum(sum);
   for (; j < n; ++j) {
     s[j] = std::exp(s[j] - m);
+    if constexpr (kRoundBf16) s[j] = static_cast<float>(c10::BFloat16(s[j]));
     total += s[j];
   }
   return total;
@@ -427,6 +583,13 @@ struct ForwardTask {
   std::vector<int64_t>& re;
   std::vector<int64_t>& glo;  // per lane group: the block's keys some lane of it sees
   std::vector<int64_t>& ghi;
+  AmxScratch& amx;
+
+#if defined(REFERENCE_CPU_ATTENTION_AMX)
+  static constexpr bool kAmx = std::is_same_v<T, c10::BFloat16>;
+#else
+  static constexpr bool kAmx = false;
+#endif
 
   // Soft cap and ALiBi on n scores of head h whose first key is `dist0` positions before the query;
   // returns their max.
@@ -459,12 +622,13 @@ struct ForwardTask {
     Task t;
     int64_t rows, lanes, padded_lanes, context, seq_len;
     bool tiled;
+    bool amx;  // the bf16 path (AMX): the queries in amx.qa, not in qi
   };
 
   // Lane idx's online-softmax update over n scores sc of head h (the first key `dist0` positions before the
   // query): soft cap / ALiBi, the running max and sum, acc rescaled when the max moves; the scores become
   // probabilities in place. False: every logit so far is -inf, nothing to add (sc is left as it is).
-  bool softmax_update(int64_t idx, float* sc, int64_t n, int64_t h, int64_t dist0) {
+  bool softmax_update(int64_t idx, float* sc, int64_t n, int64_t h, int64_t dist0, bool round_bf16 = false) {
     const int64_t D = cache.head_size;
     const float block_max = adjust_scores(sc, n, h, dist0);
     const float m_old = m[idx];
@@ -472,7 +636,7 @@ struct ForwardTask {
     if (m_new == kNegInf) return false;
     // (the max rarely moves after the first blocks: no exp then)
     const float alpha = m_old == kNegInf ? 0.f : m_old == m_new ? 1.f : std::exp(m_old - m_new);
-    const float psum = exp_shifted(sc, n, m_new);
+    const float psum = round_bf16 ? exp_shifted<true>(sc, n, m_new) : exp_shifted(sc, n, m_new);
     l_sum[idx] = l_sum[idx] * alpha + psum;
     m[idx] = m_new;
     if (alpha != 1.f) {
@@ -651,6 +815,114 @@ struct ForwardTask {
     }
   }
 
+#if defined(REFERENCE_CPU_ATTENTION_AMX)
+  // Keys [ka, kb] of a block whose first key is j0 (its 16-bit keys transposed and values as rows, as in
+  // tile_keys) into the packed buffers at span position p0.
+  void pack_amx(const uint16_t* keys, const uint16_t* values, int64_t j0, int64_t ka, int64_t kb, int64_t p0) {
+    const int64_t D = cache.head_size, N = cache.block_size, ks = amx.ks, nk = kb - ka + 1;
+    uint16_t* kp = amx.kp.data();
+    uint16_t* vp = amx.vp.data();
+    const uint16_t* kc = keys + (ka - j0);
+    for (int64_t i = 0; i < D / 2; ++i) interleave_rows(kc + 2 * i * N, kc + (2 * i + 1) * N, kp + (i * ks + p0) * 2, nk);
+    const uint16_t* vr = values + (ka - j0) * D;
+    const auto one = [&](int64_t j) {  // a key without its pair partner in this block
+      const int64_t p = p0 + j;
+      uint16_t* o = vp + (p / 2) * D * 2 + p % 2;
+      for (int64_t d = 0; d < D; ++d) o[2 * d] = vr[j * D + d];
+    };
+    int64_t j = 0;
+    if (p0 % 2) one(j++);
+    for (; j + 1 < nk; j += 2) interleave_rows(vr + j * D, vr + (j + 1) * D, vp + ((p0 + j) / 2) * D * 2, D);
+    if (j < nk) one(j);
+  }
+
+  // Keys [ja, jb] of a packed span for every lane of the task: scores, the online-softmax update, the values.
+  void attend_span_amx(const TaskState& st, int64_t ja, int64_t jb) {
+    const int64_t D = cache.head_size, G = group, ks = amx.ks;
+    const Task& t = st.t;
+    const int64_t nb = jb - ja + 1, nb32 = (nb + 31) / 32 * 32, blocks = (st.lanes + 15) / 16;
+    uint16_t* vp = amx.vp.data();
+    // the packed values past the span's keys are zero up to the 32-key step (their probabilities are zero)
+    if (nb % 2) {
+      uint16_t* o = vp + (nb / 2) * D * 2 + 1;
+      for (int64_t d = 0; d < D; ++d) o[2 * d] = 0;
+    }
+    const int64_t pairs = (nb + 1) / 2;
+    std::fill(vp + pairs * D * 2, vp + (nb32 / 2) * D * 2, uint16_t{0});
+    for (int64_t r = 0; r < st.rows; ++r) {
+      const KeyRange range = key_range(st.context + t.row0 + r, st.seq_len, f);
+      ra[r] = std::max(ja, range.lo);
+      re[r] = std::min(jb, range.hi);
+    }
+    // 1. scores, 16 lanes x 32 keys at a time, over the keys some lane of the 16 sees
+    for (int64_t b = 0; b < blocks; ++b) {
+      int64_t lo = nb, hi = -1;
+      for (int64_t idx = 16 * b; idx < std::min(st.lanes, 16 * b + 16); ++idx) {
+        const int64_t r = idx / G;
+        if (ra[r] > re[r]) continue;
+        lo = std::min(lo, ra[r] - ja);
+        hi = std::max(hi, re[r] - ja);
+      }
+      amx.blo[b] = lo;
+      amx.bhi[b] = hi;
+      for (int64_t n0 = lo / 32 * 32; n0 <= hi; n0 += 32) {
+        amx_scores(amx.qa.data() + 16 * b * D, D, amx.kp.data(), ks, D, n0, amx.sa.data() + 16 * b * ks, ks);
+      }
+    }
+    // 2. per lane: the scale, soft cap / ALiBi, the online-softmax update; its probabilities (rounded to bf16)
+    //    into pa, zero for the keys it does not see
+    const fVec scale(f.scale);
+    for (int64_t idx = 0; idx < blocks * 16; ++idx) {
+      const int64_t b = idx / 16, r = idx / G;
+      if (amx.bhi[b] < amx.blo[b]) continue;
+      float* sc = amx.sa.data() + idx * ks;
+      uint16_t* pr = amx.pa.data() + idx * ks;
+      if (idx >= st.lanes || ra[r] > re[r]) {
+        std::fill(pr, pr + nb32, uint16_t{0});
+        continue;
+      }
+      const int64_t off = ra[r] - ja, n = re[r] - ra[r] + 1, pos = st.context + t.row0 + r;
+      float* x = sc + off;
+      int64_t j = 0;
+      for (; j + kF <= n; j += kF) (fVec::loadu(x + j) * scale).store(x + j);
+      for (; j < n; ++j) x[j] *= f.scale;
+      if (!softmax_update(idx, x, n, t.kv_head * G + idx % G, pos - ra[r], true)) {
+        std::fill(pr, pr + nb32, uint16_t{0});
+        continue;
+      }
+      std::fill(pr, pr + off, uint16_t{0});
+      probs_to_bf16(x, pr + off, n);
+      std::fill(pr + off + n, pr + nb32, uint16_t{0});
+    }
+    // 3. acc += P V, 16 lanes x 32 head dims at a time, over the 32-key steps some lane of the 16 sees
+    for (int64_t b = 0; b < blocks; ++b) {
+      if (amx.bhi[b] < amx.blo[b]) continue;
+      const int64_t k0 = amx.blo[b] / 32 * 32, k1 = (amx.bhi[b] + 32) / 32 * 32;
+      for (int64_t d0 = 0; d0 < D; d0 += 32) {
+        amx_values(acc.data() + 16 * b * D, D, d0, amx.pa.data() + 16 * b * ks, ks, vp, k0, k1);
+      }
+    }
+  }
+
+  // A task's keys [lo, hi] through the AMX path: spans of blocks (as a tiled task gathers them) packed, then
+  // attended.
+  void run_amx(const TaskState& st, const int32_t* table, int64_t lo, int64_t hi) {
+    const int64_t D = cache.head_size, N = cache.block_size;
+    const int64_t per_span = 2 * N <= kSpanKeys ? kSpanKeys / N : 1;
+    const uint16_t* data = static_cast<const uint16_t*>(cache.data);
+    for (int64_t lb0 = lo / N; hi >= lo && lb0 <= hi / N; lb0 += per_span) {
+      const int64_t lb1 = std::min(lb0 + per_span - 1, hi / N);
+      const int64_t ja = std::max(lb0 * N, lo), jb = std::min((lb1 + 1) * N - 1, hi);
+      for (int64_t lb = lb0; lb <= lb1; ++lb) {
+        const int64_t j0 = lb * N, ka = std::max(ja, j0), kb = std::min(jb, j0 + N - 1);
+        const uint16_t* base = data + table[lb] * cache.stride_block + st.t.kv_head * cache.stride_head;
+        pack_amx(base, base + N * D, j0, ka, kb, ka - ja);
+      }
+      attend_span_amx(st, ja, jb);
+    }
+  }
+#endif
+
   void run(const Task& t) {
     const HeadDim<kD> hd{cache.head_size};
     const int64_t D = hd.size(), N = cache.block_size, G = group;
@@ -662,18 +934,38 @@ struct ForwardTask {
     const int32_t* table = batch.block_table + t.seq * batch.block_table_stride;
 
     const int64_t lanes = rows * G, padded_lanes = (lanes + kLanes - 1) / kLanes * kLanes;
-    std::fill(acc.begin(), acc.begin() + padded_lanes * D, 0.f);
-    std::fill(qi.begin(), qi.begin() + padded_lanes * D, 0.f);
+    const bool tiled = lanes >= kTileLanes;
+    // the bf16 path (AMX): a task of eight lanes or more (a prefill; a decode reads its blocks in place, and
+    // packing them for the tiles cost it more than the tiles saved), 16 lanes at a time
+    bool use_amx = false;
+#if defined(REFERENCE_CPU_ATTENTION_AMX)
+    use_amx = kAmx && tiled && cache.format == KvFormat::kAuto && D % 32 == 0 && amx_usable();
+#endif
+    const int64_t amx_lanes = (lanes + 15) / 16 * 16;
+    std::fill(acc.begin(), acc.begin() + (use_amx ? amx_lanes : padded_lanes) * D, 0.f);
+    if (use_amx) {
+      std::fill(amx.qa.begin() + lanes * D, amx.qa.begin() + amx_lanes * D, uint16_t{0});
+    } else {
+      std::fill(qi.begin(), qi.begin() + padded_lanes * D, 0.f);
+    }
+    // a decode over blocks smaller than a key tile: kTile / N blocks at a time
+    const int64_t span = !use_amx && cache.format == KvFormat::kAuto && rows == 1 && !tiled && N < kTile &&
+                                 N % kF == 0
+                             ? kTile / N : 0;
     for (int64_t r = 0; r < rows; ++r) {
       const T* qrow = query.data + (q_begin + t.row0 + r) * query.stride_token;
       for (int64_t g = 0; g < G; ++g) {
         const int64_t h = t.kv_head * G + g, idx = r * G + g;
-        float* qf = q.data();
-        row_to_float(qrow + h * query.stride_head, qf, D);
-        float* qg = qi.data() + (idx / kLanes) * kLanes * D + idx % kLanes;
-        for (int64_t d = 0; d < D; ++d) {
-          qf[d] *= f.scale;  // s = (scale q) . k
-          qg[d * kLanes] = qf[d];
+        if (use_amx) {  // the lane's row as it is: the scale multiplies the scores
+          std::memcpy(amx.qa.data() + idx * D, qrow + h * query.stride_head, D * sizeof(T));
+        } else {
+          float* qf = q.data();
+          row_to_float(qrow + h * query.stride_head, qf, D);
+          float* qg = qi.data() + (idx / kLanes) * kLanes * D + idx % kLanes;
+          for (int64_t d = 0; d < D; ++d) {
+            qf[d] *= f.scale;  // s = (scale q) . k
+            qg[d * kLanes] = qf[d];
+          }
         }
         m[idx] = f.sinks ? f.sinks[h] : kNegInf;  // a sink is a key with logit sinks[h] and value 0
         l_sum[idx] = m[idx] == kNegInf ? 0.f : 1.f;  // e^(sink - m) with m = sink
@@ -682,13 +974,10 @@ struct ForwardTask {
     const KeyRange first = key_range(context + t.row0, seq_len, f);
     const KeyRange last = key_range(context + t.row1 - 1, seq_len, f);
     const int64_t lo = first.lo, hi = last.hi;
-    const TaskState st{t, rows, lanes, padded_lanes, context, seq_len, lanes >= kTileLanes};
+    const TaskState st{t, rows, lanes, padded_lanes, context, seq_len, tiled, use_amx};
     const auto& tables = fp8_tables();
     const float* fp8_table = cache.format == KvFormat::kFp8E5m2 ? tables.e5m2.data() : tables.e4m3.data();
 
-    // a decode over blocks smaller than a key tile: kTile / N blocks at a time
-    const int64_t span = cache.format == KvFormat::kAuto && rows == 1 && !st.tiled && N < kTile && N % kF == 0
-                             ? kTile / N : 0;
     for (int64_t lb = lo / N; span && lb <= hi / N && hi >= lo; lb += span) {
       attend_blocks_one_row(st, table, lb, std::min(lb + span - 1, hi / N), lo, hi);
     }
@@ -713,7 +1002,12 @@ struct ForwardTask {
     // a tiled task over blocks of at most kSpanKeys / 2 keys: kSpanKeys / N blocks' keys into the same tiles
     const int64_t per_span = st.tiled && 2 * N <= kSpanKeys ? kSpanKeys / N : 1;
     const int64_t span_keys = per_span > 1 ? kSpanKeys : N;
-    for (int64_t lb0 = lo / N; !span && lb0 <= hi / N && hi >= lo; lb0 += per_span) {
+#if defined(REFERENCE_CPU_ATTENTION_AMX)
+    if constexpr (kAmx) {
+      if (use_amx) run_amx(st, table, lo, hi);
+    }
+#endif
+    for (int64_t lb0 = lo / N; !span && !use_amx && lb0 <= hi / N && hi >= lo; lb0 += per_span) {
       const int64_t lb1 = std::min(lb0 + per_span - 1, hi / N);
       const int64_t j0 = lb0 * N, ja = std::max(j0, lo), jb = std::min((lb1 + 1) * N - 1, hi);
       if (!st.tiled) {
@@ -785,8 +1079,13 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   // allocations above 128 KB afresh, and faulting their pages in cost a small decode more than its math).
   int64_t max_rows = 1;
   for (const Task& t : tasks) max_rows = std::max(max_rows, t.row1 - t.row0);
-  const int64_t lanes = max_rows * G, padded = (lanes + kLanes - 1) / kLanes * kLanes;
   const bool fp8 = cache.format != KvFormat::kAuto;
+  // the bf16 path (AMX; ForwardTask::run decides the same)
+  bool amx = false;
+#if defined(REFERENCE_CPU_ATTENTION_AMX)
+  amx = ForwardTask<T, kD>::kAmx && max_rows * G >= kTileLanes && !fp8 && D % 32 == 0 && amx_usable();
+#endif
+  const int64_t lanes = max_rows * G, padded = (lanes + (amx ? 15 : kLanes - 1)) / (amx ? 16 : kLanes) * (amx ? 16 : kLanes);
   const bool may_tile = lanes >= kTileLanes;
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> q(D), acc(padded * D), m(padded), l(padded), qi(padded * D),
@@ -797,11 +1096,29 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
     const int64_t tiled_keys = (span_keys + kTile - 1) / kTile * kTile, tiled_dims = (D + kTile - 1) / kTile * kTile;
     std::vector<float> kt(may_tile ? tiled_keys * D : 0), vt(may_tile ? tiled_dims * span_keys : 0);
     std::vector<int64_t> ra(max_rows), re(max_rows), glo(padded / kLanes), ghi(padded / kLanes);
+    AmxScratch amx_scratch;
+    if (amx) {
+      const int64_t ks = (std::max(N, kSpanKeys) + 31) / 32 * 32;
+      amx_scratch.ks = ks;
+      amx_scratch.qa.assign(padded * D, 0);
+      amx_scratch.kp.assign(D * ks, 0);
+      amx_scratch.vp.assign(ks * D, 0);
+      amx_scratch.pa.assign(padded * ks, 0);
+      amx_scratch.sa.assign(padded * ks, 0.f);
+      amx_scratch.blo.assign(padded / 16, 0);
+      amx_scratch.bhi.assign(padded / 16, 0);
+    }
     ForwardTask<T, kD> runner{out, query, cache, batch, f, G, q, acc, kbuf, vbuf,
-                              kt, s_all, m, l, qi, vt, ra, re, glo, ghi};
+                              kt, s_all, m, l, qi, vt, ra, re, glo, ghi, amx_scratch};
+#if defined(REFERENCE_CPU_ATTENTION_AMX)
+    if (amx) amx_begin();
+#endif
     for (int64_t w = begin; w < end; ++w) {
       for (int64_t i = next.fetch_add(1); i < n_tasks; i = next.fetch_add(1)) runner.run(tasks[order[i]]);
     }
+#if defined(REFERENCE_CPU_ATTENTION_AMX)
+    if (amx) amx_end();
+#endif
   });
 }
 
