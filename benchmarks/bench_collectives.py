@@ -5,7 +5,7 @@ Each rank is a spawned process in one gloo group; for every size the implementat
 best round kept), each call timed on every rank from a barrier to its return and the slowest rank's time counted. The
 reference communicator's all_reduce is out of place (its contract: it never writes its input): from 8 MB on it sums
 by a ring of point-to-point messages straight into a fresh output, below that gloo on a copy. Either way it writes a
-fresh output each call (at 64 MB the allocator maps new pages every time), which gloo's in-place call does not, so
+fresh output each call (with `--allocator system`, at 64 MB new pages every time), which gloo's in-place call does not, so
 the table also times gloo on a copy of its input (`gloo+copy`, the same contract as the reference's). Each round
 starts with the next implementation (no column always runs first). Ratios are the other's time over the
 reference's (above 1.0: the reference is faster).
@@ -13,6 +13,11 @@ reference's (above 1.0: the reference is faster).
     python benchmarks/bench_collectives.py                  # every size, gloo and (where installed) vLLM
     python benchmarks/bench_collectives.py --quick          # 4 KB, 1 MB, 64 MB; three rounds
     python benchmarks/bench_collectives.py --no-vllm
+
+By default every rank keeps freed host memory for reuse (`--allocator reuse`, glibc's mmap and trimming off, as the
+reference runtime's `generate` runs and as `bench_kernels.py` times), so an out-of-place call's fresh 64 MB output
+reuses the last call's pages instead of faulting 16384 new ones in: the table then times the collectives, not the
+allocator. `--allocator system` keeps glibc's defaults (every output above 32 MB is fresh pages).
 
 vLLM's column needs vLLM's CPU build (`torch.ops._C`'s `init_shm_manager` and `shm_*` ops); without it, "-".
 """
@@ -75,6 +80,10 @@ def _timed(fn, group, min_time: float) -> float:
 def _rank(rank: int, port: int, ident: str, args, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), VLLM_DIST_IDENT=ident)
     torch.set_num_threads(1)
+    if args.allocator == "reuse":
+        from reference_impl.models.host_memory import keep_freed_memory
+
+        keep_freed_memory()
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     group = dist.new_group(list(range(WORLD)), backend="gloo")
     from reference_impl.distributed.communicator import ReferenceCommunicator
@@ -117,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-vllm", action="store_true", help="leave vLLM's CpuCommunicator out")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 5, 3 with --quick)")
     parser.add_argument("--min-time", type=float, default=0.2, help="seconds per implementation per round")
+    parser.add_argument("--allocator", choices=("reuse", "system"), default="reuse",
+                        help="reuse (default): each rank keeps freed memory (no page faults for a fresh output); "
+                             "system: glibc malloc's defaults")
     parser.add_argument("--sizes", help="comma-separated bytes per rank, multiples of 4 (default: 4 KB to 64 MB)")
     args = parser.parse_args(argv)
     if args.sizes:
@@ -151,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 p.join()
         shm_files.remove_ident(ident)
     print(f"machine: {cpu_model()}; {os.cpu_count()} cores; {WORLD} ranks, 1 thread each; gloo over loopback; "
-          f"torch {torch.__version__}")
+          f"torch {torch.__version__}; allocator {args.allocator}")
     if why:
         print(f"vLLM's CpuCommunicator: {why}")
     header = (f"{'op':>10} | {'size':>6} | {'reference':>10} | {'gloo':>10} | {'vs gloo':>8} | {'gloo+copy':>10} | "
