@@ -390,7 +390,9 @@ inline bool amx_usable() {
   return ok;
 }
 
-// Tiles 0 and 1: fp32 results (16 x 16); 2: the first operand (16 rows of 32 bf16); 3 and 4: the second.
+// Tiles 0 and 1: fp32 results (m x 16); 2: the first operand (m rows of 32 bf16); 3 and 4: the second (16 rows
+// of 32 bf16). m: the lanes a call computes, 16 (a prefill) or fewer (a decode's GQA group: a tile instruction
+// costs in proportion to its rows).
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
   uint8_t start_row = 0;
@@ -399,11 +401,11 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-__attribute__((target("amx-tile"))) inline void amx_begin() {
+__attribute__((target("amx-tile"))) inline void amx_begin(int64_t m) {
   TileConfig cfg;
   for (int t = 0; t < 5; ++t) {
     cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
+    cfg.rows[t] = t < 3 ? static_cast<uint8_t>(m) : 16;
   }
   asm volatile("" ::: "memory");
   _tile_loadconfig(&cfg);
@@ -432,15 +434,15 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) void amx_scores(const uin
   asm volatile("" ::: "memory");
 }
 
-// acc[i * D + d0 + d] += sum_{k0 <= j < k1} p[i * p_ld + j] v_j[d0 + d] for 16 lanes i and 32 head dims d: p the
-// lanes' bf16 probabilities (k0, k1 multiples of 32), vp the values packed [ks / 2][D][2].
+// acc[i * D + d0 + d] += sum_{j < nk} p[i * p_ld + j] v_j[d0 + d] for 16 lanes i and 32 head dims d: p the
+// lanes' bf16 probabilities (nk a multiple of 32), vp the values packed [nk / 2][D][2].
 __attribute__((target("amx-tile,amx-bf16"), noinline)) void amx_values(float* acc, int64_t D, int64_t d0,
                                                                     const uint16_t* p, int64_t p_ld,
-                                                                    const uint16_t* vp, int64_t k0, int64_t k1) {
+                                                                    const uint16_t* vp, int64_t nk) {
   asm volatile("" ::: "memory");
   _tile_loadd(0, acc + d0, D * 4);
   _tile_loadd(1, acc + d0 + 16, D * 4);
-  for (int64_t k = k0; k < k1; k += 32) {
+  for (int64_t k = 0; k < nk; k += 32) {
     const uint16_t* b = vp + ((k / 2) * D + d0) * 2;
     _tile_loadd(2, p + k, p_ld * 2);
     _tile_loadd(3, b, D * 4);
@@ -498,11 +500,24 @@ REFERENCE_CPU_INLINE __m512 round_to_bf16(__m512 x) {
 // A task's AMX scratch (the bf16 path): the query rows, the packed keys and values of a span (ks keys, a
 // multiple of 32), the scores and the bf16 probabilities (ks apart), and per 16-lane block the keys it sees.
 struct AmxScratch {
-  std::vector<uint16_t> qa, kp, vp, pa;
+  std::vector<uint16_t> qa, kp, vp, pa, vtail;
   std::vector<float> sa;
   std::vector<int64_t> blo, bhi;
   int64_t ks = 0;
+  int64_t rows = 0;  // the rows of the tile configuration loaded (0: none)
 };
+
+// Whether a cache's blocks are kept in pairs for the AMX tiles (attention.h): bf16 "auto" caches whose head and
+// block sizes are multiples of 32, on a CPU where the AMX path runs. The writer and every reader ask this.
+inline bool paired_layout(const PagedCache& c, bool bf16) {
+#if defined(REFERENCE_CPU_ATTENTION_AMX)
+  return bf16 && c.format == KvFormat::kAuto && c.head_size % 32 == 0 && c.block_size % 32 == 0 && amx_usable();
+#else
+  (void)c;
+  (void)bf16;
+  return false;
+#endif
+}
 
 // p[j] = exp(s[j] - m) for n scores; returns their sum. kRoundBf16: p rounded to bf16 (the bf16 path's
 // probabilities), the sum of the rounded values.
@@ -836,19 +851,15 @@ struct ForwardTask {
     if (j < nk) one(j);
   }
 
-  // Keys [ja, jb] of a packed span for every lane of the task: scores, the online-softmax update, the values.
-  void attend_span_amx(const TaskState& st, int64_t ja, int64_t jb) {
+  // Keys [ja, jb] for every lane of the task: scores, the online-softmax update, the values. Key j is at position
+  // j - base of kp (keys [D/2][k_ld][2]) and vp (values [*][D][2], pairs of positions). `zeroed`: vp holds zeros
+  // past position jb - base up to the next multiple of 32 (the packed span); else (a block read in place, whose
+  // slots past the sequence may hold anything) that last 32-key step of values is copied, zeros past jb, first.
+  void attend_span_amx(const TaskState& st, int64_t base, int64_t ja, int64_t jb, const uint16_t* kp, int64_t k_ld,
+                       const uint16_t* vp, bool zeroed) {
     const int64_t D = cache.head_size, G = group, ks = amx.ks;
     const Task& t = st.t;
-    const int64_t nb = jb - ja + 1, nb32 = (nb + 31) / 32 * 32, blocks = (st.lanes + 15) / 16;
-    uint16_t* vp = amx.vp.data();
-    // the packed values past the span's keys are zero up to the 32-key step (their probabilities are zero)
-    if (nb % 2) {
-      uint16_t* o = vp + (nb / 2) * D * 2 + 1;
-      for (int64_t d = 0; d < D; ++d) o[2 * d] = 0;
-    }
-    const int64_t pairs = (nb + 1) / 2;
-    std::fill(vp + pairs * D * 2, vp + (nb32 / 2) * D * 2, uint16_t{0});
+    const int64_t nb = jb - base + 1, nb32 = (nb + 31) / 32 * 32, blocks = (st.lanes + 15) / 16;
     for (int64_t r = 0; r < st.rows; ++r) {
       const KeyRange range = key_range(st.context + t.row0 + r, st.seq_len, f);
       ra[r] = std::max(ja, range.lo);
@@ -860,13 +871,13 @@ struct ForwardTask {
       for (int64_t idx = 16 * b; idx < std::min(st.lanes, 16 * b + 16); ++idx) {
         const int64_t r = idx / G;
         if (ra[r] > re[r]) continue;
-        lo = std::min(lo, ra[r] - ja);
-        hi = std::max(hi, re[r] - ja);
+        lo = std::min(lo, ra[r] - base);
+        hi = std::max(hi, re[r] - base);
       }
       amx.blo[b] = lo;
       amx.bhi[b] = hi;
       for (int64_t n0 = lo / 32 * 32; n0 <= hi; n0 += 32) {
-        amx_scores(amx.qa.data() + 16 * b * D, D, amx.kp.data(), ks, D, n0, amx.sa.data() + 16 * b * ks, ks);
+        amx_scores(amx.qa.data() + 16 * b * D, D, kp, k_ld, D, n0, amx.sa.data() + 16 * b * ks, ks);
       }
     }
     // 2. per lane: the scale, soft cap / ALiBi, the online-softmax update; its probabilities (rounded to bf16)
@@ -881,7 +892,7 @@ struct ForwardTask {
         std::fill(pr, pr + nb32, uint16_t{0});
         continue;
       }
-      const int64_t off = ra[r] - ja, n = re[r] - ra[r] + 1, pos = st.context + t.row0 + r;
+      const int64_t off = ra[r] - base, n = re[r] - ra[r] + 1, pos = st.context + t.row0 + r;
       float* x = sc + off;
       int64_t j = 0;
       for (; j + kF <= n; j += kF) (fVec::loadu(x + j) * scale).store(x + j);
@@ -894,12 +905,27 @@ struct ForwardTask {
       probs_to_bf16(x, pr + off, n);
       std::fill(pr + off + n, pr + nb32, uint16_t{0});
     }
+    // the last 32-key step's values with zeros past jb, where vp does not have them
+    const int64_t k_tail = zeroed || nb % 32 == 0 ? nb32 : nb32 - 32;
+    if (k_tail < nb32) {
+      uint16_t* o = amx.vtail.data();
+      const int64_t whole = (nb - k_tail) / 2;  // pairs with both keys at or before jb
+      std::copy(vp + (k_tail / 2) * D * 2, vp + (k_tail / 2 + whole) * D * 2, o);
+      std::fill(o + whole * D * 2, o + 16 * D * 2, uint16_t{0});
+      if (nb % 2) {  // the last key's pair: its own element, a zero for the key after it
+        const uint16_t* src = vp + (k_tail / 2 + whole) * D * 2;
+        for (int64_t d = 0; d < D; ++d) o[(whole * D + d) * 2] = src[d * 2];
+      }
+    }
     // 3. acc += P V, 16 lanes x 32 head dims at a time, over the 32-key steps some lane of the 16 sees
     for (int64_t b = 0; b < blocks; ++b) {
       if (amx.bhi[b] < amx.blo[b]) continue;
       const int64_t k0 = amx.blo[b] / 32 * 32, k1 = (amx.bhi[b] + 32) / 32 * 32;
+      float* a = acc.data() + 16 * b * D;
+      const uint16_t* p = amx.pa.data() + 16 * b * ks;
       for (int64_t d0 = 0; d0 < D; d0 += 32) {
-        amx_values(acc.data() + 16 * b * D, D, d0, amx.pa.data() + 16 * b * ks, ks, vp, k0, k1);
+        if (std::min(k1, k_tail) > k0) amx_values(a, D, d0, p + k0, ks, vp + (k0 / 2) * D * 2, std::min(k1, k_tail) - k0);
+        if (k1 > k_tail) amx_values(a, D, d0, p + k_tail, ks, amx.vtail.data(), 32);
       }
     }
   }
@@ -908,8 +934,16 @@ struct ForwardTask {
   // attended.
   void run_amx(const TaskState& st, const int32_t* table, int64_t lo, int64_t hi) {
     const int64_t D = cache.head_size, N = cache.block_size;
-    const int64_t per_span = 2 * N <= kSpanKeys ? kSpanKeys / N : 1;
     const uint16_t* data = static_cast<const uint16_t*>(cache.data);
+    if (paired_layout(cache, true)) {  // the blocks are packed for the tiles already: read in place
+      for (int64_t lb = lo / N; hi >= lo && lb <= hi / N; ++lb) {
+        const int64_t j0 = lb * N, ja = std::max(j0, lo), jb = std::min(j0 + N - 1, hi);
+        const uint16_t* base = data + table[lb] * cache.stride_block + st.t.kv_head * cache.stride_head;
+        attend_span_amx(st, j0, ja, jb, base, N, base + N * D, false);
+      }
+      return;
+    }
+    const int64_t per_span = 2 * N <= kSpanKeys ? kSpanKeys / N : 1;
     for (int64_t lb0 = lo / N; hi >= lo && lb0 <= hi / N; lb0 += per_span) {
       const int64_t lb1 = std::min(lb0 + per_span - 1, hi / N);
       const int64_t ja = std::max(lb0 * N, lo), jb = std::min((lb1 + 1) * N - 1, hi);
@@ -918,7 +952,15 @@ struct ForwardTask {
         const uint16_t* base = data + table[lb] * cache.stride_block + st.t.kv_head * cache.stride_head;
         pack_amx(base, base + N * D, j0, ka, kb, ka - ja);
       }
-      attend_span_amx(st, ja, jb);
+      // zeros past the span's last key up to the next 32-key step (their probabilities are zero)
+      uint16_t* vp = amx.vp.data();
+      const int64_t nb = jb - ja + 1, nb32 = (nb + 31) / 32 * 32;
+      if (nb % 2) {
+        uint16_t* o = vp + (nb / 2) * D * 2 + 1;
+        for (int64_t d = 0; d < D; ++d) o[2 * d] = 0;
+      }
+      std::fill(vp + ((nb + 1) / 2) * D * 2, vp + (nb32 / 2) * D * 2, uint16_t{0});
+      attend_span_amx(st, ja, ja, jb, amx.kp.data(), amx.ks, vp, true);
     }
   }
 #endif
@@ -939,7 +981,8 @@ struct ForwardTask {
     // packing them for the tiles cost it more than the tiles saved), 16 lanes at a time
     bool use_amx = false;
 #if defined(REFERENCE_CPU_ATTENTION_AMX)
-    use_amx = kAmx && tiled && cache.format == KvFormat::kAuto && D % 32 == 0 && amx_usable();
+    use_amx = kAmx && (tiled || paired_layout(cache, true)) && cache.format == KvFormat::kAuto && D % 32 == 0 &&
+              amx_usable();
 #endif
     const int64_t amx_lanes = (lanes + 15) / 16 * 16;
     std::fill(acc.begin(), acc.begin() + (use_amx ? amx_lanes : padded_lanes) * D, 0.f);
@@ -1004,7 +1047,12 @@ struct ForwardTask {
     const int64_t span_keys = per_span > 1 ? kSpanKeys : N;
 #if defined(REFERENCE_CPU_ATTENTION_AMX)
     if constexpr (kAmx) {
-      if (use_amx) run_amx(st, table, lo, hi);
+      if (use_amx) {
+        const int64_t rows_cfg = std::min<int64_t>(16, lanes);
+        if (amx.rows != rows_cfg) amx_begin(rows_cfg);
+        amx.rows = rows_cfg;
+        run_amx(st, table, lo, hi);
+      }
     }
 #endif
     for (int64_t lb0 = lo / N; !span && !use_amx && lb0 <= hi / N && hi >= lo; lb0 += per_span) {
@@ -1083,7 +1131,8 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   // the bf16 path (AMX; ForwardTask::run decides the same)
   bool amx = false;
 #if defined(REFERENCE_CPU_ATTENTION_AMX)
-  amx = ForwardTask<T, kD>::kAmx && max_rows * G >= kTileLanes && !fp8 && D % 32 == 0 && amx_usable();
+  amx = ForwardTask<T, kD>::kAmx && (max_rows * G >= kTileLanes || paired_layout(cache, true)) && !fp8 &&
+        D % 32 == 0 && amx_usable();
 #endif
   const int64_t lanes = max_rows * G, padded = (lanes + (amx ? 15 : kLanes - 1)) / (amx ? 16 : kLanes) * (amx ? 16 : kLanes);
   const bool may_tile = lanes >= kTileLanes;
@@ -1101,23 +1150,23 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
       const int64_t ks = (std::max(N, kSpanKeys) + 31) / 32 * 32;
       amx_scratch.ks = ks;
       amx_scratch.qa.assign(padded * D, 0);
-      amx_scratch.kp.assign(D * ks, 0);
-      amx_scratch.vp.assign(ks * D, 0);
+      if (!paired_layout(cache, true)) {  // the packed spans (paired caches are read in place)
+        amx_scratch.kp.assign(D * ks, 0);
+        amx_scratch.vp.assign(ks * D, 0);
+      }
       amx_scratch.pa.assign(padded * ks, 0);
+      amx_scratch.vtail.assign(32 * D, 0);
       amx_scratch.sa.assign(padded * ks, 0.f);
       amx_scratch.blo.assign(padded / 16, 0);
       amx_scratch.bhi.assign(padded / 16, 0);
     }
     ForwardTask<T, kD> runner{out, query, cache, batch, f, G, q, acc, kbuf, vbuf,
                               kt, s_all, m, l, qi, vt, ra, re, glo, ghi, amx_scratch};
-#if defined(REFERENCE_CPU_ATTENTION_AMX)
-    if (amx) amx_begin();
-#endif
     for (int64_t w = begin; w < end; ++w) {
       for (int64_t i = next.fetch_add(1); i < n_tasks; i = next.fetch_add(1)) runner.run(tasks[order[i]]);
     }
 #if defined(REFERENCE_CPU_ATTENTION_AMX)
-    if (amx) amx_end();
+    if (amx_scratch.rows > 0) amx_end();
 #endif
   });
 }
@@ -1150,6 +1199,7 @@ template <typename T>
 void reshape_and_cache(HeadRows<const T> key, HeadRows<const T> value, const int64_t* slots, int64_t tokens,
                        const PagedCache& cache) {
   const int64_t KVH = cache.kv_heads, N = cache.block_size, D = cache.head_size;
+  const bool pairs = paired_layout(cache, std::is_same_v<T, c10::BFloat16>);
   at::parallel_for(0, tokens * KVH, std::max<int64_t>(1, 4096 / std::max<int64_t>(D, 1)),
                    [&](int64_t begin, int64_t end) {
                      for (int64_t i = begin; i < end; ++i) {
@@ -1157,6 +1207,16 @@ void reshape_and_cache(HeadRows<const T> key, HeadRows<const T> value, const int
                        const int64_t slot = slots[t];
                        if (slot < 0) continue;  // padding
                        const int64_t off = (slot / N) * cache.stride_block + h * cache.stride_head;
+                       if (pairs) {  // keys [D/2][N][2], values [N/2][D][2] (attention.h)
+                         T* blk = static_cast<T*>(cache.data) + off;
+                         const int64_t o = slot % N;
+                         const T* k = key.data + t * key.stride_token + h * key.stride_head;
+                         const T* v = value.data + t * value.stride_token + h * value.stride_head;
+                         for (int64_t d = 0; d < D; ++d) blk[((d / 2) * N + o) * 2 + d % 2] = k[d];
+                         T* vr = blk + N * D + (o / 2) * D * 2 + o % 2;
+                         for (int64_t d = 0; d < D; ++d) vr[2 * d] = v[d];
+                         continue;
+                       }
                        // the key as column slot % N of the block's [D, N] keys, the value as row slot % N of
                        // its [N, D] values after them
                        write_elements(key.data + t * key.stride_token + h * key.stride_head, cache,
@@ -1165,6 +1225,13 @@ void reshape_and_cache(HeadRows<const T> key, HeadRows<const T> value, const int
                                       off + N * D + (slot % N) * D, 1, cache.v_scale);
                      }
                    });
+}
+
+bool kv_cache_pairs(int64_t head_size, int64_t block_size) {
+  PagedCache c;
+  c.head_size = head_size;
+  c.block_size = block_size;
+  return paired_layout(c, true);
 }
 
 template <typename T>

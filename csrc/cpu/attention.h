@@ -6,6 +6,10 @@
 // a (block, head) the kernels keep their own packing: the block's keys transposed, [head_size, block_size]
 // (key of offset t in column t), then its values as rows, [block_size, head_size], so a decode's scores
 // are broadcast query elements times vectors of keys with no reduction (as vLLM's CPU writer packs them).
+// bf16 "auto" caches whose head and block sizes are multiples of 32 are packed in pairs instead where the CPU
+// has AMX-BF16 and the build is AVX512_BF16 (kv_cache_pairs): the keys [head_size / 2, block_size, 2] (elements
+// 2i and 2i + 1 of a key side by side) and the values [block_size / 2, head_size, 2] (element d of two
+// consecutive tokens side by side), the operand layout of AMX's TDPBF16PS, so the tiles load them in place.
 // Its elements are the model dtype (kv_cache_dtype "auto") or fp8 codes (e4m3fn / e5m2) of k / k_scale
 // and v / v_scale, rounded to nearest even with saturation. Semantics: csrc/README.md (attention) and
 // the float64 reference in tests/kernels/test_attention_cpu.py.
@@ -48,6 +52,10 @@ struct HeadRows {
 template <typename T>
 void reshape_and_cache(HeadRows<const T> key, HeadRows<const T> value, const int64_t* slots,
                        int64_t tokens, const PagedCache& cache);
+
+// Whether reshape_and_cache and paged_attention keep a bf16 "auto" cache of these sizes in the paired layout
+// above (on this CPU, this build).
+bool kv_cache_pairs(int64_t head_size, int64_t block_size);
 
 // The batch's metadata and the layer's attention features.
 struct PagedBatch {

@@ -190,6 +190,13 @@ void paged_attention_op(at::Tensor& output, const at::Tensor& query, const at::T
   });
 }
 
+bool paged_cache_pairs_op(const at::Tensor& kv_cache) {
+  const char* op = "reference_cpu::paged_cache_pairs";
+  TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.size(3) % 2 == 0, op,
+              ": kv_cache must be [num_blocks, num_kv_heads, block_size, 2 * head_size], got ", kv_cache.sizes());
+  return kv_cache.scalar_type() == at::kBFloat16 && kv_cache_pairs(kv_cache.size(3) / 2, kv_cache.size(2));
+}
+
 }  // namespace
 }  // namespace reference_cpu
 
@@ -200,9 +207,12 @@ TORCH_LIBRARY_FRAGMENT(reference_cpu, m) {
         "Tensor seq_lens, Tensor block_table, float scale, bool causal, int sliding_window, "
         "float logits_soft_cap, Tensor? alibi_slopes, Tensor? sinks, str kv_cache_dtype, float k_scale, "
         "float v_scale) -> ()");
+  // whether the kernels keep this (bf16) cache in the AMX pairs layout (attention.h); cpp_backend.as_token_rows
+  m.def("paged_cache_pairs(Tensor kv_cache) -> bool");
 }
 
 TORCH_LIBRARY_IMPL(reference_cpu, CPU, m) {
   m.impl("reshape_and_cache", TORCH_FN(reference_cpu::reshape_and_cache_op));
   m.impl("paged_attention", TORCH_FN(reference_cpu::paged_attention_op));
+  m.impl("paged_cache_pairs", TORCH_FN(reference_cpu::paged_cache_pairs_op));
 }

@@ -43,10 +43,19 @@ def as_token_rows(kv_cache: torch.Tensor) -> torch.Tensor:
     packing): `[num_blocks, num_kv_heads, block_size, 2 * head_size]`, token t of a block in row t.
 
     The kernels keep the contract's shape but pack each (block, head) their own way: the keys transposed
-    (`[head_size, block_size]`), then the values as rows (`[block_size, head_size]`)."""
+    (`[head_size, block_size]`), then the values as rows (`[block_size, head_size]`); or, for the bf16 caches
+    the AMX path keeps in pairs (`reference_cpu::paged_cache_pairs`, csrc/cpu/attention.h), the keys
+    `[head_size / 2, block_size, 2]` and the values `[block_size / 2, head_size, 2]`."""
     blocks, heads, block_size, width = kv_cache.shape
     head_size = width // 2
     flat = kv_cache.reshape(blocks, heads, block_size * width)
+    if (kv_cache.dtype == torch.bfloat16 and kv_cache.device.type == "cpu" and available()
+            and _cpp_build.ops().paged_cache_pairs(kv_cache)):
+        keys = (flat[..., :block_size * head_size].reshape(blocks, heads, head_size // 2, block_size, 2)
+                .permute(0, 1, 3, 2, 4).reshape(blocks, heads, block_size, head_size))
+        values = (flat[..., block_size * head_size:].reshape(blocks, heads, block_size // 2, head_size, 2)
+                  .permute(0, 1, 2, 4, 3).reshape(blocks, heads, block_size, head_size))
+        return torch.cat([keys, values], dim=-1)
     keys = flat[..., :block_size * head_size].reshape(blocks, heads, head_size, block_size).transpose(2, 3)
     values = flat[..., block_size * head_size:].reshape(blocks, heads, block_size, head_size)
     return torch.cat([keys, values], dim=-1)
