@@ -480,21 +480,6 @@ inline void interleave_rows(const uint16_t* x, const uint16_t* y, uint16_t* out,
   }
 }
 
-// n probabilities (bf16 values held as fp32) to bf16
-inline void probs_to_bf16(const float* p, uint16_t* dst, int64_t n) {
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j),
-                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(p + j))));
-  }
-  for (; j < n; ++j) dst[j] = c10::BFloat16(p[j]).x;
-}
-
-// x rounded to bf16 (nearest even), as fp32
-REFERENCE_CPU_INLINE __m512 round_to_bf16(__m512 x) {
-  const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
 #endif
 
 // A task's AMX scratch (the bf16 path): the query rows, the packed keys and values of a span (ks keys, a
@@ -519,29 +504,40 @@ inline bool paired_layout(const PagedCache& c, bool bf16) {
 #endif
 }
 
-// p[j] = exp(s[j] - m) for n scores; returns their sum. kRoundBf16: p rounded to bf16 (the bf16 path's
-// probabilities), the sum of the rounded values.
-template <bool kRoundBf16 = false>
+// p[j] = exp(s[j] - m) for n scores; returns their sum.
 inline float exp_shifted(float* s, int64_t n, float m) {
   const fVec mv(m * kLog2e), l2e(kLog2e);
   fVec sum(0.f);
   int64_t j = 0;
   for (; j + kF <= n; j += kF) {
-    fVec e = fast_exp2<5>(at::vec::fmsub(fVec::loadu(s + j), l2e, mv));
-#if defined(REFERENCE_CPU_ATTENTION_AMX)
-    if constexpr (kRoundBf16) e = round_to_bf16(e);
-#endif
+    const fVec e = fast_exp2<5>(at::vec::fmsub(fVec::loadu(s + j), l2e, mv));
     e.store(s + j);
     sum = sum + e;
   }
   float total = hsum(sum);
   for (; j < n; ++j) {
     s[j] = std::exp(s[j] - m);
-    if constexpr (kRoundBf16) s[j] = static_cast<float>(c10::BFloat16(s[j]));
     total += s[j];
   }
   return total;
 }
+
+#if defined(REFERENCE_CPU_ATTENTION_AMX)
+// dst[j] = bf16(exp(s[j] - m)) for n scores (the AMX path's probabilities); returns the sum of the rounded values.
+inline float exp_to_bf16(const float* s, int64_t n, float m, uint16_t* dst) {
+  const fVec mv(m * kLog2e), l2e(kLog2e);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += kF) {
+    const __mmask16 k = n - j >= kF ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const fVec x(_mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), k, s + j));
+    const __m512 e = fast_exp2<5>(at::vec::fmsub(x, l2e, mv));
+    const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e));
+    _mm256_mask_storeu_epi16(dst + j, k, h);
+    sum = _mm512_mask_add_ps(sum, k, sum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+#endif
 
 // ----- the forward -------------------------------------------------------------------------------
 // One request's key range for the query at position p: [lo, hi] (inclusive).
@@ -643,7 +639,8 @@ struct ForwardTask {
   // Lane idx's online-softmax update over n scores sc of head h (the first key `dist0` positions before the
   // query): soft cap / ALiBi, the running max and sum, acc rescaled when the max moves; the scores become
   // probabilities in place. False: every logit so far is -inf, nothing to add (sc is left as it is).
-  bool softmax_update(int64_t idx, float* sc, int64_t n, int64_t h, int64_t dist0, bool round_bf16 = false) {
+  // bf16_out: the probabilities rounded to bf16 there instead (the AMX path; their sum is the rounded values').
+  bool softmax_update(int64_t idx, float* sc, int64_t n, int64_t h, int64_t dist0, uint16_t* bf16_out = nullptr) {
     const int64_t D = cache.head_size;
     const float block_max = adjust_scores(sc, n, h, dist0);
     const float m_old = m[idx];
@@ -651,7 +648,11 @@ struct ForwardTask {
     if (m_new == kNegInf) return false;
     // (the max rarely moves after the first blocks: no exp then)
     const float alpha = m_old == kNegInf ? 0.f : m_old == m_new ? 1.f : std::exp(m_old - m_new);
-    const float psum = round_bf16 ? exp_shifted<true>(sc, n, m_new) : exp_shifted(sc, n, m_new);
+#if defined(REFERENCE_CPU_ATTENTION_AMX)
+    const float psum = bf16_out ? exp_to_bf16(sc, n, m_new, bf16_out) : exp_shifted(sc, n, m_new);
+#else
+    const float psum = exp_shifted(sc, n, m_new);
+#endif
     l_sum[idx] = l_sum[idx] * alpha + psum;
     m[idx] = m_new;
     if (alpha != 1.f) {
@@ -897,12 +898,11 @@ struct ForwardTask {
       int64_t j = 0;
       for (; j + kF <= n; j += kF) (fVec::loadu(x + j) * scale).store(x + j);
       for (; j < n; ++j) x[j] *= f.scale;
-      if (!softmax_update(idx, x, n, t.kv_head * G + idx % G, pos - ra[r], true)) {
+      if (!softmax_update(idx, x, n, t.kv_head * G + idx % G, pos - ra[r], pr + off)) {
         std::fill(pr, pr + nb32, uint16_t{0});
         continue;
       }
       std::fill(pr, pr + off, uint16_t{0});
-      probs_to_bf16(x, pr + off, n);
       std::fill(pr + off + n, pr + nb32, uint16_t{0});
     }
     // the last 32-key step's values with zeros past jb, where vp does not have them
