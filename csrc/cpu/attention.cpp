@@ -11,7 +11,9 @@
 // broadcast query element times vectors of keys (no reductions), then the softmax update, then the values
 // in groups of four lanes. A decode reads the block in place, 16-bit keys and values widened in registers;
 // a task of eight lanes or more (a prefill) first copies the block, widened, into L1-sized tiles (blocks of
-// 64 tokens or fewer gathered, 128 keys per softmax update); fp8 blocks are decoded to fp32 first. Head
+// 64 tokens or fewer gathered, 128 keys per softmax update); fp8 blocks are decoded to fp32 first. bf16 on a
+// CPU with AMX-BF16 takes AMX tiles instead (the bf16 path below), from the cache in place where it keeps the
+// tiles' pairs layout (attention.h), else from packed copies (prefills). Head
 // sizes 64, 80, 96, 128 and 256 get unrolled loops; any other size runs the same code with runtime trip
 // counts and partial-vector tails.
 #include <c10/util/Float8_e4m3fn.h>
