@@ -324,7 +324,7 @@ def _note_generator_use(where: str, before: list[tuple[str, int, torch.Tensor]])
         if gen is None:
             continue
         change = _generator_change(name, seed, rng, gen)
-        if change and (gen.initial_seed() != seed or not draws_allowed):
+        if change and (not draws_allowed or _reseeded(seed, rng, gen)):
             _NOTED.append(f"{where}: {change}")
 
 
@@ -344,8 +344,24 @@ def restore_global_state(state: GlobalState) -> None:
         torch.set_num_threads(state.threads)
 
 
-def _generator_change(name: str, seed: int, rng: torch.Tensor, gen: torch.Generator) -> str | None:
+def _reseeded(seed: int, rng: torch.Tensor, gen: torch.Generator) -> bool:
+    """Whether `gen` (initial seed `seed`, state `rng` before) was reseeded since: its seed moved, or its state moved
+    back to the start of its seed's stream (torch.manual_seed of the seed it already had: otherwise a reseed read as
+    a draw or as nothing, by what the process had seeded before, and the same fault got another message)."""
     if gen.initial_seed() != seed:
+        return True
+    state = gen.get_state()
+    if torch.equal(state, rng):
+        return False
+    try:
+        fresh = torch.Generator(device=gen.device).manual_seed(seed).get_state()
+    except RuntimeError:   # a device whose generators torch cannot make here: a seed that moved is all we see
+        return False
+    return torch.equal(state, fresh)
+
+
+def _generator_change(name: str, seed: int, rng: torch.Tensor, gen: torch.Generator) -> str | None:
+    if _reseeded(seed, rng, gen):
         return f"{name} was reseeded (torch.manual_seed({gen.initial_seed()}))"
     if not torch.equal(gen.get_state(), rng):
         return f"{name} was drawn from (or its state set): its state changed"
@@ -358,7 +374,7 @@ def global_state_changes(before: GlobalState) -> list[str]:
     changes = []
     gens = dict(_default_generators())
     for name, seed, rng in before.generators:
-        if name in gens and gens[name].initial_seed() != seed:
+        if name in gens and _reseeded(seed, rng, gens[name]):
             changes.append(_generator_change(name, seed, rng, gens[name]))
     if torch.get_default_dtype() != before.default_dtype:
         changes.append(f"the default dtype went from {dtype_name(before.default_dtype)} to "
@@ -388,7 +404,7 @@ def drawing_default_generator(where: str) -> Iterator[None]:
             gen = gens.get(name)
             if gen is None:
                 continue
-            if gen.initial_seed() != seed:
+            if _reseeded(seed, rng, gen):
                 _NOTED.append(f"{where}: {_generator_change(name, seed, rng, gen)}")
             gen.set_state(rng)
 

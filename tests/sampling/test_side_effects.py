@@ -42,6 +42,21 @@ def test_each_change_is_a_fail_naming_it_and_is_put_back(kept_state, change, sai
     assert global_state_changes(before) == []       # put back for the next unit
 
 
+@pytest.mark.parametrize("unit,said", [
+    (lambda: torch.manual_seed(7), "the kernel: the default (CPU) generator was reseeded (torch.manual_seed(7))"),
+    (lambda: torch.rand(3), "the kernel: the default (CPU) generator was drawn from"),
+])
+def test_a_reseed_to_the_seed_the_process_had_reads_as_a_reseed_whatever_ran_before(kept_state, unit, said):
+    """A kernel calling torch.manual_seed(7) in a process an earlier test seeded with 7: the seed does not move, the
+    stream goes back to its start; that is a reseed, as in a fresh process, and a draw there is still a draw."""
+    torch.manual_seed(7)
+    torch.rand(2)                           # the process has used its stream since
+    before = global_state()
+    call_impl("the kernel", unit)
+    verdict = side_effect_verdict(Verdict(Outcome.PASS, "ok"), before)
+    assert verdict.outcome is Outcome.FAIL and said in verdict.message, verdict.message
+
+
 def test_the_checks_own_draws_outside_the_platforms_code_are_not_a_finding_and_are_put_back(kept_state):
     before = global_state()
     torch.rand(5)                           # a check drawing its inputs, a model's initialisation
