@@ -7,12 +7,11 @@ the call raise within the group's timeout instead of hanging."""
 from __future__ import annotations
 
 import datetime
-import multiprocessing
-import queue as queue_mod
 import time
 import traceback
 
 import pytest
+from _rank_world import spawn_ranks
 
 
 def _join(rank: int, world: int, init_file: str, timeout_s: float):
@@ -101,26 +100,8 @@ def _absent_peer(rank: int, world: int, init_file: str, results) -> None:
 
 
 def _spawn(target, world: int, tmp_path, timeout: float = 120.0) -> dict[int, str | None]:
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    init_file = str(tmp_path / "rendezvous")
-    procs = [ctx.Process(target=target, args=(rank, world, init_file, results)) for rank in range(world)]
-    for p in procs:
-        p.start()
-    said: dict[int, str | None] = {}
-    try:
-        for _ in range(world):
-            rank, what = results.get(timeout=timeout)
-            said[rank] = what
-    except queue_mod.Empty:
-        pass
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return said
+    """{rank: what it said} from `world` spawned ranks running `target`."""
+    return dict(spawn_ranks(target, world, (world, str(tmp_path / "rendezvous")), world, timeout))
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -33,20 +33,19 @@ def run_scenarios(rank: int, init_file: str, queue, world: int, scenarios, **par
     d.destroy_distributed_environment()
 
 
-def spawn_world(module, init_file: str, timeout: float = 120.0) -> dict[str, dict[int, str | None]]:
-    """{scenario: {rank: traceback or None}} from one spawned world running `module.run_rank` on every rank."""
+def spawn_ranks(target, world: int, args: tuple, expected: int, timeout: float = 120.0, stop=None) -> list:
+    """Start `world` spawned processes `target(rank, *args, queue)`, take up to `expected` items from the queue (fewer
+    when one waits past `timeout` or `stop(item)` says so), then join every process (killed after 30 s)."""
     ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=module.run_rank, args=(rank, init_file, results)) for rank in range(module.WORLD_SIZE)]
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(rank, *args, queue)) for rank in range(world)]
     for p in procs:
         p.start()
-    expected = module.WORLD_SIZE * len(module.SCENARIOS)
-    outcome: dict[str, dict[int, str | None]] = {}
+    items = []
     try:
         for _ in range(expected):
-            rank, name, error = results.get(timeout=timeout)
-            outcome.setdefault(name, {})[rank] = error
-            if name == "setup":
+            items.append(queue.get(timeout=timeout))
+            if stop is not None and stop(items[-1]):
                 break
     except queue_mod.Empty:
         pass
@@ -56,6 +55,16 @@ def spawn_world(module, init_file: str, timeout: float = 120.0) -> dict[str, dic
             if p.is_alive():
                 p.kill()
                 p.join()
+    return items
+
+
+def spawn_world(module, init_file: str, timeout: float = 120.0) -> dict[str, dict[int, str | None]]:
+    """{scenario: {rank: traceback or None}} from one spawned world running `module.run_rank` on every rank."""
+    outcome: dict[str, dict[int, str | None]] = {}
+    items = spawn_ranks(module.run_rank, module.WORLD_SIZE, (init_file,), module.WORLD_SIZE * len(module.SCENARIOS),
+                        timeout, stop=lambda item: item[1] == "setup")
+    for rank, name, error in items:
+        outcome.setdefault(name, {})[rank] = error
     return outcome
 
 
