@@ -399,6 +399,20 @@ def test_bf16_paired_layout_round_trip(ops):
     assert not ops.paged_cache_pairs(cache.float()) and not ops.paged_cache_pairs(cache[:, :, :16])
 
 
+def test_the_paired_layout_is_used_exactly_where_the_cpu_has_amx_bf16(ops):
+    """What the machine has decides, not what the kernels report of themselves: AMX-BF16 in the CPU's flags, a build
+    for AVX512_BF16 and the path not turned off (REFERENCE_CPU_NO_AMX) mean pairs; anything else, the usual layout."""
+    import os
+
+    from reference_impl.kernels import _cpp_build
+
+    with open("/proc/cpuinfo") as f:
+        flags = {flag for line in f if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    off = os.environ.get("REFERENCE_CPU_NO_AMX", "") not in ("", "0")
+    expected = {"amx_bf16", "amx_tile"} <= flags and _cpp_build.isa() == "AVX512_BF16" and not off
+    assert ops.paged_cache_pairs(torch.zeros(2, 2, 32, 128, dtype=torch.bfloat16)) is expected
+
+
 @pytest.mark.parametrize("block", [16, 32])
 def test_bf16_error_against_float64(ops, block):
     """bf16 rounds the output once; the AMX path also rounds the probabilities to bf16 (their sum is the rounded
