@@ -366,15 +366,16 @@ __attribute__((noinline)) void group_accumulate_tile(float* __restrict acc, int6
 }
 
 // ----- the bf16 path: AMX tiles (AVX512_BF16 builds on CPUs with AMX-BF16) ------------------------
-// bf16 activations over a bf16 cache ("auto"), head size a multiple of 32: a task copies each block's keys and
-// values once into pair-interleaved ("VNNI") buffers, the layout AMX's TDPBF16PS takes for its second operand
-// (keys [D/2][keys][2]: elements 2i and 2i + 1 of a key side by side; values [keys/2][D][2]: two keys' elements
-// d side by side), and multiplies 16 query lanes at a time: scores = Q K (16 lanes x 32 keys a call, over D),
+// bf16 activations over a bf16 cache ("auto"), head size a multiple of 32: the keys and values in pairs
+// ("VNNI"), the layout AMX's TDPBF16PS takes for its second operand (keys [D/2][keys][2]: elements 2i and 2i + 1
+// of a key side by side; values [keys/2][D][2]: two keys' elements d side by side), read in place from a cache
+// kept in pairs (paired_layout, attention.h) or else copied once per task into packed buffers; 16 query lanes at
+// a time: scores = Q K (16 lanes x 32 keys a call, over D),
 // then, after the online-softmax update, acc += P V (16 lanes x 32 head dims a call, over the keys). Products
 // of bf16 are exact and summed in fp32; the query is not scaled (the scale multiplies the scores) and the
 // probabilities are rounded to bf16 (their sum is of the rounded values, so a row's weights still add up to
-// one). The cache layout is the same as everywhere (attention.h). vdpbf16ps (AVX512_BF16 without AMX) was
-// tried in place of the widening FMAs and was slower on the development VM (csrc/README.md).
+// one). vdpbf16ps (AVX512_BF16 without AMX) was tried in place of the widening FMAs and was slower on the
+// development VM (csrc/README.md).
 #if defined(REFERENCE_CPU_ATTENTION_AMX)
 
 // Whether AMX-BF16 is there and Linux lets this process use the tile registers (arch_prctl); read once.
@@ -603,6 +604,21 @@ struct ForwardTask {
 #else
   static constexpr bool kAmx = false;
 #endif
+
+  // Whether a task of `lanes` query lanes takes the bf16 path (AMX): bf16 over a bf16 ("auto") cache, a head size a
+  // multiple of 32, AMX usable here, and a task of kTileLanes lanes or more (a prefill) or a cache kept in pairs (a
+  // decode reads its blocks in place, and packing them for the tiles cost it more than the tiles saved). The task
+  // and forward_impl, which sizes the scratch, ask this one place.
+  static bool takes_amx(const PagedCache& c, int64_t lanes) {
+#if defined(REFERENCE_CPU_ATTENTION_AMX)
+    return kAmx && c.format == KvFormat::kAuto && c.head_size % 32 == 0 && amx_usable() &&
+           (lanes >= kTileLanes || paired_layout(c, true));
+#else
+    (void)c;
+    (void)lanes;
+    return false;
+#endif
+  }
 
   // Soft cap and ALiBi on n scores of head h whose first key is `dist0` positions before the query;
   // returns their max.
@@ -979,13 +995,7 @@ struct ForwardTask {
 
     const int64_t lanes = rows * G, padded_lanes = (lanes + kLanes - 1) / kLanes * kLanes;
     const bool tiled = lanes >= kTileLanes;
-    // the bf16 path (AMX): a task of eight lanes or more (a prefill; a decode reads its blocks in place, and
-    // packing them for the tiles cost it more than the tiles saved), 16 lanes at a time
-    bool use_amx = false;
-#if defined(REFERENCE_CPU_ATTENTION_AMX)
-    use_amx = kAmx && (tiled || paired_layout(cache, true)) && cache.format == KvFormat::kAuto && D % 32 == 0 &&
-              amx_usable();
-#endif
+    const bool use_amx = takes_amx(cache, lanes);   // the bf16 path: 16 lanes at a time
     const int64_t amx_lanes = (lanes + 15) / 16 * 16;
     std::fill(acc.begin(), acc.begin() + (use_amx ? amx_lanes : padded_lanes) * D, 0.f);
     if (use_amx) {
@@ -1130,13 +1140,9 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   int64_t max_rows = 1;
   for (const Task& t : tasks) max_rows = std::max(max_rows, t.row1 - t.row0);
   const bool fp8 = cache.format != KvFormat::kAuto;
-  // the bf16 path (AMX; ForwardTask::run decides the same)
-  bool amx = false;
-#if defined(REFERENCE_CPU_ATTENTION_AMX)
-  amx = ForwardTask<T, kD>::kAmx && (max_rows * G >= kTileLanes || paired_layout(cache, true)) && !fp8 &&
-        D % 32 == 0 && amx_usable();
-#endif
-  const int64_t lanes = max_rows * G, padded = (lanes + (amx ? 15 : kLanes - 1)) / (amx ? 16 : kLanes) * (amx ? 16 : kLanes);
+  const int64_t lanes = max_rows * G;
+  const bool amx = ForwardTask<T, kD>::takes_amx(cache, lanes);   // the bf16 path: lanes in blocks of 16
+  const int64_t lane_block = amx ? 16 : kLanes, padded = (lanes + lane_block - 1) / lane_block * lane_block;
   const bool may_tile = lanes >= kTileLanes;
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> q(D), acc(padded * D), m(padded), l(padded), qi(padded * D),
