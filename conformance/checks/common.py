@@ -9,7 +9,7 @@ import dataclasses
 import re
 import traceback
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -324,8 +324,8 @@ def _note_generator_use(where: str, before: list[tuple[str, int, torch.Tensor]])
         if gen is None:
             continue
         change = _generator_change(name, seed, rng, gen)
-        if change and (not draws_allowed or _reseeded(seed, rng, gen)):
-            _NOTED.append(f"{where}: {change}")
+        if change and (change.reseeded or not draws_allowed):
+            _NOTED.append(f"{where}: {change.phrase}")
 
 
 def global_state() -> GlobalState:
@@ -360,11 +360,16 @@ def _reseeded(seed: int, rng: torch.Tensor, gen: torch.Generator) -> bool:
     return torch.equal(state, fresh)
 
 
-def _generator_change(name: str, seed: int, rng: torch.Tensor, gen: torch.Generator) -> str | None:
+class GeneratorChange(NamedTuple):
+    phrase: str        # what happened to the generator, for the FAIL's message
+    reseeded: bool     # a reseed (always a finding), else a draw (a finding unless draws are allowed)
+
+
+def _generator_change(name: str, seed: int, rng: torch.Tensor, gen: torch.Generator) -> GeneratorChange | None:
     if _reseeded(seed, rng, gen):
-        return f"{name} was reseeded (torch.manual_seed({gen.initial_seed()}))"
+        return GeneratorChange(f"{name} was reseeded (torch.manual_seed({gen.initial_seed()}))", True)
     if not torch.equal(gen.get_state(), rng):
-        return f"{name} was drawn from (or its state set): its state changed"
+        return GeneratorChange(f"{name} was drawn from (or its state set): its state changed", False)
     return None
 
 
@@ -374,8 +379,9 @@ def global_state_changes(before: GlobalState) -> list[str]:
     changes = []
     gens = dict(_default_generators())
     for name, seed, rng in before.generators:
-        if name in gens and _reseeded(seed, rng, gens[name]):
-            changes.append(_generator_change(name, seed, rng, gens[name]))
+        change = _generator_change(name, seed, rng, gens[name]) if name in gens else None
+        if change and change.reseeded:
+            changes.append(change.phrase)
     if torch.get_default_dtype() != before.default_dtype:
         changes.append(f"the default dtype went from {dtype_name(before.default_dtype)} to "
                        f"{dtype_name(torch.get_default_dtype())} (torch.set_default_dtype)")
@@ -404,8 +410,9 @@ def drawing_default_generator(where: str) -> Iterator[None]:
             gen = gens.get(name)
             if gen is None:
                 continue
-            if _reseeded(seed, rng, gen):
-                _NOTED.append(f"{where}: {_generator_change(name, seed, rng, gen)}")
+            change = _generator_change(name, seed, rng, gen)
+            if change and change.reseeded:
+                _NOTED.append(f"{where}: {change.phrase}")
             gen.set_state(rng)
 
 

@@ -1,7 +1,8 @@
 """A world of spawned gloo ranks that each run a module's scenarios, for the tests of the reference's tensor and
 expert parallelism (tests/runtime/test_distributed.py, tests/layers/test_moe_expert_parallel.py): a scenario module
-has WORLD_SIZE, SCENARIOS (functions of the rank) and `run_rank = rank_runner(...)`; the test module's fixture calls
-`spawn_world` once, and each scenario's test `assert_scenario`."""
+has WORLD_SIZE, SCENARIOS (functions of the rank) and a `run_rank(rank, init_file, queue)` that calls
+`run_scenarios`; the test module's fixture calls `spawn_world` once, and each scenario's test `assert_scenario`.
+`spawn_ranks` starts and collects any such world (the ring all_reduce test's too)."""
 
 from __future__ import annotations
 
