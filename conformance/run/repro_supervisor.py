@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 
 from conformance.results import running_note
+from conformance.run import scratch
 from conformance.run.crash_report import NATIVE_STACK_HEADER, crash_message
 from conformance.exit_codes import ExitCode
 from conformance.run.worker import FAULT_FILE_ENV
@@ -22,7 +22,7 @@ from conformance.run.worker import FAULT_FILE_ENV
 
 def supervise(child_argv: list[str]) -> int:
     """Run `python -m conformance <child_argv>`; its exit status, or FAILED with the CRASH report when it died."""
-    with tempfile.TemporaryDirectory(prefix="conformance-repro-") as tmp:
+    with scratch.directory("repro") as tmp:
         paths = {name: os.path.join(tmp, name) for name in ("stderr.log", "faulthandler.txt", "running.json")}
         env = dict(os.environ, **{FAULT_FILE_ENV: paths["faulthandler.txt"],
                                   running_note.NOTE_ENV: paths["running.json"]})

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from typing import Any
+
+from conformance.run import scratch
 
 WORKERINPUT_KEY = "conformance_run_dir"
 ZYGOTE_KEY = "conformance_zygote"   # the socket of the run's zygote (conformance.run.zygote), when it has one
@@ -29,7 +30,9 @@ class RunDir:
 
     @classmethod
     def create(cls) -> RunDir:
-        return cls(tempfile.mkdtemp(prefix="conformance-run-"), owner=True)
+        """A new run directory, named for this process (`conformance.run.scratch`: a killed run's is removed by the
+        next run)."""
+        return cls(scratch.new_directory("run"), owner=True)
 
     def _file(self, name: str) -> str:
         return os.path.join(self.path, name)

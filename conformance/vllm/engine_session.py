@@ -13,8 +13,10 @@ silent (`EngineFailed`), or when anything else raised while a unit held it. It d
 from __future__ import annotations
 
 import contextlib
-import tempfile
+import shutil
 from pathlib import Path
+
+from conformance.run import scratch
 
 
 class EngineJobs:
@@ -44,7 +46,7 @@ class EngineSession:
 
         self._start = start or EngineProcess      # a directory -> an unstarted EngineProcess (tests hand their own)
         self._process = None
-        self._directory: tempfile.TemporaryDirectory | None = None
+        self._directory: str | None = None
         self.started = 0                          # engine processes started so far (the tests count them)
 
     @contextlib.contextmanager
@@ -64,13 +66,13 @@ class EngineSession:
         if process is not None and process.proc is not None and process.proc.poll() is None:
             return process
         self.close()
-        self._directory = tempfile.TemporaryDirectory(prefix="conformance-engine-process-")
-        process = self._start(Path(self._directory.name))
+        self._directory = scratch.new_directory("engine-process")
+        process = self._start(Path(self._directory))
         try:
             process.__enter__()
         except BaseException:
             process.__exit__(None, None, None)
-            self._directory.cleanup()
+            shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
             raise
         self.started += 1
@@ -84,4 +86,4 @@ class EngineSession:
             process.__exit__(None, None, None)
         directory, self._directory = self._directory, None
         if directory is not None:
-            directory.cleanup()
+            shutil.rmtree(directory, ignore_errors=True)

@@ -20,11 +20,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 from conformance import shm_files
+from conformance.run import scratch
 
 CALL_TIMEOUT_ENV = "CONFORMANCE_COLLECTIVE_CALL_TIMEOUT"
 DEFAULT_CALL_TIMEOUT_S = 10.0
@@ -44,16 +44,6 @@ def call_timeout() -> float:
         raise ValueError(f"{CALL_TIMEOUT_ENV}={raw!r}: give a number of seconds greater than 0 and at most 3600 "
                          "(the collective family's per-call time limit)")
     return value
-
-
-def work_directory() -> str | None:
-    """Where a group keeps its rendezvous file and its ranks' logs: beside the kernel worker's running note (the run's
-    directory, which the run removes even when it had to kill the worker), else the temporary directory."""
-    from conformance.results import running_note
-
-    note = os.environ.get(running_note.NOTE_ENV)
-    parent = os.path.dirname(note) if note else ""
-    return parent if parent and os.path.isdir(parent) else None
 
 
 class GroupFailed(Exception):
@@ -93,7 +83,7 @@ class RankGroup:
         self.recipe = dict(recipe)
         self.timeout = timeout
         self.grace = max(5.0, timeout / 2)
-        self.dir = tempfile.mkdtemp(prefix="conformance-collective-", dir=work_directory())
+        self.dir = scratch.new_directory("collective")
         self.procs: list[subprocess.Popen] = []
         self.conns: list = []
         self.jobs = 0

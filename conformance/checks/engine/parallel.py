@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,9 +31,9 @@ def run_ranks(platform_name: str, checkpoint: Path, dtype: str, device: str, wor
     """Every rank's {"block": its KV block size, "communicator": the class its TP group used, "outputs": {request
     id: output}} (rank order); with `expert_parallel` also "experts": the global ids of the experts its MoE layers
     hold."""
-    from conformance.checks.collective.group import work_directory
+    from conformance.run import scratch
 
-    with tempfile.TemporaryDirectory(prefix="conformance-engine-tp-", dir=work_directory()) as tmp:
+    with scratch.directory("engine-tp") as tmp:
         init = os.path.join(tmp, "init")
         procs = []
         for rank in range(world):

@@ -1,0 +1,92 @@
+"""Directories the harness's processes make for their own files, and what killed processes left of them.
+
+A conformance run killed from outside (SIGKILL: an OOM kill, `timeout -s KILL`) cannot remove its directories, and a
+kernel worker ends with `os._exit` (skipping torch's teardown), which runs no finalizer: before this module, every
+run under `--platform=vllm` left a vLLM model config and an engine's directory in /tmp, and every killed run its run
+directory, hundreds a day on a CI machine. So:
+
+- `directory(kind)` / `new_directory(kind)`: a directory named `conformance-<kind>-<pid>-<random>`. In a kernel
+  worker of a run it is made inside the run's directory (beside the worker's running note), which the run removes
+  even when it had to kill the worker; elsewhere in the temporary directory.
+- `remove_orphans()`, at a run's start: the temporary directory's `conformance-<kind>-<pid>-*` directories of this
+  user whose process is gone. A directory whose process number was reused by a live process is kept (the next run
+  takes it), never one of a live process removed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+from conformance.results import running_note
+
+PREFIX = "conformance-"
+_KIND = re.compile(r"^[a-z]+(?:-[a-z]+)*$")
+_ORPHAN = re.compile(r"^conformance-[a-z]+(?:-[a-z]+)*-(\d+)-[A-Za-z0-9_]{8}$")   # mkdtemp's suffix: 8 characters
+
+
+def run_directory() -> str | None:
+    """The run's directory when this process is a kernel worker of a run (its running note lies there), else None."""
+    note = os.environ.get(running_note.NOTE_ENV)
+    parent = os.path.dirname(note) if note else ""
+    return parent if parent and os.path.isdir(parent) else None
+
+
+def new_directory(kind: str, remove_at_exit: bool = False) -> str:
+    """A new directory `conformance-<kind>-<pid>-<random>` (see the module's docstring for where). `remove_at_exit`:
+    also removed when this process exits normally (for a directory kept as long as the process)."""
+    if not _KIND.match(kind):
+        raise ValueError(f"scratch directory kind {kind!r}: lowercase words joined by '-' (no digits)")
+    path = tempfile.mkdtemp(prefix=f"{PREFIX}{kind}-{os.getpid()}-", dir=run_directory())
+    if remove_at_exit:
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+@contextlib.contextmanager
+def directory(kind: str) -> Iterator[str]:
+    """`new_directory(kind)` for the block, removed after it."""
+    path = new_directory(kind)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's live process
+        return True
+    return True
+
+
+def remove_orphans(parent: str | None = None) -> list[str]:
+    """Remove this user's scratch directories in `parent` (default: the temporary directory) whose process is gone;
+    their names, sorted."""
+    parent = parent or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return []
+    for entry in entries:
+        m = _ORPHAN.match(entry.name)
+        if not m or _alive(int(m.group(1))):
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        if not os.path.exists(entry.path):
+            removed.append(entry.name)
+    return sorted(removed)

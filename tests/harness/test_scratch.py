@@ -1,0 +1,80 @@
+"""conformance/run/scratch.py: the harness's directories are named for their process, live inside the run's directory
+in a kernel worker, and a killed process's are removed by the next run, never a live process's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from conformance.results import running_note
+from conformance.run import scratch
+
+
+@pytest.fixture
+def tmpdir_is(tmp_path, monkeypatch):
+    """The temporary directory is tmp_path/tmp (tempfile caches it: reset), and this is no kernel worker."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.delenv(running_note.NOTE_ENV, raising=False)
+    return tmp
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_directory_is_named_for_its_process_and_goes_after_the_block(tmpdir_is):
+    with scratch.directory("engine-tp") as path:
+        assert os.path.dirname(path) == str(tmpdir_is)
+        assert os.path.basename(path).startswith(f"conformance-engine-tp-{os.getpid()}-") and os.path.isdir(path)
+    assert not os.path.exists(path)
+
+
+def test_in_a_kernel_worker_it_is_inside_the_run_directory(tmpdir_is, tmp_path, monkeypatch):
+    run = tmp_path / "conformance-run-1-abcdefgh"
+    run.mkdir()
+    monkeypatch.setenv(running_note.NOTE_ENV, str(run / "conformance-worker-x.running.json"))
+    path = scratch.new_directory("vllm-model")
+    assert os.path.dirname(path) == str(run)
+    assert not list(tmpdir_is.iterdir())
+
+
+def test_a_kind_that_would_not_parse_back_is_refused(tmpdir_is):
+    for kind in ("Run", "run-2", "", "run_dir"):
+        with pytest.raises(ValueError, match=f"scratch directory kind {kind!r}"):
+            scratch.new_directory(kind)
+
+
+def test_orphans_are_the_directories_of_gone_processes_only(tmpdir_is):
+    dead = _dead_pid()
+    gone = [tmpdir_is / f"conformance-run-{dead}-abcd_123", tmpdir_is / f"conformance-engine-process-{dead}-x1y2z3w4"]
+    for d in gone:
+        (d / "inside").mkdir(parents=True)
+    live = tmpdir_is / f"conformance-run-{os.getpid()}-abcd1234"          # this process: alive
+    legacy = tmpdir_is / "conformance-run-abcd1234"                        # no process number: not ours to judge
+    other = tmpdir_is / f"someone-run-{dead}-abcd1234"
+    for d in (live, legacy, other):
+        d.mkdir()
+    a_file = tmpdir_is / f"conformance-run-{dead}-efgh5678"                # not a directory
+    a_file.write_text("")
+    assert scratch.remove_orphans() == sorted(d.name for d in gone)
+    assert not any(d.exists() for d in gone)
+    assert live.exists() and legacy.exists() and other.exists() and a_file.exists()
+    assert scratch.remove_orphans() == []
+
+
+def test_a_directory_kept_for_the_process_goes_when_it_exits(tmp_path):
+    code = ("import sys, tempfile; tempfile.tempdir = sys.argv[1]; from conformance.run import scratch; "
+            "print(scratch.new_directory('vllm-model', remove_at_exit=True))")
+    env = {k: v for k, v in os.environ.items() if k != running_note.NOTE_ENV}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                         check=True)
+    path = out.stdout.strip()
+    assert os.path.dirname(path) == str(tmp_path) and not os.path.exists(path)
