@@ -29,7 +29,8 @@ from conformance.exit_codes import one_line as exit_codes_line
 from conformance.results.messages import sanitize
 from conformance.results.result import CheckResult, Outcome, ResultsFile, RunInfo, gated, verdict
 from conformance import shm_files
-from conformance.run import collection_plan, options, scratch
+from conformance import scratch_dirs
+from conformance.run import collection_plan, options
 from conformance.run.options import MAX_TIMEOUT_S
 from conformance.run.run_dir import WORKERINPUT_KEY, ZYGOTE_KEY, RunDir
 from conformance.run.zygote import die_with_parent
@@ -112,7 +113,7 @@ class ConformanceRun:
         if not self.is_xdist_worker:    # what killed runs left in /dev/shm would fail this one's shared memory
             shm_files.remove_orphans()
             shm_files.remove_unused(None)
-            scratch.remove_orphans()    # and their directories in the temporary directory
+            scratch_dirs.remove_orphans()    # and their directories in the temporary directory
         # an xdist worker collects from the controller's plan: it never imports torch or the platform
         self.plan = self.run_dir.read_json(collection_plan.PLAN_FILE) if self.is_xdist_worker else None
         self.plan_written = False

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 from conformance.results import running_note
-from conformance.run import scratch
+from conformance import scratch_dirs
 from conformance.run.crash_report import NATIVE_STACK_HEADER, crash_message
 from conformance.exit_codes import ExitCode
 from conformance.run.worker import FAULT_FILE_ENV
@@ -22,7 +22,7 @@ from conformance.run.worker import FAULT_FILE_ENV
 
 def supervise(child_argv: list[str]) -> int:
     """Run `python -m conformance <child_argv>`; its exit status, or FAILED with the CRASH report when it died."""
-    with scratch.directory("repro") as tmp:
+    with scratch_dirs.directory("repro") as tmp:
         paths = {name: os.path.join(tmp, name) for name in ("stderr.log", "faulthandler.txt", "running.json")}
         env = dict(os.environ, **{FAULT_FILE_ENV: paths["faulthandler.txt"],
                                   running_note.NOTE_ENV: paths["running.json"]})

@@ -15,7 +15,7 @@ import os
 import shutil
 from typing import Any
 
-from conformance.run import scratch
+from conformance import scratch_dirs
 
 WORKERINPUT_KEY = "conformance_run_dir"
 ZYGOTE_KEY = "conformance_zygote"   # the socket of the run's zygote (conformance.run.zygote), when it has one
@@ -30,9 +30,9 @@ class RunDir:
 
     @classmethod
     def create(cls) -> RunDir:
-        """A new run directory, named for this process (`conformance.run.scratch`: a killed run's is removed by the
+        """A new run directory, named for this process (`conformance.scratch_dirs`: a killed run's is removed by the
         next run)."""
-        return cls(scratch.new_directory("run"), owner=True)
+        return cls(scratch_dirs.new_directory("run"), owner=True)
 
     def _file(self, name: str) -> str:
         return os.path.join(self.path, name)

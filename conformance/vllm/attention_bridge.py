@@ -62,9 +62,9 @@ def hooks_of(vllm_backend: type) -> AttentionHooks:
 def _model_dir() -> str:
     """A scratch directory holding a small LlamaConfig config.json and no weights (vLLM's ModelConfig reads only
     that), kept as long as the process."""
-    from conformance.run import scratch
+    from conformance import scratch_dirs
 
-    d = scratch.new_directory("vllm-model", remove_at_exit=True)
+    d = scratch_dirs.new_directory("vllm-model", remove_at_exit=True)
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
               "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 1,
               "vocab_size": 1024, "max_position_embeddings": 65536, "rms_norm_eps": 1e-5, "torch_dtype": "float32"}

@@ -16,7 +16,7 @@ import contextlib
 import shutil
 from pathlib import Path
 
-from conformance.run import scratch
+from conformance import scratch_dirs
 
 
 class EngineJobs:
@@ -66,7 +66,7 @@ class EngineSession:
         if process is not None and process.proc is not None and process.proc.poll() is None:
             return process
         self.close()
-        self._directory = scratch.new_directory("engine-process")
+        self._directory = scratch_dirs.new_directory("engine-process")
         process = self._start(Path(self._directory))
         try:
             process.__enter__()

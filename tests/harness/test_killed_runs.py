@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.run import scratch
+from conformance import scratch_dirs
 from conformance.run.worker import worker_environment
 from conformance.run.zygote import Zygote
 from harness_runner import harness_command, harness_env
@@ -213,7 +213,7 @@ def test_a_run_killed_while_vllms_engine_runs_leaves_no_engine(tmp_path):
         assert len(ours) == 1 and ours[0].startswith(f"conformance-run-{run.pid}-"), ours
         inside = {p.name.split("-")[1] for p in (tmp_path / ours[0]).glob("conformance-*-*") if p.is_dir()}
         assert "engine" in inside, sorted(p.name for p in (tmp_path / ours[0]).iterdir())
-        assert scratch.remove_orphans(str(tmp_path)) == ours and not list(tmp_path.glob("conformance-*"))
+        assert scratch_dirs.remove_orphans(str(tmp_path)) == ours and not list(tmp_path.glob("conformance-*"))
     finally:
         if run.poll() is None:
             run.kill()

@@ -224,13 +224,14 @@ def test_reader_sees_function_level_and_relative_imports(tmp_path):
 STAGE_IMPORTS = {
     "exit_codes": set(),
     "shm_files": set(),
+    "scratch_dirs": {"results"},
     "collect": set(),
     "results": {"collect"},
     "judge": {"collect", "results"},
-    "vllm": {"collect", "results"},
-    "checks": {"collect", "results", "judge", "shm_files"},
+    "vllm": {"collect", "results", "scratch_dirs"},
+    "checks": {"collect", "results", "judge", "shm_files", "scratch_dirs"},
     "gate": {"collect", "results", "checks"},
-    "run": {"collect", "results", "judge", "checks", "gate", "exit_codes", "shm_files"},
+    "run": {"collect", "results", "judge", "checks", "gate", "exit_codes", "shm_files", "scratch_dirs"},
     "report": {"collect", "results", "judge", "gate"},
 }
 FRONT_DOORS = {"conformance", "pytest_plugin", "cli", "__main__"}

@@ -24,7 +24,7 @@ import threading
 import time
 
 from conformance import shm_files
-from conformance.run import scratch
+from conformance import scratch_dirs
 
 CALL_TIMEOUT_ENV = "CONFORMANCE_COLLECTIVE_CALL_TIMEOUT"
 DEFAULT_CALL_TIMEOUT_S = 10.0
@@ -83,7 +83,7 @@ class RankGroup:
         self.recipe = dict(recipe)
         self.timeout = timeout
         self.grace = max(5.0, timeout / 2)
-        self.dir = scratch.new_directory("collective")
+        self.dir = scratch_dirs.new_directory("collective")
         self.procs: list[subprocess.Popen] = []
         self.conns: list = []
         self.jobs = 0

@@ -31,7 +31,7 @@ from conformance.checks.record import check
 from conformance.collect.inventory import Inventory
 from conformance.collect.units import Unit, dtype_name
 from conformance.results.result import Outcome
-from conformance.run import scratch
+from conformance import scratch_dirs
 
 CASES = ("eager", "compiled", "eager,tp=2", "eager,tp=2,ep")
 TP_CASE = "eager,tp=2"       # 2 ranks: the reference runtime's (parallel.py) or, under the bridge, vLLM's engine
@@ -134,7 +134,7 @@ def generate(ctx: CheckContext, unit: Unit) -> Verdict:
     compiled = unit.case == "compiled"
     ranks = 2 if unit.case in PARALLEL_CASES else 1
     start = time.monotonic()
-    with scratch.directory("engine") as tmp:
+    with scratch_dirs.directory("engine") as tmp:
         work = Path(tmp)
         checkpoint = engine_models.write_checkpoint(engine_models.MODELS[unit.op], dtype, work / unit.op)
         try:
@@ -191,7 +191,7 @@ def _on_runtime(ctx: CheckContext, unit: Unit, dtype) -> Verdict:
                        "runtime's units are eager")
     name = unit.op
     tol = logprob_tolerance(dtype, name)
-    with scratch.directory("engine") as tmp:
+    with scratch_dirs.directory("engine") as tmp:
         checkpoint = engine_models.write_checkpoint(engine_models.MODELS[name], dtype, Path(tmp) / name)
         model = call_impl(f"building {name} with the platform's layers", build_for, checkpoint, dtype, ctx.device)
         refused = attention_refusal(model)
@@ -239,7 +239,7 @@ def _on_runtime_tp(ctx: CheckContext, unit: Unit, dtype) -> Verdict:
     where = (f"reference runtime (reference_impl.models) on the platform with tensor parallelism over {world} gloo "
              f"ranks{' and expert parallelism over the same ranks' if ep else ''}, {unit.dtype}, eager; {name} "
              f"({engine_models.MODELS[name].exercises})")
-    with scratch.directory("engine") as tmp:
+    with scratch_dirs.directory("engine") as tmp:
         checkpoint = engine_models.write_checkpoint(engine_models.MODELS[name], dtype, Path(tmp) / name)
         try:
             ranks = run_ranks(ctx.platform_name, checkpoint, unit.dtype, str(ctx.device), world, TP_TIMEOUT_S, ep)

@@ -31,9 +31,9 @@ def run_ranks(platform_name: str, checkpoint: Path, dtype: str, device: str, wor
     """Every rank's {"block": its KV block size, "communicator": the class its TP group used, "outputs": {request
     id: output}} (rank order); with `expert_parallel` also "experts": the global ids of the experts its MoE layers
     hold."""
-    from conformance.run import scratch
+    from conformance import scratch_dirs
 
-    with scratch.directory("engine-tp") as tmp:
+    with scratch_dirs.directory("engine-tp") as tmp:
         init = os.path.join(tmp, "init")
         procs = []
         for rank in range(world):

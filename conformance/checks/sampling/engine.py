@@ -38,7 +38,7 @@ from conformance.checks.sampling.engine_oracle import (Req, _step_problem, grade
                                                        step_bounds)
 from conformance.collect.units import Unit
 from conformance.results.result import Outcome
-from conformance.run import scratch
+from conformance import scratch_dirs
 
 ENGINE_CASES = ("batch", "stops", "ngram")
 MODEL = "llama"
@@ -98,7 +98,7 @@ def engine(ctx: CheckContext, unit: Unit) -> Verdict:
     tol = logprob_tolerance(torch.float32, MODEL)
     vocab = engine_models.VOCAB
     reqs = batch_requests(vocab, ctx.seed) if unit.case == "batch" else ngram_requests(vocab, ctx.seed)
-    with scratch.directory("sampling-engine") as tmp:
+    with scratch_dirs.directory("sampling-engine") as tmp:
         checkpoint = engine_models.write_checkpoint(engine_models.MODELS[MODEL], torch.float32, Path(tmp) / MODEL)
         run = dict(name=f"sampling-{unit.case}", model=str(checkpoint), dtype="float32", max_model_len=512,
                    max_num_seqs=8, logprobs_mode="processed_logprobs", speculative=None)

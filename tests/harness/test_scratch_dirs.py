@@ -1,4 +1,4 @@
-"""conformance/run/scratch.py: the harness's directories are named for their process, live inside the run's directory
+"""conformance/scratch_dirs.py: the harness's directories are named for their process, live inside the run's directory
 in a kernel worker, and a killed process's are removed by the next run, never a live process's."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import tempfile
 import pytest
 
 from conformance.results import running_note
-from conformance.run import scratch
+from conformance import scratch_dirs
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def _dead_pid() -> int:
 
 
 def test_a_directory_is_named_for_its_process_and_goes_after_the_block(tmpdir_is):
-    with scratch.directory("engine-tp") as path:
+    with scratch_dirs.directory("engine-tp") as path:
         assert os.path.dirname(path) == str(tmpdir_is)
         assert os.path.basename(path).startswith(f"conformance-engine-tp-{os.getpid()}-") and os.path.isdir(path)
     assert not os.path.exists(path)
@@ -41,7 +41,7 @@ def test_in_a_kernel_worker_it_is_inside_the_run_directory(tmpdir_is, tmp_path, 
     run = tmp_path / "conformance-run-1-abcdefgh"
     run.mkdir()
     monkeypatch.setenv(running_note.NOTE_ENV, str(run / "conformance-worker-x.running.json"))
-    path = scratch.new_directory("vllm-model")
+    path = scratch_dirs.new_directory("vllm-model")
     assert os.path.dirname(path) == str(run)
     assert not list(tmpdir_is.iterdir())
 
@@ -49,7 +49,7 @@ def test_in_a_kernel_worker_it_is_inside_the_run_directory(tmpdir_is, tmp_path, 
 def test_a_kind_that_would_not_parse_back_is_refused(tmpdir_is):
     for kind in ("Run", "run-2", "", "run_dir"):
         with pytest.raises(ValueError, match=f"scratch directory kind {kind!r}"):
-            scratch.new_directory(kind)
+            scratch_dirs.new_directory(kind)
 
 
 def test_orphans_are_the_directories_of_gone_processes_only(tmpdir_is):
@@ -64,15 +64,15 @@ def test_orphans_are_the_directories_of_gone_processes_only(tmpdir_is):
         d.mkdir()
     a_file = tmpdir_is / f"conformance-run-{dead}-efgh5678"                # not a directory
     a_file.write_text("")
-    assert scratch.remove_orphans() == sorted(d.name for d in gone)
+    assert scratch_dirs.remove_orphans() == sorted(d.name for d in gone)
     assert not any(d.exists() for d in gone)
     assert live.exists() and legacy.exists() and other.exists() and a_file.exists()
-    assert scratch.remove_orphans() == []
+    assert scratch_dirs.remove_orphans() == []
 
 
 def test_a_directory_kept_for_the_process_goes_when_it_exits(tmp_path):
-    code = ("import sys, tempfile; tempfile.tempdir = sys.argv[1]; from conformance.run import scratch; "
-            "print(scratch.new_directory('vllm-model', remove_at_exit=True))")
+    code = ("import sys, tempfile; tempfile.tempdir = sys.argv[1]; from conformance import scratch_dirs; "
+            "print(scratch_dirs.new_directory('vllm-model', remove_at_exit=True))")
     env = {k: v for k, v in os.environ.items() if k != running_note.NOTE_ENV}
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
                          check=True)
