@@ -98,6 +98,7 @@ def serve(platform: str, seed: int, level: str) -> int:
     while True:
         request = _recv_blocking(proto_in)
         if request is None:   # the parent closed the pipe: every result is sent, nothing is left to save
+            _close_kept_processes(ctx.platform)
             sys.stderr.flush()
             os._exit(0)   # skips the interpreter's teardown of torch (about 1 s the parent would wait for)
         unit = Unit.from_dict(request["unit"])
@@ -105,6 +106,20 @@ def serve(platform: str, seed: int, level: str) -> int:
         running_note.start_unit(unit.to_dict())
         verdict, duration = run_unit(ctx, unit)
         _send(proto_out, reply_of(verdict, duration))
+
+
+def _close_kept_processes(platform) -> None:
+    """End what the platform keeps running from unit to unit (the bridge's vLLM engine processes) the way it ends them
+    itself: `os._exit` runs no finalizer, and an engine killed with this process (PR_SET_PDEATHSIG) leaves what only
+    its clean exit removes."""
+    close = getattr(platform, "conformance_close", None)
+    if close is None:
+        return
+    try:
+        close()
+    except Exception as exc:  # noqa: BLE001 - every result is sent; the log says what did not close
+        print(f"--- conformance worker: closing the platform's processes raised {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)
 
 
 def reply_of(verdict, duration: float) -> dict[str, Any]:

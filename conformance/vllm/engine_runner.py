@@ -273,6 +273,29 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+# AF_UNIX's limit on a socket's path (108 bytes with the terminating zero), and what vLLM adds to its base: "/" + a uuid4
+_SOCKET_PATH_MAX = 107
+_VLLM_SOCKET_NAME = 37
+
+
+def _contain_vllms_sockets() -> None:
+    """vLLM's ZMQ sockets (a tensor-parallel engine's message queues, 8 an engine) go to a scratch directory of this
+    process instead of the temporary directory, where vLLM 0.27 to 0.32 leave them after a clean shutdown; the
+    directory goes when this process exits, or with the next run's start when it was killed. A
+    `VLLM_RPC_BASE_PATH` of the user's is kept, and so is vLLM's default where the directory's path would make a
+    socket's path too long."""
+    if os.environ.get("VLLM_RPC_BASE_PATH"):
+        return
+    import tempfile
+
+    from conformance import scratch_dirs
+
+    name = f"{scratch_dirs.PREFIX}vllm-rpc-{os.getpid()}-xxxxxxxx"
+    if len(os.path.join(tempfile.gettempdir(), name)) + _VLLM_SOCKET_NAME > _SOCKET_PATH_MAX:
+        return
+    os.environ["VLLM_RPC_BASE_PATH"] = scratch_dirs.new_directory("vllm-rpc", remove_at_exit=True)
+
+
 def serve() -> int:
     """Answer jobs from stdin until it closes: each line is {"runs": [...], "out": path}; the results go to that path
     (rewritten after every run) and the line `done` to the protocol stream (the original stdout; vLLM's own output
@@ -282,6 +305,7 @@ def serve() -> int:
     sys.stdout = sys.stderr
     _die_with_parent()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    _contain_vllms_sockets()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     import vllm
 

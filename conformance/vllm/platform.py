@@ -85,6 +85,12 @@ class VllmPlatform(Platform):
             weakref.finalize(self, self._engine_session.close)
         return self._engine_session(workdir)
 
+    def conformance_close(self) -> None:
+        """End the engine processes kept from unit to unit (the kernel worker calls it before it exits)."""
+        for session in (self._engine_session, getattr(self, "_sampling_session", None)):
+            if session is not None:
+                session.close()
+
     def get_sampler(self):
         """vLLM's sampler built with the resolved platform current (conformance/vllm/sampler_bridge.py), which the
         `sampling` family grades: its `TopKTopPSampler` takes the forward this platform gets, its rejection sampler
