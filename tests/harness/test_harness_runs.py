@@ -14,13 +14,14 @@ import time
 from conformance.exit_codes import ExitCode
 from conformance.results import schema
 from harness_runner import harness_command, harness_env, run_harness
+from process_tree import dead_pid
 
 LIMIT = 2.0
 
 
 def test_hanging_provider_costs_two_limits_and_every_check_is_still_reported(tmp_path):
     # what a run killed earlier left in the temporary directory (its controller gone) goes at this run's start
-    killed = tmp_path / f"conformance-run-{_dead_pid()}-abcd1234"
+    killed = tmp_path / f"conformance-run-{dead_pid()}-abcd1234"
     (killed / "conformance-engine-process-1-efgh5678").mkdir(parents=True)
     run = run_harness(tmp_path, "broken_hangs", f"--conformance-timeout={LIMIT:g}", "-n", "2", dist="broken",
                       env={"TMPDIR": str(tmp_path)})
@@ -60,12 +61,6 @@ def test_hanging_provider_costs_two_limits_and_every_check_is_still_reported(tmp
     # killed and restarted kernel workers leave no logs behind, nor does the run its shared directory
     assert not list(tmp_path.glob("conformance-worker-*")) and not list(tmp_path.glob("conformance-run-*"))
     assert not killed.exists()
-
-
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
 
 
 def test_run_killed_with_sigkill_leaves_an_incomplete_file(tmp_path):

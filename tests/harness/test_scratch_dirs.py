@@ -13,6 +13,7 @@ import pytest
 
 from conformance.results import running_note
 from conformance import scratch_dirs
+from process_tree import dead_pid
 
 
 @pytest.fixture
@@ -23,12 +24,6 @@ def tmpdir_is(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     monkeypatch.delenv(running_note.NOTE_ENV, raising=False)
     return tmp
-
-
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
 
 
 def test_a_directory_is_named_for_its_process_and_goes_after_the_block(tmpdir_is):
@@ -54,7 +49,7 @@ def test_a_kind_that_would_not_parse_back_is_refused(tmpdir_is):
 
 
 def test_orphans_are_the_directories_of_gone_processes_only(tmpdir_is):
-    dead = _dead_pid()
+    dead = dead_pid()
     gone = [tmpdir_is / f"conformance-run-{dead}-abcd_123", tmpdir_is / f"conformance-engine-process-{dead}-x1y2z3w4"]
     for d in gone:
         (d / "inside").mkdir(parents=True)

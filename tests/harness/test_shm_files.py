@@ -12,6 +12,7 @@ import time
 import pytest
 
 from conformance import shm_files
+from process_tree import dead_pid
 
 
 def _file(d, name, size=4096):
@@ -39,12 +40,6 @@ def holder():
         proc.wait()
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
 def test_a_groups_files_go_by_its_identifier_unless_a_live_process_maps_one(tmp_path, holder):
     ident = shm_files.new_ident()
     assert ident.startswith(f"conformance-{os.getpid()}-")
@@ -60,7 +55,7 @@ def test_a_groups_files_go_by_its_identifier_unless_a_live_process_maps_one(tmp_
 
 
 def test_orphans_are_the_files_of_a_group_runner_that_is_gone(tmp_path):
-    dead = _file(tmp_path, f"conformance-{_dead_pid()}-0123abcd-tp:0-[0-1]-cpushm_0")
+    dead = _file(tmp_path, f"conformance-{dead_pid()}-0123abcd-tp:0-[0-1]-cpushm_0")
     live = _file(tmp_path, f"conformance-{os.getpid()}-0123abcd-tp:0-[0-1]-cpushm_0")
     lookalike = _file(tmp_path, "conformance-report.html")
     assert shm_files.remove_orphans(tmp_path) == [dead.name]

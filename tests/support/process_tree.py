@@ -98,3 +98,13 @@ def kill_all(known: set[Process], marker: str | None) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (a short child, waited for): stands in for a killed run's process."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
