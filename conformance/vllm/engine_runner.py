@@ -290,8 +290,7 @@ def _contain_vllms_sockets() -> None:
 
     from conformance import scratch_dirs
 
-    name = f"{scratch_dirs.PREFIX}vllm-rpc-{os.getpid()}-xxxxxxxx"
-    if len(os.path.join(tempfile.gettempdir(), name)) + _VLLM_SOCKET_NAME > _SOCKET_PATH_MAX:
+    if len(tempfile.gettempdir()) + 1 + scratch_dirs.name_length("vllm-rpc") + _VLLM_SOCKET_NAME > _SOCKET_PATH_MAX:
         return
     os.environ["VLLM_RPC_BASE_PATH"] = scratch_dirs.new_directory("vllm-rpc", remove_at_exit=True)
 

@@ -21,8 +21,8 @@ LIMIT = 2.0
 
 def test_hanging_provider_costs_two_limits_and_every_check_is_still_reported(tmp_path):
     # what a run killed earlier left in the temporary directory (its controller gone) goes at this run's start
-    killed = tmp_path / f"conformance-run-{dead_pid()}-abcd1234"
-    (killed / "conformance-engine-process-1-efgh5678").mkdir(parents=True)
+    killed = tmp_path / f"conformance-run-{dead_pid()}-{os.stat('/proc/self/ns/pid').st_ino}-abcd1234"
+    (killed / "conformance-engine-process-1-1-efgh5678").mkdir(parents=True)
     run = run_harness(tmp_path, "broken_hangs", f"--conformance-timeout={LIMIT:g}", "-n", "2", dist="broken",
                       env={"TMPDIR": str(tmp_path)})
     assert run.doc is not None, run.output[-3000:]

@@ -29,7 +29,9 @@ def tmpdir_is(tmp_path, monkeypatch):
 def test_a_directory_is_named_for_its_process_and_goes_after_the_block(tmpdir_is):
     with scratch_dirs.directory("engine-tp") as path:
         assert os.path.dirname(path) == str(tmpdir_is)
-        assert os.path.basename(path).startswith(f"conformance-engine-tp-{os.getpid()}-") and os.path.isdir(path)
+        ns = os.stat("/proc/self/ns/pid").st_ino
+        assert os.path.basename(path).startswith(f"conformance-engine-tp-{os.getpid()}-{ns}-") and os.path.isdir(path)
+        assert len(os.path.basename(path)) == scratch_dirs.name_length("engine-tp")
     assert not os.path.exists(path)
 
 
@@ -49,20 +51,22 @@ def test_a_kind_that_would_not_parse_back_is_refused(tmpdir_is):
 
 
 def test_orphans_are_the_directories_of_gone_processes_only(tmpdir_is):
-    dead = dead_pid()
-    gone = [tmpdir_is / f"conformance-run-{dead}-abcd_123", tmpdir_is / f"conformance-engine-process-{dead}-x1y2z3w4"]
+    dead, ns = dead_pid(), os.stat("/proc/self/ns/pid").st_ino
+    gone = [tmpdir_is / f"conformance-run-{dead}-{ns}-abcd_123",
+            tmpdir_is / f"conformance-engine-process-{dead}-{ns}-x1y2z3w4"]
     for d in gone:
         (d / "inside").mkdir(parents=True)
-    live = tmpdir_is / f"conformance-run-{os.getpid()}-abcd1234"          # this process: alive
-    legacy = tmpdir_is / "conformance-run-abcd1234"                        # no process number: not ours to judge
-    other = tmpdir_is / f"someone-run-{dead}-abcd1234"
-    for d in (live, legacy, other):
+    live = tmpdir_is / f"conformance-run-{os.getpid()}-{ns}-abcd1234"     # this process: alive
+    legacy = tmpdir_is / f"conformance-run-{dead}-abcd1234"               # no namespace: not ours to judge
+    elsewhere = tmpdir_is / f"conformance-run-{dead}-{ns + 1}-abcd1234"   # another pid namespace's process
+    other = tmpdir_is / f"someone-run-{dead}-{ns}-abcd1234"
+    for d in (live, legacy, elsewhere, other):
         d.mkdir()
-    a_file = tmpdir_is / f"conformance-run-{dead}-efgh5678"                # not a directory
+    a_file = tmpdir_is / f"conformance-run-{dead}-{ns}-efgh5678"          # not a directory
     a_file.write_text("")
     assert scratch_dirs.remove_orphans() == sorted(d.name for d in gone)
     assert not any(d.exists() for d in gone)
-    assert live.exists() and legacy.exists() and other.exists() and a_file.exists()
+    assert live.exists() and legacy.exists() and elsewhere.exists() and other.exists() and a_file.exists()
     assert scratch_dirs.remove_orphans() == []
 
 
