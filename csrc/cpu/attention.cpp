@@ -24,6 +24,10 @@
 #include <cstdlib>
 #include <vector>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__) && defined(__x86_64__) && defined(__linux__) && \
     defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
 #include <cpuid.h>
@@ -221,6 +225,25 @@ REFERENCE_CPU_INLINE void tile_row_to_float(const C* src, float* dst, int64_t n)
 // same two prefetches made GCC 12 keep the 16-bit kernels' accumulators on the stack (AVX2 and AVX-512).
 alignas(64) inline const char kNoPrefetchLine[64] = {};
 
+// Whether a decode prefetches what it reads next (Prefetch): yes but on Intel CPUs. AMD Zen 3's prefetchers do not
+// follow a decode's column strips (above); Intel's do, and there the extra requests cost: on a 2-core Xeon VM with
+// AMX, one thread, fp32 decode at batch 1 ran at 0.90 to 0.94 of vLLM's speed with them, 1.00 to 1.03 without
+// (batch 8: 0.94 -> 1.03). REFERENCE_CPU_PREFETCH=1 or 0 forces it either way (A/B measurements). Read once.
+inline bool software_prefetch() {
+  static const bool on = [] {
+    const char* forced = std::getenv("REFERENCE_CPU_PREFETCH");
+    if (forced != nullptr && forced[0] != '\0') return forced[0] != '0';
+#if defined(__x86_64__) && defined(__GNUC__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return true;
+    return !(b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu);  // "Genu" "ineI" "ntel"
+#else
+    return true;
+#endif
+  }();
+  return on;
+}
+
 struct Prefetch {
   const char* p = kNoPrefetchLine;
   int64_t step = 0;  // bytes per iteration: the region's size over the iterations (0: nothing to prefetch)
@@ -238,9 +261,9 @@ struct Prefetch {
 };
 
 // `bytes` bytes at `region` spread over `iters` iterations (lines past two an iteration are left to the
-// hardware)
+// hardware); nothing where software_prefetch() says no
 inline Prefetch prefetch_over(const void* region, int64_t bytes, int64_t iters) {
-  if (region == nullptr || bytes <= 0 || iters <= 0) return {};
+  if (region == nullptr || bytes <= 0 || iters <= 0 || !software_prefetch()) return {};
   const int64_t step = bytes / iters;
   return {static_cast<const char*>(region), step, step / 2};
 }
