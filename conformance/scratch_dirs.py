@@ -25,6 +25,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 
+from conformance import shm_files
 from conformance.results import running_note
 
 PREFIX = "conformance-"
@@ -47,12 +48,17 @@ def run_directory() -> str | None:
     return parent if parent and os.path.isdir(parent) else None
 
 
-def new_directory(kind: str, remove_at_exit: bool = False) -> str:
-    """A new directory `conformance-<kind>-<pid>-<random>` (see the module's docstring for where). `remove_at_exit`:
-    also removed when this process exits normally (for a directory kept as long as the process)."""
+def _prefix(kind: str) -> str:
+    """`conformance-<kind>-<pid>-<pidns>-`, to which mkdtemp adds 8 random characters."""
     if not _KIND.match(kind):
         raise ValueError(f"scratch directory kind {kind!r}: lowercase words joined by '-' (no digits)")
-    path = tempfile.mkdtemp(prefix=f"{PREFIX}{kind}-{os.getpid()}-{_pid_namespace()}-", dir=run_directory())
+    return f"{PREFIX}{kind}-{os.getpid()}-{_pid_namespace()}-"
+
+
+def new_directory(kind: str, remove_at_exit: bool = False) -> str:
+    """A new directory `conformance-<kind>-<pid>-<pidns>-<random>` (see the module's docstring for where).
+    `remove_at_exit`: also removed when this process exits normally (for a directory kept as long as the process)."""
+    path = tempfile.mkdtemp(prefix=_prefix(kind), dir=run_directory())
     if remove_at_exit:
         atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
@@ -60,7 +66,7 @@ def new_directory(kind: str, remove_at_exit: bool = False) -> str:
 
 def name_length(kind: str) -> int:
     """How long the name of a directory `new_directory(kind)` makes in this process is (a socket's path has a limit)."""
-    return len(f"{PREFIX}{kind}-{os.getpid()}-{_pid_namespace()}-") + 8
+    return len(_prefix(kind)) + 8
 
 
 @contextlib.contextmanager
@@ -71,16 +77,6 @@ def directory(kind: str) -> Iterator[str]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:   # another user's live process
-        return True
-    return True
 
 
 def remove_orphans(parent: str | None = None) -> list[str]:
@@ -95,7 +91,7 @@ def remove_orphans(parent: str | None = None) -> list[str]:
         return []
     for entry in entries:
         m = _ORPHAN.match(entry.name)
-        if not m or m.group(2) != namespace or _alive(int(m.group(1))):
+        if not m or m.group(2) != namespace or shm_files.alive(int(m.group(1))):
             continue
         try:
             if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():

@@ -88,7 +88,8 @@ def remove_ident(ident: str, directory: Path = SHM_DIR) -> list[str]:
     return _unlink([p for p in names if p.name not in used and _mine(p)])
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (another user's counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -105,7 +106,7 @@ def remove_orphans(directory: Path = SHM_DIR) -> list[str]:
     dead = []
     for p in directory.iterdir():
         m = _OURS.match(p.name)
-        if m and not _alive(int(m.group(1))):
+        if m and not alive(int(m.group(1))):
             dead.append(p)
     if not dead:
         return []

@@ -224,7 +224,7 @@ def test_reader_sees_function_level_and_relative_imports(tmp_path):
 STAGE_IMPORTS = {
     "exit_codes": set(),
     "shm_files": set(),
-    "scratch_dirs": {"results"},
+    "scratch_dirs": {"results", "shm_files"},
     "collect": set(),
     "results": {"collect"},
     "judge": {"collect", "results"},
