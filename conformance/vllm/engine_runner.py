@@ -280,7 +280,7 @@ _VLLM_SOCKET_NAME = 37
 
 def _contain_vllms_sockets() -> None:
     """vLLM's ZMQ sockets (a tensor-parallel engine's message queues, 8 an engine) go to a scratch directory of this
-    process instead of the temporary directory, where vLLM 0.27 to 0.32 leave them after a clean shutdown; the
+    process instead of the temporary directory, where vLLM leaves them after a clean shutdown (seen with 0.32); the
     directory goes when this process exits, or with the next run's start when it was killed. A
     `VLLM_RPC_BASE_PATH` of the user's is kept, and so is vLLM's default where the directory's path would make a
     socket's path too long."""
