@@ -5,7 +5,8 @@ tokens on a 1024 context; head size 128, 32 query / 8 KV heads, block size 128 (
 bf16. Only the forward is timed: each implementation's cache is filled once by its own writer (vLLM's
 `cpu_attn_reshape_and_cache` packs its own layout) and its per-batch metadata (vLLM's scheduler metadata, the
 reference builder's lists) is built once, as a model runner builds it once per step for all layers. Timing is
-the best of interleaved rounds (every implementation once per round). tokens/s counts new (query) tokens; KV
+the best of interleaved rounds (every implementation once per round, in a new order each round:
+benchmarks/_timing.py). tokens/s counts new (query) tokens; KV
 GB/s counts each request's keys and values read once per KV head (seq_len * KVH * 2 * D * element size).
 Every implementation's output is checked against ours before timing (max abs difference printed).
 
@@ -152,26 +153,7 @@ def vllm_cpu(p: Problem) -> tuple[Callable[[], None], torch.Tensor]:
     return run, out
 
 
-# ----- timing ---------------------------------------------------------------------------------------------------
-def best_times(fns: dict[str, Callable[[], None]], rounds: int, min_time: float,
-               clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
-    """Seconds per call of each fn: the best over `rounds` interleaved rounds of about `min_time` s each."""
-    reps = {}
-    for name, fn in fns.items():  # warm up and size each round
-        fn()
-        start = clock()
-        fn()
-        reps[name] = max(1, int(min_time / max(clock() - start, 1e-6)))
-    best = {name: math.inf for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = clock()
-            for _ in range(reps[name]):
-                fn()
-            best[name] = min(best[name], (clock() - start) / reps[name])
-    return best
-
-
+# ----- machine ---------------------------------------------------------------------------------------------------
 def machine(isa: str) -> str:
     from _isa import cpu_model   # beside this script (its folder is on sys.path when it runs)
 
@@ -202,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     rounds = args.rounds or (3 if args.quick else 7)
     from _isa import follow_torch_isa   # beside this script (its folder is on sys.path when it runs)
+    from _timing import best_times
 
     isa = follow_torch_isa()
     vllm_problem = ("skipped (--no-vllm)" if args.no_vllm else

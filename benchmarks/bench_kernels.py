@@ -5,7 +5,8 @@ prints the effective bandwidth (bytes the op must read and write / time) of the 
 native function in eager mode, the native function compiled by torch.compile (inductor), and a
 plain copy of the same number of bytes; then ratios of times, all measured in one run.
 
-CPU (default): the "cpp" provider, timed with the best of interleaved blocks of calls. The copy
+CPU (default): the "cpp" provider, timed with the best of interleaved blocks of calls, in a new
+order each round (benchmarks/_timing.py). The copy
 allocates its destination (`clone`) when the kernel allocates its output and is `copy_` into an
 existing tensor for in-place kernels. Targets: >= 0.8 of copy, >= inductor, >= 3x
 eager. By default the script runs with glibc malloc set to reuse freed memory (`--allocator
@@ -40,7 +41,6 @@ import argparse
 import os
 import dataclasses
 import sys
-import time
 from collections.abc import Callable
 
 import torch
@@ -126,31 +126,6 @@ def specs() -> list[Spec]:
     return out
 
 
-def best_times(fns: dict[str, Callable[[], object]], min_time: float, rounds: int = 10) -> dict[str, float]:
-    """Seconds per call of each function: the best block of calls, blocks interleaved in rounds.
-
-    Interleaving (a block of each function per round) keeps slow drifts of a shared machine from
-    favouring one function; taking each function's best block (as timeit does) discards blocks
-    in which other processes took the cores, which otherwise dominate the spread on small VMs.
-    """
-    per_block = {}
-    for name, fn in fns.items():
-        for _ in range(2):
-            fn()
-        start = time.perf_counter()
-        fn()
-        per_block[name] = max(1, int(0.02 / max(time.perf_counter() - start, 1e-7)))
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    deadline = time.perf_counter() + min_time * len(fns)
-    while min(len(v) for v in samples.values()) < rounds or time.perf_counter() < deadline:
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(per_block[name]):
-                fn()
-            samples[name].append((time.perf_counter() - start) / per_block[name])
-    return {name: min(v) for name, v in samples.items()}
-
-
 def copy_fn(nbytes: int, allocate: bool, device: str = "cpu") -> Callable[[], object]:
     """A plain copy moving `nbytes` in total (half read, half written): `src.clone()` when the
     kernel allocates its output (so both pay for fresh pages), else `dst.copy_(src)`."""
@@ -214,6 +189,7 @@ VLLM_CPU_KERNELS: dict[str, Callable[[tuple], Callable[[], object]]] = {
 def run_cpu(ops: list[str], dtypes: list[torch.dtype], min_time: float, inductor: bool,
             vllm: bool = False) -> list[list]:
     """One row per op and dtype (CPU_HEADERS); `vllm`: vLLM's kernels are loaded (load_vllm_kernels)."""
+    from _timing import best_times   # beside this script (its folder is on sys.path when it runs)
     from reference_impl.kernels import cpu as cpu_kernels
 
     rows = []
@@ -237,7 +213,7 @@ def run_cpu(ops: list[str], dtypes: list[torch.dtype], min_time: float, inductor
             if inductor:
                 compiled = _inductor(op)
                 fns["inductor"] = lambda: compiled(*args)
-            t = best_times(fns, min_time)
+            t = best_times(fns, rounds=10, block_s=0.02, min_total_s=min_time)
             t = {name: t.get(name, float("nan")) for name in ("cpp", "vllm", "eager", "inductor", "copy")}
             gbs = {name: f"{nbytes / v / 1e9:.2f}" if v == v else "-" for name, v in t.items()}
             rows.append([spec.name, _dtype_name(dtype), spec.shape, f"{nbytes / 1e6:.0f}",
