@@ -549,18 +549,27 @@ inline float exp_shifted(float* s, int64_t n, float m) {
 }
 
 #if defined(REFERENCE_CPU_ATTENTION_AMX)
-// dst[j] = bf16(exp(s[j] - m)) for n scores (the AMX path's probabilities); returns the sum of the rounded values.
-inline float exp_to_bf16(const float* s, int64_t n, float m, uint16_t* dst) {
-  const fVec mv(m * kLog2e), l2e(kLog2e);
+// The scores s[j] (j < 16, the lanes of mask k) to bf16 probabilities dst[j] = bf16(2^(s[j] l2e - mv)), their
+// rounded values added to sum.
+REFERENCE_CPU_INLINE void exp_bf16_step(const float* s, uint16_t* dst, __mmask16 k, const fVec& l2e, const fVec& mv,
+                                        __m512& sum) {
+  const fVec x(_mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), k, s));
+  const __m512 e = fast_exp2<5>(at::vec::fmsub(x, l2e, mv));
+  const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e));
+  _mm256_mask_storeu_epi16(dst, k, h);
+  sum = _mm512_mask_add_ps(sum, k, sum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+}
+
+inline __mmask16 tail_mask(int64_t left) {
+  return left >= kF ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// dst[j] = bf16(exp(xs s[j] - m)) for n scores (the AMX path's probabilities); returns the sum of the rounded
+// values.
+inline float exp_to_bf16(const float* s, int64_t n, float m, uint16_t* dst, float xs) {
+  const fVec mv(m * kLog2e), l2e(kLog2e * xs);
   __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; j += kF) {
-    const __mmask16 k = n - j >= kF ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
-    const fVec x(_mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), k, s + j));
-    const __m512 e = fast_exp2<5>(at::vec::fmsub(x, l2e, mv));
-    const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e));
-    _mm256_mask_storeu_epi16(dst + j, k, h);
-    sum = _mm512_mask_add_ps(sum, k, sum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
-  }
+  for (int64_t j = 0; j < n; j += kF) exp_bf16_step(s + j, dst + j, tail_mask(n - j), l2e, mv, sum);
   return _mm512_reduce_add_ps(sum);
 }
 #endif
@@ -681,19 +690,27 @@ struct ForwardTask {
   // query): soft cap / ALiBi, the running max and sum, acc rescaled when the max moves; the scores become
   // probabilities in place. False: every logit so far is -inf, nothing to add (sc is left as it is).
   // bf16_out: the probabilities rounded to bf16 there instead (the AMX path; their sum is the rounded values').
-  bool softmax_update(int64_t idx, float* sc, int64_t n, int64_t h, int64_t dist0, uint16_t* bf16_out = nullptr) {
-    const int64_t D = cache.head_size;
-    const float block_max = adjust_scores(sc, n, h, dist0);
+  // raw_scale (the AMX path without soft cap or ALiBi, > 0): the scores are still to be multiplied by it, which the
+  // max and the exponent do (a positive factor keeps the max where it is).
+  bool softmax_update(int64_t idx, float* sc, int64_t n, int64_t h, int64_t dist0, uint16_t* bf16_out = nullptr,
+                      float raw_scale = 1.f) {
     const float m_old = m[idx];
-    const float m_new = std::max(m_old, block_max);
+    const float m_new = std::max(m_old, adjust_scores(sc, n, h, dist0) * raw_scale);
     if (m_new == kNegInf) return false;
-    // (the max rarely moves after the first blocks: no exp then)
-    const float alpha = m_old == kNegInf ? 0.f : m_old == m_new ? 1.f : std::exp(m_old - m_new);
 #if defined(REFERENCE_CPU_ATTENTION_AMX)
-    const float psum = bf16_out ? exp_to_bf16(sc, n, m_new, bf16_out) : exp_shifted(sc, n, m_new);
+    const float psum = bf16_out ? exp_to_bf16(sc, n, m_new, bf16_out, raw_scale) : exp_shifted(sc, n, m_new);
 #else
     const float psum = exp_shifted(sc, n, m_new);
 #endif
+    fold_update(idx, m_old, m_new, psum);
+    return true;
+  }
+
+  // Lane idx's running max and sum after an update whose probabilities (relative to m_new) sum to psum; its
+  // accumulator rescaled where the max moved (it rarely does after the first blocks: no exp then).
+  void fold_update(int64_t idx, float m_old, float m_new, float psum) {
+    const int64_t D = cache.head_size;
+    const float alpha = m_old == kNegInf ? 0.f : m_old == m_new ? 1.f : std::exp(m_old - m_new);
     l_sum[idx] = l_sum[idx] * alpha + psum;
     m[idx] = m_new;
     if (alpha != 1.f) {
@@ -703,8 +720,58 @@ struct ForwardTask {
       for (; d + kF <= D; d += kF) (fVec::loadu(ac + d) * al).store(ac + d);
       for (; d < D; ++d) ac[d] *= alpha;
     }
-    return true;
   }
+
+#if defined(REFERENCE_CPU_ATTENTION_AMX)
+  // softmax_update of four lanes idx0 .. idx0 + 3 at once, each over n unscaled scores (rows ld apart from sc0;
+  // no soft cap or ALiBi, scale > 0), their bf16 probabilities into pr0 (rows ld apart): the same arithmetic, with
+  // the four lanes' dependency chains (the max, the exponentials' sum, their reductions) side by side. Lane by
+  // lane, a bf16 prefill's softmax waited on them: 20 of the 34 ms of the 512-on-1024 prefill, one thread. A bit
+  // per lane: set where it was updated, clear where every logit so far is -inf (its probabilities not written).
+  unsigned softmax_update4(int64_t idx0, const float* sc0, int64_t n, int64_t ld, uint16_t* pr0, float scale) {
+    constexpr int kL = 4;
+    fVec mx[kL];
+    for (int l = 0; l < kL; ++l) mx[l] = fVec(kNegInf);
+    for (int64_t j = 0; j < n; j += kF) {
+      const __mmask16 k = tail_mask(n - j);
+      for (int l = 0; l < kL; ++l) {
+        mx[l] = at::vec::maximum(mx[l], fVec(_mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), k, sc0 + l * ld + j)));
+      }
+    }
+    float m_old[kL], m_new[kL];
+    unsigned live = 0;
+    for (int l = 0; l < kL; ++l) {
+      m_old[l] = m[idx0 + l];
+      m_new[l] = std::max(m_old[l], reduce_max(mx[l]) * scale);
+      if (m_new[l] != kNegInf) live |= 1u << l;
+    }
+    if (live == 0) return 0;
+    const fVec l2e(kLog2e * scale);
+    fVec mv[kL];
+    __m512 sum[kL];
+    for (int l = 0; l < kL; ++l) {
+      mv[l] = fVec(m_new[l] * kLog2e);
+      sum[l] = _mm512_setzero_ps();
+    }
+    if (live == (1u << kL) - 1) {
+      for (int64_t j = 0; j < n; j += kF) {
+        const __mmask16 k = tail_mask(n - j);
+        for (int l = 0; l < kL; ++l) exp_bf16_step(sc0 + l * ld + j, pr0 + l * ld + j, k, l2e, mv[l], sum[l]);
+      }
+    } else {
+      for (int l = 0; l < kL; ++l) {
+        if (!(live >> l & 1u)) continue;
+        for (int64_t j = 0; j < n; j += kF) {
+          exp_bf16_step(sc0 + l * ld + j, pr0 + l * ld + j, tail_mask(n - j), l2e, mv[l], sum[l]);
+        }
+      }
+    }
+    for (int l = 0; l < kL; ++l) {
+      if (live >> l & 1u) fold_update(idx0 + l, m_old[l], m_new[l], _mm512_reduce_add_ps(sum[l]));
+    }
+    return live;
+  }
+#endif
 
   // One query row (a decode) over the blocks [lb0, lb1] of a cache whose blocks are smaller than a key tile
   // (kTile / N blocks): their keys are scored together, a vector of keys from each block, so one broadcast of
@@ -923,11 +990,40 @@ struct ForwardTask {
       }
     }
     // 2. per lane: the scale, soft cap / ALiBi, the online-softmax update; its probabilities (rounded to bf16)
-    //    into pa, zero for the keys it does not see
+    //    into pa, zero for the keys it does not see. Without soft cap and ALiBi the scale goes into the update's
+    //    max and exponent, and four lanes that see the same keys (a GQA group's lanes share their row) update
+    //    together (softmax_update4).
     const fVec scale(f.scale);
+    const bool plain = f.logits_soft_cap <= 0.f && f.alibi_slopes == nullptr && f.scale > 0.f;
+    const auto same_keys = [&](int64_t idx) {  // lanes idx .. idx + 3 see the same, non-empty key range
+      if (idx % 4 != 0 || idx + 3 >= st.lanes) return false;
+      const int64_t r0 = idx / G;
+      if (ra[r0] > re[r0]) return false;
+      for (int64_t l = 1; l < 4; ++l) {
+        const int64_t r = (idx + l) / G;
+        if (ra[r] != ra[r0] || re[r] != re[r0]) return false;
+      }
+      return true;
+    };
     for (int64_t idx = 0; idx < blocks * 16; ++idx) {
       const int64_t b = idx / 16, r = idx / G;
       if (amx.bhi[b] < amx.blo[b]) continue;
+      if (plain && same_keys(idx)) {
+        const int64_t off = ra[r] - base, n = re[r] - ra[r] + 1;
+        const unsigned live = softmax_update4(idx, amx.sa.data() + idx * ks + off, n, ks,
+                                              amx.pa.data() + idx * ks + off, f.scale);
+        for (int64_t l = 0; l < 4; ++l) {
+          uint16_t* pr = amx.pa.data() + (idx + l) * ks;
+          if (live >> l & 1u) {
+            std::fill(pr, pr + off, uint16_t{0});
+            std::fill(pr + off + n, pr + nb32, uint16_t{0});
+          } else {
+            std::fill(pr, pr + nb32, uint16_t{0});
+          }
+        }
+        idx += 3;
+        continue;
+      }
       float* sc = amx.sa.data() + idx * ks;
       uint16_t* pr = amx.pa.data() + idx * ks;
       if (idx >= st.lanes || ra[r] > re[r]) {
@@ -936,10 +1032,12 @@ struct ForwardTask {
       }
       const int64_t off = ra[r] - base, n = re[r] - ra[r] + 1, pos = st.context + t.row0 + r;
       float* x = sc + off;
-      int64_t j = 0;
-      for (; j + kF <= n; j += kF) (fVec::loadu(x + j) * scale).store(x + j);
-      for (; j < n; ++j) x[j] *= f.scale;
-      if (!softmax_update(idx, x, n, t.kv_head * G + idx % G, pos - ra[r], pr + off)) {
+      if (!plain) {
+        int64_t j = 0;
+        for (; j + kF <= n; j += kF) (fVec::loadu(x + j) * scale).store(x + j);
+        for (; j < n; ++j) x[j] *= f.scale;
+      }
+      if (!softmax_update(idx, x, n, t.kv_head * G + idx % G, pos - ra[r], pr + off, plain ? f.scale : 1.f)) {
         std::fill(pr, pr + nb32, uint16_t{0});
         continue;
       }
