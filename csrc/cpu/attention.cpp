@@ -706,6 +706,19 @@ struct ForwardTask {
     return true;
   }
 
+  // Whether lanes idx .. idx + count - 1 (idx a multiple of count, all below `lanes`) see the same, non-empty key
+  // range (ra / re of their rows, G lanes a row).
+  bool same_keys(int64_t idx, int64_t count, int64_t lanes, int64_t G) const {
+    if (idx % count != 0 || idx + count > lanes) return false;
+    const int64_t r0 = idx / G;
+    if (ra[r0] > re[r0]) return false;
+    for (int64_t l = 1; l < count; ++l) {
+      const int64_t r = (idx + l) / G;
+      if (ra[r] != ra[r0] || re[r] != re[r0]) return false;
+    }
+    return true;
+  }
+
   // Lane idx's running max and sum after an update whose probabilities (relative to m_new) sum to psum; its
   // accumulator rescaled where the max moved (it rarely does after the first blocks: no exp then).
   void fold_update(int64_t idx, float m_old, float m_new, float psum) {
@@ -720,6 +733,56 @@ struct ForwardTask {
       for (; d + kF <= D; d += kF) (fVec::loadu(ac + d) * al).store(ac + d);
       for (; d < D; ++d) ac[d] *= alpha;
     }
+  }
+
+  // softmax_update of kL lanes idx0 .. at once, each over the same n scores (rows ld apart from sc0; no soft cap
+  // or ALiBi), which become their probabilities in place: the same arithmetic as lane by lane (adjust_scores' max,
+  // exp_shifted), the lanes' dependency chains side by side (softmax_update4, below, says why). A bit per lane: set
+  // where it was updated, clear where every logit so far is -inf (its scores left as they are).
+  template <int kL>
+  unsigned softmax_update_lanes(int64_t idx0, float* sc0, int64_t n, int64_t ld) {
+    const int64_t nv = n / kF * kF;  // the whole vectors; the rest one by one, as lane by lane
+    float m_old[kL], m_new[kL];
+    fVec mx[kL];
+    for (int l = 0; l < kL; ++l) mx[l] = nv > 0 ? fVec::loadu(sc0 + l * ld) : fVec(kNegInf);
+    for (int64_t j = kF; j < nv; j += kF) {
+      for (int l = 0; l < kL; ++l) mx[l] = at::vec::maximum(mx[l], fVec::loadu(sc0 + l * ld + j));
+    }
+    unsigned live = 0;
+    for (int l = 0; l < kL; ++l) {
+      float bm = nv > 0 ? reduce_max(mx[l]) : kNegInf;
+      for (int64_t j = nv; j < n; ++j) bm = nan_max(bm, sc0[l * ld + j]);
+      m_old[l] = m[idx0 + l];
+      m_new[l] = std::max(m_old[l], bm);
+      if (m_new[l] != kNegInf) live |= 1u << l;
+    }
+    if (live == 0) return 0;
+    const fVec l2e(kLog2e);
+    fVec mv[kL], sum[kL];
+    for (int l = 0; l < kL; ++l) {
+      mv[l] = fVec(m_new[l] * kLog2e);
+      sum[l] = fVec(0.f);
+    }
+    for (int64_t j = 0; j < nv; j += kF) {
+      for (int l = 0; l < kL; ++l) {
+        if (!(live >> l & 1u)) continue;
+        float* x = sc0 + l * ld + j;
+        const fVec e = fast_exp2<5>(at::vec::fmsub(fVec::loadu(x), l2e, mv[l]));
+        e.store(x);
+        sum[l] = sum[l] + e;
+      }
+    }
+    for (int l = 0; l < kL; ++l) {
+      if (!(live >> l & 1u)) continue;
+      float total = hsum(sum[l]);
+      float* x = sc0 + l * ld;
+      for (int64_t j = nv; j < n; ++j) {
+        x[j] = std::exp(x[j] - m_new[l]);
+        total += x[j];
+      }
+      fold_update(idx0 + l, m_old[l], m_new[l], total);
+    }
+    return live;
   }
 
 #if defined(REFERENCE_CPU_ATTENTION_AMX)
@@ -906,10 +969,27 @@ struct ForwardTask {
       }
     }
     // 2. per lane: soft cap / ALiBi, the online-softmax update (acc rescaled); its scores become its
-    //    probabilities in place (zero for the block's keys the lane does not see)
+    //    probabilities in place (zero for the block's keys the lane does not see). Without soft cap and ALiBi,
+    //    four lanes that see the same keys (a GQA group's lanes share their row) update together.
+    const bool plain = f.logits_soft_cap <= 0.f && f.alibi_slopes == nullptr;
     for (int64_t idx = 0; idx < padded_lanes; ++idx) {
       const int64_t r = idx / G;
       float* sc = s.data() + idx * s_ld;
+      if (plain && same_keys(idx, 4, lanes, G)) {
+        const int64_t off = ra[r] - ja, n = re[r] - ra[r] + 1;
+        const unsigned live = softmax_update_lanes<4>(idx, sc + off, n, s_ld);
+        for (int64_t l = 0; l < 4; ++l) {
+          float* x = sc + l * s_ld;
+          if (live >> l & 1u) {
+            std::fill(x, x + off, 0.f);
+            std::fill(x + off + n, x + nb, 0.f);
+          } else {
+            std::fill(x, x + nb, 0.f);
+          }
+        }
+        idx += 3;
+        continue;
+      }
       if (idx >= lanes || ra[r] > re[r]) {
         std::fill(sc, sc + nb, 0.f);
         continue;
@@ -995,20 +1075,10 @@ struct ForwardTask {
     //    together (softmax_update4).
     const fVec scale(f.scale);
     const bool plain = f.logits_soft_cap <= 0.f && f.alibi_slopes == nullptr && f.scale > 0.f;
-    const auto same_keys = [&](int64_t idx) {  // lanes idx .. idx + 3 see the same, non-empty key range
-      if (idx % 4 != 0 || idx + 3 >= st.lanes) return false;
-      const int64_t r0 = idx / G;
-      if (ra[r0] > re[r0]) return false;
-      for (int64_t l = 1; l < 4; ++l) {
-        const int64_t r = (idx + l) / G;
-        if (ra[r] != ra[r0] || re[r] != re[r0]) return false;
-      }
-      return true;
-    };
     for (int64_t idx = 0; idx < blocks * 16; ++idx) {
       const int64_t b = idx / 16, r = idx / G;
       if (amx.bhi[b] < amx.blo[b]) continue;
-      if (plain && same_keys(idx)) {
+      if (plain && same_keys(idx, 4, st.lanes, G)) {
         const int64_t off = ra[r] - base, n = re[r] - ra[r] + 1;
         const unsigned live = softmax_update4(idx, amx.sa.data() + idx * ks + off, n, ks,
                                               amx.pa.data() + idx * ks + off, f.scale);
