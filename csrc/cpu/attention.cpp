@@ -736,9 +736,9 @@ struct ForwardTask {
   }
 
   // softmax_update of kL lanes idx0 .. at once, each over the same n scores (rows ld apart from sc0; no soft cap
-  // or ALiBi), which become their probabilities in place: the same arithmetic as lane by lane (adjust_scores' max,
-  // exp_shifted), the lanes' dependency chains side by side (softmax_update4, below, says why). A bit per lane: set
-  // where it was updated, clear where every logit so far is -inf (its scores left as they are).
+  // or ALiBi), which become their probabilities in place: the same arithmetic as lane by lane (adjust_scores'
+  // max, exp_shifted), the lanes' dependency chains side by side (softmax_update_lanes_bf16, below, says why). A
+  // bit per lane: set where it was updated, clear where every logit so far is -inf (its scores left as they are).
   template <int kL>
   unsigned softmax_update_lanes(int64_t idx0, float* sc0, int64_t n, int64_t ld) {
     const int64_t nv = n / kF * kF;  // the whole vectors; the rest one by one, as lane by lane
@@ -791,7 +791,7 @@ struct ForwardTask {
   // the four lanes' dependency chains (the max, the exponentials' sum, their reductions) side by side. Lane by
   // lane, a bf16 prefill's softmax waited on them: 20 of the 34 ms of the 512-on-1024 prefill, one thread. A bit
   // per lane: set where it was updated, clear where every logit so far is -inf (its probabilities not written).
-  unsigned softmax_update4(int64_t idx0, const float* sc0, int64_t n, int64_t ld, uint16_t* pr0, float scale) {
+  unsigned softmax_update_lanes_bf16(int64_t idx0, const float* sc0, int64_t n, int64_t ld, uint16_t* pr0, float scale) {
     constexpr int kL = 4;
     fVec mx[kL];
     for (int l = 0; l < kL; ++l) mx[l] = fVec(kNegInf);
@@ -1072,7 +1072,7 @@ struct ForwardTask {
     // 2. per lane: the scale, soft cap / ALiBi, the online-softmax update; its probabilities (rounded to bf16)
     //    into pa, zero for the keys it does not see. Without soft cap and ALiBi the scale goes into the update's
     //    max and exponent, and four lanes that see the same keys (a GQA group's lanes share their row) update
-    //    together (softmax_update4).
+    //    together (softmax_update_lanes_bf16).
     const fVec scale(f.scale);
     const bool plain = f.logits_soft_cap <= 0.f && f.alibi_slopes == nullptr && f.scale > 0.f;
     for (int64_t idx = 0; idx < blocks * 16; ++idx) {
@@ -1080,8 +1080,8 @@ struct ForwardTask {
       if (amx.bhi[b] < amx.blo[b]) continue;
       if (plain && same_keys(idx, 4, st.lanes, G)) {
         const int64_t off = ra[r] - base, n = re[r] - ra[r] + 1;
-        const unsigned live = softmax_update4(idx, amx.sa.data() + idx * ks + off, n, ks,
-                                              amx.pa.data() + idx * ks + off, f.scale);
+        const unsigned live = softmax_update_lanes_bf16(idx, amx.sa.data() + idx * ks + off, n, ks,
+                                                        amx.pa.data() + idx * ks + off, f.scale);
         for (int64_t l = 0; l < 4; ++l) {
           uint16_t* pr = amx.pa.data() + (idx + l) * ks;
           if (live >> l & 1u) {
