@@ -30,7 +30,6 @@
 
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__) && defined(__x86_64__) && defined(__linux__) && \
     defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
-#include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #define REFERENCE_CPU_ATTENTION_AMX 1
@@ -707,16 +706,28 @@ struct ForwardTask {
   }
 
   // Whether lanes idx .. idx + count - 1 (idx a multiple of count, all below `lanes`) see the same, non-empty key
-  // range (ra / re of their rows, G lanes a row).
-  bool same_keys(int64_t idx, int64_t count, int64_t lanes, int64_t G) const {
+  // range (ra / re of their rows, `group` lanes a row).
+  bool same_keys(int64_t idx, int64_t count, int64_t lanes) const {
     if (idx % count != 0 || idx + count > lanes) return false;
-    const int64_t r0 = idx / G;
+    const int64_t r0 = idx / group;
     if (ra[r0] > re[r0]) return false;
     for (int64_t l = 1; l < count; ++l) {
-      const int64_t r = (idx + l) / G;
+      const int64_t r = (idx + l) / group;
       if (ra[r] != ra[r0] || re[r] != re[r0]) return false;
     }
     return true;
+  }
+
+  // A lane's row of len probabilities after its update: zero outside [off, off + n), its keys; all zero where the
+  // update added nothing (`updated` false: every logit so far -inf, or a lane that sees none of the keys).
+  template <typename P>
+  static void zero_unseen(P* row, int64_t off, int64_t n, int64_t len, bool updated) {
+    if (!updated) {
+      std::fill(row, row + len, P{0});
+      return;
+    }
+    std::fill(row, row + off, P{0});
+    std::fill(row + off + n, row + len, P{0});
   }
 
   // Lane idx's running max and sum after an update whose probabilities (relative to m_new) sum to psum; its
@@ -816,17 +827,10 @@ struct ForwardTask {
       mv[l] = fVec(m_new[l] * kLog2e);
       sum[l] = _mm512_setzero_ps();
     }
-    if (live == (1u << kL) - 1) {
-      for (int64_t j = 0; j < n; j += kF) {
-        const __mmask16 k = tail_mask(n - j);
-        for (int l = 0; l < kL; ++l) exp_bf16_step(sc0 + l * ld + j, pr0 + l * ld + j, k, l2e, mv[l], sum[l]);
-      }
-    } else {
+    for (int64_t j = 0; j < n; j += kF) {
+      const __mmask16 k = tail_mask(n - j);
       for (int l = 0; l < kL; ++l) {
-        if (!(live >> l & 1u)) continue;
-        for (int64_t j = 0; j < n; j += kF) {
-          exp_bf16_step(sc0 + l * ld + j, pr0 + l * ld + j, tail_mask(n - j), l2e, mv[l], sum[l]);
-        }
+        if (live >> l & 1u) exp_bf16_step(sc0 + l * ld + j, pr0 + l * ld + j, k, l2e, mv[l], sum[l]);
       }
     }
     for (int l = 0; l < kL; ++l) {
@@ -975,32 +979,19 @@ struct ForwardTask {
     for (int64_t idx = 0; idx < padded_lanes; ++idx) {
       const int64_t r = idx / G;
       float* sc = s.data() + idx * s_ld;
-      if (plain && same_keys(idx, 4, lanes, G)) {
+      if (plain && same_keys(idx, 4, lanes)) {
         const int64_t off = ra[r] - ja, n = re[r] - ra[r] + 1;
         const unsigned live = softmax_update_lanes<4>(idx, sc + off, n, s_ld);
-        for (int64_t l = 0; l < 4; ++l) {
-          float* x = sc + l * s_ld;
-          if (live >> l & 1u) {
-            std::fill(x, x + off, 0.f);
-            std::fill(x + off + n, x + nb, 0.f);
-          } else {
-            std::fill(x, x + nb, 0.f);
-          }
-        }
+        for (int64_t l = 0; l < 4; ++l) zero_unseen(sc + l * s_ld, off, n, nb, live >> l & 1u);
         idx += 3;
         continue;
       }
       if (idx >= lanes || ra[r] > re[r]) {
-        std::fill(sc, sc + nb, 0.f);
+        zero_unseen(sc, 0, 0, nb, false);
         continue;
       }
       const int64_t off = ra[r] - ja, n = re[r] - ra[r] + 1, pos = context + t.row0 + r;
-      if (!softmax_update(idx, sc + off, n, t.kv_head * G + idx % G, pos - ra[r])) {
-        std::fill(sc, sc + nb, 0.f);
-        continue;
-      }
-      std::fill(sc, sc + off, 0.f);
-      std::fill(sc + off + n, sc + nb, 0.f);
+      zero_unseen(sc, off, n, nb, softmax_update(idx, sc + off, n, t.kv_head * G + idx % G, pos - ra[r]));
     }
     // 3. acc += P V: head-dim tiles outer, so a tile of the block's values stays in L1 across groups
     for (int64_t d0 = 0; d0 < D; d0 += kTile) {
@@ -1078,26 +1069,18 @@ struct ForwardTask {
     for (int64_t idx = 0; idx < blocks * 16; ++idx) {
       const int64_t b = idx / 16, r = idx / G;
       if (amx.bhi[b] < amx.blo[b]) continue;
-      if (plain && same_keys(idx, 4, st.lanes, G)) {
+      if (plain && same_keys(idx, 4, st.lanes)) {
         const int64_t off = ra[r] - base, n = re[r] - ra[r] + 1;
         const unsigned live = softmax_update_lanes_bf16(idx, amx.sa.data() + idx * ks + off, n, ks,
                                                         amx.pa.data() + idx * ks + off, f.scale);
-        for (int64_t l = 0; l < 4; ++l) {
-          uint16_t* pr = amx.pa.data() + (idx + l) * ks;
-          if (live >> l & 1u) {
-            std::fill(pr, pr + off, uint16_t{0});
-            std::fill(pr + off + n, pr + nb32, uint16_t{0});
-          } else {
-            std::fill(pr, pr + nb32, uint16_t{0});
-          }
-        }
+        for (int64_t l = 0; l < 4; ++l) zero_unseen(amx.pa.data() + (idx + l) * ks, off, n, nb32, live >> l & 1u);
         idx += 3;
         continue;
       }
       float* sc = amx.sa.data() + idx * ks;
       uint16_t* pr = amx.pa.data() + idx * ks;
       if (idx >= st.lanes || ra[r] > re[r]) {
-        std::fill(pr, pr + nb32, uint16_t{0});
+        zero_unseen(pr, 0, 0, nb32, false);
         continue;
       }
       const int64_t off = ra[r] - base, n = re[r] - ra[r] + 1, pos = st.context + t.row0 + r;
@@ -1107,12 +1090,8 @@ struct ForwardTask {
         for (; j + kF <= n; j += kF) (fVec::loadu(x + j) * scale).store(x + j);
         for (; j < n; ++j) x[j] *= f.scale;
       }
-      if (!softmax_update(idx, x, n, t.kv_head * G + idx % G, pos - ra[r], pr + off, plain ? f.scale : 1.f)) {
-        std::fill(pr, pr + nb32, uint16_t{0});
-        continue;
-      }
-      std::fill(pr, pr + off, uint16_t{0});
-      std::fill(pr + off + n, pr + nb32, uint16_t{0});
+      zero_unseen(pr, off, n, nb32,
+                  softmax_update(idx, x, n, t.kv_head * G + idx % G, pos - ra[r], pr + off, plain ? f.scale : 1.f));
     }
     // the last 32-key step's values with zeros past jb, where vp does not have them
     const int64_t k_tail = zeroed || nb % 32 == 0 ? nb32 : nb32 - 32;
