@@ -2,12 +2,13 @@
 CpuCommunicator (its shared-memory path on a `tp` group), sizes from 4 KB to 64 MB of float32 (issue 46 item 4).
 
 Each rank is a spawned process in one gloo group; for every size the implementations take turns (interleaved rounds,
-best round kept), each call timed on every rank from a barrier to its return and the slowest rank's time counted. The
-reference communicator's all_reduce is out of place (its contract: it never writes its input): from 8 MB on it sums
-by a ring of point-to-point messages straight into a fresh output, below that gloo on a copy. Either way it writes a
-fresh output each call (with `--allocator system`, at 64 MB new pages every time), which gloo's in-place call does not, so
-the table also times gloo on a copy of its input (`gloo+copy`, the same contract as the reference's). Each round
-starts with the next implementation (no column always runs first). Ratios are the other's time over the
+best round kept), each timed over a number of calls agreed beforehand (nothing else in the timed loop) and the
+slowest rank's time counted. The reference communicator's all_reduce is out of place (its contract: it never writes
+its input): on one host through shared memory (reference_impl/distributed/shared_memory.py); with
+REFERENCE_COMM_SHM=0 gloo on a copy below 8 MB and a ring of point-to-point messages from 8 MB. Either way it writes
+a fresh output each call (with `--allocator system`, at 64 MB new pages every time), which gloo's in-place call
+does not, so the table also times gloo on a copy of its input (`gloo+copy`, the same contract as the reference's).
+Each round starts with the next implementation (no column always runs first). Ratios are the other's time over the
 reference's (above 1.0: the reference is faster).
 
     python benchmarks/bench_collectives.py                  # every size, gloo and (where installed) vLLM
@@ -59,20 +60,23 @@ def _vllm_communicator(group):
 
 
 def _timed(fn, group, min_time: float) -> float:
-    """Seconds per call on this rank, then the slowest rank's (a collective ends when its last rank does)."""
+    """Seconds per call, the slowest rank's (a collective ends when its last rank does).
+
+    The number of calls is agreed before the timed loop (from the slowest rank's time for one call), so the loop
+    runs nothing but `fn`: a per-call check of whether to stop would itself be a gloo collective, about as long as
+    a small call."""
     fn()   # warm-up (and vLLM's shared-memory buffers)
-    calls, start = 0, 0.0
     dist.barrier(group=group)
     start = time.perf_counter()
-    while True:
+    fn()
+    one = torch.tensor([time.perf_counter() - start])
+    dist.all_reduce(one, op=dist.ReduceOp.MAX, group=group)
+    calls = max(1, min(100_000, int(min_time / max(one.item(), 1e-6))))
+    dist.barrier(group=group)
+    start = time.perf_counter()
+    for _ in range(calls):
         fn()
-        calls += 1
-        elapsed = time.perf_counter() - start
-        done = torch.tensor([1.0 if elapsed >= min_time else 0.0])
-        dist.all_reduce(done, op=dist.ReduceOp.MIN, group=group)   # every rank stops after the same call
-        if done.item() == 1.0:
-            break
-    per_call = torch.tensor([elapsed / calls])
+    per_call = torch.tensor([(time.perf_counter() - start) / calls])
     dist.all_reduce(per_call, op=dist.ReduceOp.MAX, group=group)
     return per_call.item()
 

@@ -7,7 +7,9 @@ CRASH, a run stopped by CI) leaves them: 8 to 250 MB each, so a few killed runs 
 every later run fails. The harness removes what its children left:
 
 - a collective rank group's files by the identifier the group runner gave it (`conformance-<pid>-<hex>`), when the
-  group is closed, and at a run's start those of a runner that is no longer alive (`remove_orphans`);
+  group is closed, and at a run's start those of a runner that is no longer alive (`remove_orphans`), with the
+  reference communicator's (`reference-comm-<pid>-<hex>`, a file and named pipes that its ranks remove as soon as
+  they have opened them, left only by a rank killed in those milliseconds);
 - at a run's start and end, vLLM's files that no live process maps or holds open (`remove_unused`): a `vllm_dist_*`
   group file of any age (vLLM maps it for the group's whole life), and `psm_*` segments only when written since the
   run started (another program may hand such a file from one process to the next by name). Never multiprocessing's
@@ -26,7 +28,7 @@ from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
 IDENT_PREFIX = "conformance-"
-_OURS = re.compile(r"^conformance-(\d+)-[0-9a-f]{8}(?:-|$)")
+_OURS = re.compile(r"^(?:conformance|reference-comm)-(\d+)-[0-9a-f]{8}(?:-|$)")
 VLLM_GROUP_FILES = ("vllm_dist_",)                 # vLLM's CPU shared-memory groups: dead once no process maps them
 MP_FILES = ("psm_",)                               # multiprocessing's shared-memory segments: this run's only
 
@@ -63,7 +65,7 @@ def _mine(path: Path) -> os.stat_result | None:
         st = path.lstat()
     except OSError:
         return None
-    return st if st.st_uid == os.getuid() and path.is_file() else None
+    return st if st.st_uid == os.getuid() and (path.is_file() or path.is_fifo()) else None
 
 
 def _unlink(paths: list[Path]) -> list[str]:

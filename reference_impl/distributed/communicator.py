@@ -1,5 +1,6 @@
 """The reference device communicator: vLLM 0.32's `DeviceCommunicatorBase` method set and constructor, over
-torch.distributed (gloo on the CPU, nccl where a platform's `dist_backend` says so), written to be obviously right.
+torch.distributed (gloo on the CPU, nccl where a platform's `dist_backend` says so; shared memory for the sums and
+gathers of CPU ranks on one host, shared_memory.py), written to be obviously right.
 
 A platform names its communicator class with `Platform.get_device_communicator_cls()` (a qualname, as in vLLM);
 vLLM's `GroupCoordinator` builds one per group of more than one rank:
@@ -36,6 +37,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from reference_impl.distributed import shared_memory
 
 
 def _backend(group) -> str | None:
@@ -77,8 +80,11 @@ class ReferenceCommunicator:
         self.use_all2all = self.is_ep_communicator and use_all2all
         self.all2all_manager = None
         self._dispatched: list[int] | None = None    # tokens per rank of the last dispatch, for combine
-        # all_reduce's ring (point to point into the output) on gloo on the CPU; other backends sum a copy in place
+        # on gloo on the CPU: shared memory where every rank is on this host (shared_memory.py), else all_reduce's
+        # ring (point to point into the output); other backends sum a copy in place
         self._ring = self.world_size > 1 and self.device.type == "cpu" and _backend(self.device_group) == "gloo"
+        self._shm = (shared_memory.SharedMemoryExchange.join(self.device_group, self.rank_in_group, self.world_size)
+                     if self._ring and global_ranks is None and shared_memory.enabled() else None)
         self._destroyed = False
 
     # ----- helpers -----------------------------------------------------------------------------
@@ -95,6 +101,8 @@ class ReferenceCommunicator:
     def _gather_parts(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's `x` (same shape on every rank), in rank order."""
         x = x.contiguous()
+        if self._shm is not None:
+            return list(self._shm.all_gather(x).unbind(0))
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
         dist.all_gather(parts, x, group=self.device_group)
         return parts
@@ -123,6 +131,7 @@ class ReferenceCommunicator:
     def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
         """The sum in a new tensor; `input_` is never written.
 
+        Ranks on one host sum through shared memory (`shared_memory.SharedMemoryExchange`). Otherwise
         torch.distributed's all_reduce only sums in place, so the plain way is gloo on a copy of the input: a copy
         that costs as much as gloo's whole in-place call at a few MB. On a gloo group, from RING_MIN_BYTES on, the
         sum is a ring (`_ring_all_reduce`) written straight into the new output instead: no copy of the input and
@@ -130,6 +139,8 @@ class ReferenceCommunicator:
         """
         self._live("all_reduce")
         x = input_.contiguous()
+        if self._shm is not None and x.dtype != torch.bool:
+            return self._shm.all_reduce(x)
         if self._ring and x.is_floating_point() and x.numel() * x.element_size() >= self.RING_MIN_BYTES:
             return self._ring_all_reduce(x)
         out = x.clone()
@@ -175,17 +186,20 @@ class ReferenceCommunicator:
         return out.view(x.shape)
 
     def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        """One gloo all_gather into a fresh flat buffer, rank r's tensor at r: for dim 0 (or only size-1 dims before
-        `dim`) that buffer is the result (a view, no copy); otherwise one copy puts the ranks' parts side by side
-        along `dim` (gloo only writes whole contiguous blocks)."""
+        """One all_gather (shared memory, or gloo's) into a fresh buffer, rank r's tensor at r: for dim 0 (or only
+        size-1 dims before `dim`) that buffer is the result (a view, no copy); otherwise one copy puts the ranks'
+        parts side by side along `dim`."""
         self._live("all_gather")
         dim = self._dim(input_, dim, "all_gather")
         x = input_.contiguous()
         # one collective into one buffer, rank r's tensor at stacked[r]; moving the rank axis next to `dim` and
         # merging the two is the concatenation in rank order (a view when dim is 0, else one copy)
-        flat = torch.empty(self.world_size * x.numel(), dtype=x.dtype, device=x.device)   # gloo takes it flat
-        dist.all_gather_into_tensor(flat, x.reshape(-1), group=self.device_group)
-        stacked = flat.view(self.world_size, *x.shape)
+        if self._shm is not None:
+            stacked = self._shm.all_gather(x)
+        else:
+            flat = torch.empty(self.world_size * x.numel(), dtype=x.dtype, device=x.device)   # gloo takes it flat
+            dist.all_gather_into_tensor(flat, x.reshape(-1), group=self.device_group)
+            stacked = flat.view(self.world_size, *x.shape)
         return stacked.movedim(0, dim).reshape(*x.shape[:dim], self.world_size * x.shape[dim], *x.shape[dim + 1:])
 
     def all_gatherv(self, input_: torch.Tensor | list[torch.Tensor], dim: int = 0,
@@ -224,8 +238,7 @@ class ReferenceCommunicator:
         return output
 
     def _reduce_scatter_sizes(self, x: torch.Tensor, dim: int, sizes: list[int]) -> torch.Tensor:
-        total = x.contiguous().clone()
-        dist.all_reduce(total, group=self.device_group)
+        total = self.all_reduce(x)
         start = sum(sizes[: self.rank_in_group])
         return total.narrow(dim, start, sizes[self.rank_in_group]).contiguous()
 
@@ -310,6 +323,9 @@ class ReferenceCommunicator:
 
     def destroy(self) -> None:
         self._dispatched = None
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
         self._destroyed = True
 
 

@@ -1,5 +1,6 @@
 """The reference communicator's all_reduce ring (point to point straight into a new output, no copy of the input:
-`ReferenceCommunicator._ring_all_reduce`) against gloo's own all_reduce, on spawned gloo ranks: the same sums for
+`ReferenceCommunicator._ring_all_reduce`, its path where the ranks share no memory; shared memory is switched off
+here with REFERENCE_COMM_SHM=0) against gloo's own all_reduce, on spawned gloo ranks: the same sums for
 sizes around the ring's threshold and past 2^20 elements, in float32, bfloat16 and float16, of contiguous and
 strided inputs, at 2 and 3 ranks; every rank the same bits; the input untouched; and a peer that never calls makes
 the call raise within the group's timeout instead of hanging."""
@@ -15,6 +16,9 @@ from _rank_world import spawn_ranks
 
 
 def _join(rank: int, world: int, init_file: str, timeout_s: float):
+    import os
+
+    os.environ["REFERENCE_COMM_SHM"] = "0"     # the ring is the path of ranks on different hosts
     import torch
     import torch.distributed as dist
 
@@ -50,7 +54,7 @@ def _check_sums(rank: int, world: int, init_file: str, results) -> None:
         import torch.distributed as dist
 
         comm, group = _join(rank, world, init_file, 30.0)
-        assert comm._ring, "the ring should be on for a gloo group on the CPU"
+        assert comm._ring and comm._shm is None, "the ring, not shared memory, should be on"
         at_threshold = [("float32 past the threshold", torch.full((comm.RING_MIN_BYTES // 4 + 3,), rank + 0.5))]
         small = 64 << 10
         for name, x in at_threshold + _inputs(rank, small // 4):

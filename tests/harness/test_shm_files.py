@@ -58,8 +58,13 @@ def test_orphans_are_the_files_of_a_group_runner_that_is_gone(tmp_path):
     dead = _file(tmp_path, f"conformance-{dead_pid()}-0123abcd-tp:0-[0-1]-cpushm_0")
     live = _file(tmp_path, f"conformance-{os.getpid()}-0123abcd-tp:0-[0-1]-cpushm_0")
     lookalike = _file(tmp_path, "conformance-report.html")
-    assert shm_files.remove_orphans(tmp_path) == [dead.name]
-    assert live.exists() and lookalike.exists()
+    # the reference communicator's file and named pipes, of a rank killed before it removed them
+    comm_file = _file(tmp_path, f"reference-comm-{dead_pid()}-89abcdef")
+    comm_pipe = tmp_path / f"{comm_file.name}-0to1"
+    os.mkfifo(comm_pipe)
+    comm_live = _file(tmp_path, f"reference-comm-{os.getpid()}-89abcdef")
+    assert sorted(shm_files.remove_orphans(tmp_path)) == sorted([dead.name, comm_file.name, comm_pipe.name])
+    assert live.exists() and lookalike.exists() and comm_live.exists()
 
 
 def test_vllms_unused_files_go_and_multiprocessings_only_when_made_during_the_run(tmp_path, holder):
