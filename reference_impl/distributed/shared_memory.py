@@ -32,8 +32,8 @@ import torch.distributed as dist
 
 SHM_DIR = "/dev/shm"
 FILE_PREFIX = "reference-comm-"     # reference-comm-<creating pid>-<8 hex digits>[-<sender>to<receiver>]
-BUDGET_BYTES = 16 << 20             # both sets of every rank's slot together
-MIN_SLOT_BYTES, MAX_SLOT_BYTES = 256 << 10, 4 << 20
+BUDGET_BYTES = 4 << 20              # both sets of every rank's slot together
+MIN_SLOT_BYTES, MAX_SLOT_BYTES = 256 << 10, 1 << 20
 POLLS_BEFORE_BLOCKING = 64          # non-blocking polls of a peer's pipe (about 1 us each) before a blocking wait
 ENV_SWITCH = "REFERENCE_COMM_SHM"   # "0": never use shared memory (gloo throughout)
 
