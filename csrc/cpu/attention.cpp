@@ -1066,7 +1066,9 @@ struct ForwardTask {
     //    together (softmax_update_lanes_bf16).
     const fVec scale(f.scale);
     const bool plain = f.logits_soft_cap <= 0.f && f.alibi_slopes == nullptr && f.scale > 0.f;
-    for (int64_t idx = 0; idx < blocks * 16; ++idx) {
+    // the padding lanes of the last 16 need zeros only where the tiles read them (16 rows configured)
+    const int64_t tile_lanes = st.lanes < 16 ? st.lanes : blocks * 16;
+    for (int64_t idx = 0; idx < tile_lanes; ++idx) {
       const int64_t b = idx / 16, r = idx / G;
       if (amx.bhi[b] < amx.blo[b]) continue;
       if (plain && same_keys(idx, 4, st.lanes)) {
@@ -1166,7 +1168,8 @@ struct ForwardTask {
     const int64_t lanes = rows * G, padded_lanes = (lanes + kLanes - 1) / kLanes * kLanes;
     const bool tiled = lanes >= kTileLanes;
     const bool use_amx = takes_amx(cache, lanes);   // the bf16 path: 16 lanes at a time
-    const int64_t amx_lanes = (lanes + 15) / 16 * 16;
+    // the rows the tiles read: a task of fewer than 16 lanes (a decode's GQA group) configures only its lanes' rows
+    const int64_t amx_lanes = lanes < 16 ? lanes : (lanes + 15) / 16 * 16;
     std::fill(acc.begin(), acc.begin() + (use_amx ? amx_lanes : padded_lanes) * D, 0.f);
     if (use_amx) {
       std::fill(amx.qa.begin() + lanes * D, amx.qa.begin() + amx_lanes * D, uint16_t{0});
