@@ -10,7 +10,9 @@ writes the paged KV cache), and prefill / decode tokens per second; a progress b
 (stderr) for long runs. Text prompts go through the checkpoint's tokenizer.json (the `[text]`
 extra, models/tokenizer.py). `--dtype` defaults to the checkpoint config's dtype (float32 for
 --random). `--tp N` spawns N ranks on torch.distributed (gloo on the CPU, nccl on CUDA) that each
-load their shard; rank 0 prints. A batch file holds one prompt per line: a JSON list of token ids,
+load their shard; rank 0 prints. On the CPU each rank computes on its share of the cores (this process's cores
+over N, at least one thread; OMP_NUM_THREADS, where set, instead), as vLLM's CPU workers split them: N ranks of
+all the cores' threads each oversubscribe the machine (a TP-2 decode on 2 cores ran 5x slower so). A batch file holds one prompt per line: a JSON list of token ids,
 an object with "prompt_ids" or "prompt" (text), or a JSON string (text). Bad arguments: one
 `error:` line and exit status 2. Nothing is ever downloaded.
 """
@@ -270,7 +272,7 @@ def run(args: argparse.Namespace, prompts: list[list[int]], rank: int = 0) -> di
     tokenizer = getattr(args, "tokenizer", None)
     report = {
         "platform": platform_name(args, platform), "device": device, "dtype": str(dtype).removeprefix("torch."),
-        "tp": args.tp, "compiled": bool(args.compile), "tokens": result.tokens, "stop_token_ids": sorted(stop_ids),
+        "tp": args.tp, "threads": torch.get_num_threads(), "compiled": bool(args.compile), "tokens": result.tokens, "stop_token_ids": sorted(stop_ids),
         "prompt_text": [tokenizer.decode(p) for p in prompts] if tokenizer else None,
         "text": [tokenizer.decode(t) for t in result.tokens] if tokenizer else None,
         "ir_providers": {k: sorted(v) for k, v in sorted(providers.items())},
@@ -319,7 +321,7 @@ def _print(args, config: DecoderConfig, prompts, report, providers, paths) -> No
     mode = f"compiled ({args.compile_backend}, {report['graphs_compiled']} graphs)" if args.compile else "eager"
     print(f"model: {source}: {kind}, {config.num_layers} layers, hidden {config.hidden_size}, vocab "
           f"{config.vocab_size}; platform {report['platform']} (device {report['device']}), {report['dtype']}, "
-          f"tp {args.tp}, {mode}")
+          f"tp {args.tp} ({report['threads']} thread{'s' if report['threads'] != 1 else ''} a rank), {mode}")
     print(f"IR providers selected: {describe(providers)}")
     print(f"CustomOp paths: {describe(paths)}")
     print(f"attention: {', '.join(report['attention_backends'])} backend over a paged KV cache (blocks of "
@@ -341,12 +343,23 @@ def _print(args, config: DecoderConfig, prompts, report, providers, paths) -> No
           f"{report['decode_seconds']:.3f} s ({_rate(report['decode_tokens'], report['decode_seconds'])})")
 
 
+def rank_threads(tp: int) -> int:
+    """Threads for each of `tp` CPU ranks: OMP_NUM_THREADS where set, else this process's cores over tp (at least
+    one)."""
+    if os.environ.get("OMP_NUM_THREADS", "").strip().isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // tp)
+
+
 def _rank_main(rank: int, args: argparse.Namespace, prompts: list[list[int]], init_file: str) -> None:
     from reference_impl import distributed as dist
 
     backend = "nccl" if torch.cuda.is_available() and (args.platform in (None, "cuda")) else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(rank_threads(args.tp))
     dist.init_distributed_environment(args.tp, rank, f"file://{init_file}", backend)
     dist.initialize_model_parallel(args.tp)
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
+import os
 import platform
 import queue as queue_mod
 import subprocess
@@ -432,6 +433,22 @@ def test_command_tp2_gives_the_single_process_tokens(tmp_path):
     report = json.loads(out.read_text())
     assert report["tp"] == 2 and report["tokens"] == expected
     assert run.stdout.count("sequence 0:") == 1   # rank 0 prints, rank 1 does not
+    # each rank its share of the cores (N ranks of every core's threads oversubscribe the machine)
+    cores = len(os.sched_getaffinity(0))
+    expected_threads = int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS", "").isdigit() \
+        else max(1, cores // 2)
+    said = f"tp 2 ({expected_threads} thread{'s' if expected_threads != 1 else ''} a rank)"
+    assert report["threads"] == expected_threads and said in run.stdout, run.stdout
+
+
+def test_rank_threads_split_the_cores_unless_omp_num_threads_says(monkeypatch):
+    from reference_impl.generate import rank_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert (rank_threads(1), rank_threads(2), rank_threads(3), rank_threads(16)) == (8, 4, 2, 1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert rank_threads(2) == 3
 
 
 @pytest.mark.parametrize("args,message", [
