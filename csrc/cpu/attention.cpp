@@ -507,11 +507,31 @@ inline void interleave_rows(const uint16_t* x, const uint16_t* y, uint16_t* out,
 
 #endif
 
+// An allocator whose vectors leave their elements uninitialised: scratch that every task writes before it reads
+// it, where zeroing it on each call cost a small decode a tenth of its time.
+template <typename E>
+struct DefaultInit : std::allocator<E> {
+  template <typename U>
+  struct rebind {
+    using other = DefaultInit<U>;
+  };
+  using std::allocator<E>::allocator;
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+};
+template <typename E>
+using UninitVec = std::vector<E, DefaultInit<E>>;
+
 // A task's AMX scratch (the bf16 path): the query rows, the packed keys and values of a span (ks keys, a
 // multiple of 32), the scores and the bf16 probabilities (ks apart), and per 16-lane block the keys it sees.
+// qa, pa, vtail and sa are written before they are read (the padding query rows per task, every probability row
+// a tile reads up to the 32-key step, the last step's values whole, the scores by the tiles), so not zeroed.
 struct AmxScratch {
-  std::vector<uint16_t> qa, kp, vp, pa, vtail;
-  std::vector<float> sa;
+  UninitVec<uint16_t> qa, pa, vtail;
+  std::vector<uint16_t> kp, vp;
+  UninitVec<float> sa;
   std::vector<int64_t> blo, bhi;
   int64_t ks = 0;
   int64_t rows = 0;  // the rows of the tile configuration loaded (0: none)
@@ -615,15 +635,15 @@ struct ForwardTask {
   int64_t group;
   // scratch, reused across the tasks of one thread
   std::vector<float>& q;    // one query row, widened and scaled on its way into qi
-  std::vector<float>& acc;
-  std::vector<float>& kbuf;
-  std::vector<float>& vbuf;
-  std::vector<float>& kt;
-  std::vector<float>& s;
+  UninitVec<float>& acc;
+  UninitVec<float>& kbuf;
+  UninitVec<float>& vbuf;
+  UninitVec<float>& kt;
+  UninitVec<float>& s;
   std::vector<float>& m;
   std::vector<float>& l_sum;
-  std::vector<float>& qi;   // queries of each lane group interleaved
-  std::vector<float>& vt;   // a block's values as head-dim tiles (prefill)
+  UninitVec<float>& qi;   // queries of each lane group interleaved
+  UninitVec<float>& vt;   // a block's values as head-dim tiles (prefill)
   std::vector<int64_t>& ra;
   std::vector<int64_t>& re;
   std::vector<int64_t>& glo;  // per lane group: the block's keys some lane of it sees
@@ -1318,26 +1338,44 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   const int64_t lane_block = amx ? 16 : kLanes, padded = (lanes + lane_block - 1) / lane_block * lane_block;
   const bool may_tile = lanes >= kTileLanes;
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> q(D), acc(padded * D), m(padded), l(padded), qi(padded * D),
-        s_all(padded * (std::max({N, kTile, may_tile ? kSpanKeys : 0}) + kF));
-    std::vector<float> kbuf(fp8 ? N * D : 0);
-    std::vector<float> vbuf(fp8 ? N * D : 0);
+    // every task takes the AMX path where the cache is kept in pairs: no fp32 query lanes or scores then
+    const bool all_amx = amx && paired_layout(cache, true);
+    // The scratch every task writes before it reads (not zeroed: on a small decode zeroing it per call cost a
+    // tenth of the call); REFERENCE_CPU_POISON_SCRATCH=1 fills it with NaN instead, so that a read before a write
+    // shows in the output (tests/kernels/test_attention_cpu.py runs cases so).
+    const char* poison_env = std::getenv("REFERENCE_CPU_POISON_SCRATCH");
+    const bool poison = poison_env != nullptr && poison_env[0] == '1';
+    const auto scratch = [poison](int64_t n) {
+      UninitVec<float> v(n);
+      if (poison) std::fill(v.begin(), v.end(), std::numeric_limits<float>::quiet_NaN());
+      return v;
+    };
+    std::vector<float> q(D), m(padded), l(padded);
+    UninitVec<float> acc = scratch(padded * D), qi = scratch(all_amx ? 0 : padded * D),
+                     s_all = scratch(all_amx ? 0 : padded * (std::max({N, kTile, may_tile ? kSpanKeys : 0}) + kF));
+    UninitVec<float> kbuf = scratch(fp8 ? N * D : 0), vbuf = scratch(fp8 ? N * D : 0);
     const int64_t span_keys = std::max(N, kSpanKeys);   // a tiled task's keys per span (ForwardTask::run)
     const int64_t tiled_keys = (span_keys + kTile - 1) / kTile * kTile, tiled_dims = (D + kTile - 1) / kTile * kTile;
-    std::vector<float> kt(may_tile ? tiled_keys * D : 0), vt(may_tile ? tiled_dims * span_keys : 0);
+    UninitVec<float> kt = scratch(may_tile ? tiled_keys * D : 0), vt = scratch(may_tile ? tiled_dims * span_keys : 0);
     std::vector<int64_t> ra(max_rows), re(max_rows), glo(padded / kLanes), ghi(padded / kLanes);
     AmxScratch amx_scratch;
     if (amx) {
       const int64_t ks = (std::max(N, kSpanKeys) + 31) / 32 * 32;
       amx_scratch.ks = ks;
-      amx_scratch.qa.assign(padded * D, 0);
+      amx_scratch.qa.resize(padded * D);
       if (!paired_layout(cache, true)) {  // the packed spans (paired caches are read in place)
         amx_scratch.kp.assign(D * ks, 0);
         amx_scratch.vp.assign(ks * D, 0);
       }
-      amx_scratch.pa.assign(padded * ks, 0);
-      amx_scratch.vtail.assign(32 * D, 0);
-      amx_scratch.sa.assign(padded * ks, 0.f);
+      amx_scratch.pa.resize(padded * ks);
+      amx_scratch.vtail.resize(32 * D);
+      amx_scratch.sa.resize(padded * ks);
+      if (poison) {
+        std::fill(amx_scratch.qa.begin(), amx_scratch.qa.end(), uint16_t{0x7FC1});
+        std::fill(amx_scratch.pa.begin(), amx_scratch.pa.end(), uint16_t{0x7FC1});
+        std::fill(amx_scratch.vtail.begin(), amx_scratch.vtail.end(), uint16_t{0x7FC1});
+        std::fill(amx_scratch.sa.begin(), amx_scratch.sa.end(), std::numeric_limits<float>::quiet_NaN());
+      }
       amx_scratch.blo.assign(padded / 16, 0);
       amx_scratch.bhi.assign(padded / 16, 0);
     }

@@ -375,6 +375,23 @@ def test_bf16_blocks_of_32(ops, feature):
     assert_close(out, ref, torch.bfloat16, batch.pad)
 
 
+@pytest.mark.parametrize("block", [16, 32])
+@pytest.mark.parametrize("feature", ["plain", "window_sinks", "softcap_alibi"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_scratch_is_written_before_it_is_read(ops, monkeypatch, kv_cache_dtype, dtype, feature, block):
+    """The kernel's per-call scratch (accumulators, query lanes, scores, tiles, fp8 blocks decoded, and the AMX
+    path's query rows, probabilities and last values step) is not zeroed; with REFERENCE_CPU_POISON_SCRATCH=1 the
+    kernel fills it with NaN first, so any read before a write would show in the output. Decodes and prefills
+    (tiled and not), blocks of 16 and 32 (bf16 blocks of 32 are read in place by the AMX path where the CPU has
+    AMX-BF16, blocks of 16 through packed copies), every activation dtype, a 16-bit and an fp8 cache."""
+    monkeypatch.setenv("REFERENCE_CPU_POISON_SCRATCH", "1")
+    batch = Batch(mixed(block) + [(40, 33), (0, 17)], heads=8, kv_heads=2, head=64, block=block, dtype=dtype,
+                  seed=block)
+    out, ref, _ = run_case(ops, batch, kv_cache_dtype=kv_cache_dtype, **_features(feature, 8))
+    assert_close(out, ref, dtype, batch.pad)
+
+
 def test_bf16_paired_layout_round_trip(ops):
     """The writer's slots read back as token rows (as_token_rows follows the paired layout where it is used),
     and the paired layout is [D/2, N, 2] keys then [N/2, D, 2] values inside each (block, head)."""
