@@ -197,11 +197,11 @@ class SharedMemoryExchange:
     def _parts(self, dtype: torch.dtype, n: int) -> list[torch.Tensor]:
         """Every rank's slot in this generation's set, as n elements of `dtype`."""
         slots = self._slots[self._generation % 2]
-        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        nbytes = n * dtype.itemsize
         return [slots[r, :nbytes].view(dtype) for r in range(self.world)]
 
     def _chunk(self, dtype: torch.dtype) -> int:
-        return self.slot_bytes // torch.empty((), dtype=dtype).element_size()
+        return self.slot_bytes // dtype.itemsize
 
     # ----- the collectives ----------------------------------------------------------------------------
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
