@@ -19,6 +19,7 @@ milliseconds of `join` (named `reference-comm-<pid>-<hex>`, for a clean-up to fi
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import secrets
@@ -64,20 +65,11 @@ def _pipe_path(base: str, sender: int, receiver: int) -> str:
     return f"{base}-{sender}to{receiver}"
 
 
-def _unlink(paths: list[str]) -> None:
-    for path in paths:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+def _each_quietly(action, items) -> None:
+    """`action(item)` for every item, an OSError of one not stopping the rest (clean-up: unlink paths, close fds)."""
+    for item in items:
+        with contextlib.suppress(OSError):
+            action(item)
 
 
 class SharedMemoryExchange:
@@ -95,7 +87,7 @@ class SharedMemoryExchange:
             poller.register(fd, select.POLLIN)
             self._polls[peer] = poller
         self._generation = 0
-        self._closer = weakref.finalize(self, _close, [*readers.values(), *writers.values()])
+        self._closer = weakref.finalize(self, _each_quietly, os.close, [*readers.values(), *writers.values()])
 
     @classmethod
     def join(cls, group, rank: int, world: int) -> SharedMemoryExchange | None:
@@ -121,7 +113,7 @@ class SharedMemoryExchange:
         dist.broadcast_object_list(said, src=dist.get_global_rank(group, 0), group=group)
         base = said[0]
         if base is None:
-            _unlink(paths)
+            _each_quietly(os.unlink, paths)
             return None
         readers, writers, slots = {}, {}, None
 
@@ -155,9 +147,9 @@ class SharedMemoryExchange:
         else:
             joined = False
         if rank == 0:
-            _unlink(paths)
+            _each_quietly(os.unlink, paths)
         if not joined:
-            _close([*readers.values(), *writers.values()])
+            _each_quietly(os.close, [*readers.values(), *writers.values()])
             return None
         return cls(rank, world, slots, readers, writers, group_timeout_s(group))
 
@@ -194,14 +186,17 @@ class SharedMemoryExchange:
                     break
         self._generation += 1
 
-    def _parts(self, dtype: torch.dtype, n: int) -> list[torch.Tensor]:
-        """Every rank's slot in this generation's set, as n elements of `dtype`."""
-        slots = self._slots[self._generation % 2]
-        nbytes = n * dtype.itemsize
-        return [slots[r, :nbytes].view(dtype) for r in range(self.world)]
-
-    def _chunk(self, dtype: torch.dtype) -> int:
-        return self.slot_bytes // dtype.itemsize
+    def _exchanged(self, src: torch.Tensor):
+        """For each slot-sized chunk of flat `src`: this rank's part copied into its slot of this generation's set,
+        the barrier passed, then (start, every rank's part of the chunk, in rank order) for the caller to read."""
+        step = self.slot_bytes // src.dtype.itemsize
+        for start in range(0, src.numel(), step):
+            nbytes = min(step, src.numel() - start) * src.dtype.itemsize
+            slots = self._slots[self._generation % 2]
+            parts = [slots[r, :nbytes].view(src.dtype) for r in range(self.world)]
+            parts[self.rank].copy_(src[start:start + parts[0].numel()])
+            self._barrier()
+            yield start, parts
 
     # ----- the collectives ----------------------------------------------------------------------------
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -209,13 +204,8 @@ class SharedMemoryExchange:
         same bits on every rank; a 16-bit sum rounded after each addition, as gloo adds)."""
         src = x.view(-1)
         out = torch.empty_like(src)
-        step = self._chunk(x.dtype)
-        for start in range(0, src.numel(), step):
-            n = min(step, src.numel() - start)
-            parts = self._parts(x.dtype, n)
-            parts[self.rank].copy_(src[start:start + n])
-            self._barrier()
-            total = out[start:start + n]
+        for start, parts in self._exchanged(src):
+            total = out[start:start + parts[0].numel()]
             torch.add(parts[0], parts[1], out=total)
             for part in parts[2:]:
                 total.add_(part)
@@ -225,14 +215,9 @@ class SharedMemoryExchange:
         """The ranks' contiguous `x` stacked in rank order: a new tensor of shape (world, *x.shape)."""
         src = x.view(-1)
         out = torch.empty((self.world, src.numel()), dtype=x.dtype, device=x.device)
-        step = self._chunk(x.dtype)
-        for start in range(0, src.numel(), step):
-            n = min(step, src.numel() - start)
-            parts = self._parts(x.dtype, n)
-            parts[self.rank].copy_(src[start:start + n])
-            self._barrier()
+        for start, parts in self._exchanged(src):
             for r, part in enumerate(parts):
-                out[r, start:start + n].copy_(part)
+                out[r, start:start + part.numel()].copy_(part)
         return out.view(self.world, *x.shape)
 
     def close(self) -> None:
