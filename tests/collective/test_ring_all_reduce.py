@@ -7,29 +7,18 @@ the call raise within the group's timeout instead of hanging."""
 
 from __future__ import annotations
 
-import datetime
 import time
 import traceback
 
 import pytest
-from _rank_world import spawn_ranks
+from _rank_world import join_reference_communicator, spawn_said
 
 
 def _join(rank: int, world: int, init_file: str, timeout_s: float):
     import os
 
     os.environ["REFERENCE_COMM_SHM"] = "0"     # the ring is the path of ranks on different hosts
-    import torch
-    import torch.distributed as dist
-
-    from reference_impl.distributed.communicator import ReferenceCommunicator
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
-    group = dist.new_group(list(range(world)), backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
-    return ReferenceCommunicator(cpu_group=group, device=torch.device("cpu"), device_group=group,
-                                 unique_name="tp:0"), group
+    return join_reference_communicator(rank, world, init_file, timeout_s)
 
 
 def _inputs(rank: int, threshold_elems: int):
@@ -103,19 +92,14 @@ def _absent_peer(rank: int, world: int, init_file: str, results) -> None:
         results.put((rank, traceback.format_exc()))
 
 
-def _spawn(target, world: int, tmp_path, timeout: float = 120.0) -> dict[int, str | None]:
-    """{rank: what it said} from `world` spawned ranks running `target`."""
-    return dict(spawn_ranks(target, world, (world, str(tmp_path / "rendezvous")), world, timeout))
-
-
 @pytest.mark.parametrize("world", [2, 3])
 def test_the_ring_sums_as_gloo_does_and_leaves_the_input_alone(world, tmp_path):
-    said = _spawn(_check_sums, world, tmp_path)
+    said = spawn_said(_check_sums, world, tmp_path, timeout=120.0)
     assert said == {rank: None for rank in range(world)}, said
 
 
 def test_a_peer_that_never_calls_makes_the_ring_raise_within_the_timeout(tmp_path):
-    said = _spawn(_absent_peer, 2, tmp_path)
+    said = spawn_said(_absent_peer, 2, tmp_path, timeout=120.0)
     assert said.get(1) == "left", said
     assert said.get(0, "").startswith("raised after"), said
     assert float(said[0].split()[2]) < 7, said      # the 2 s timeout, not the peer's leaving at 8 s

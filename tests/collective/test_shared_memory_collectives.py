@@ -7,26 +7,11 @@ never calls makes it raise at the group's timeout."""
 
 from __future__ import annotations
 
-import datetime
 import time
 import traceback
 
 import pytest
-from _rank_world import spawn_ranks
-
-
-def _join(rank: int, world: int, init_file: str, timeout_s: float):
-    import torch
-    import torch.distributed as dist
-
-    from reference_impl.distributed.communicator import ReferenceCommunicator
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
-    group = dist.new_group(list(range(world)), backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
-    return ReferenceCommunicator(cpu_group=group, device=torch.device("cpu"), device_group=group,
-                                 unique_name="tp:0"), group
+from _rank_world import join_reference_communicator, spawn_said
 
 
 def _files_of(pid: int) -> list[str]:
@@ -59,7 +44,7 @@ def _check_collectives(rank: int, world: int, init_file: str, results) -> None:
         import torch
         import torch.distributed as dist
 
-        comm, group = _join(rank, world, init_file, 60.0)
+        comm, group = join_reference_communicator(rank, world, init_file, 60.0)
         assert comm._shm is not None, "ranks of one host should share memory"
         pids = [None] * world
         dist.all_gather_object(pids, __import__("os").getpid(), group=group)
@@ -108,7 +93,7 @@ def _one_rank_cannot_map(rank: int, world: int, init_file: str, results) -> None
             def refuse(*args, **kwargs):
                 raise OSError("mapping refused by the test")
             shared_memory.mmap = refuse
-        comm, group = _join(rank, world, init_file, 60.0)
+        comm, group = join_reference_communicator(rank, world, init_file, 60.0)
         assert comm._shm is None, "shared memory should be off on every rank when one rank cannot map it"
         pids = [None] * world
         dist.all_gather_object(pids, __import__("os").getpid(), group=group)
@@ -128,7 +113,7 @@ def _peer_leaves(rank: int, world: int, init_file: str, how: str, results) -> No
     try:
         import torch
 
-        comm, _ = _join(rank, world, init_file, 2.0)
+        comm, _ = join_reference_communicator(rank, world, init_file, 2.0)
         assert comm._shm is not None
         if rank == 0:
             start = time.monotonic()
@@ -145,29 +130,25 @@ def _peer_leaves(rank: int, world: int, init_file: str, how: str, results) -> No
         results.put((rank, traceback.format_exc()))
 
 
-def _spawn(target, world: int, tmp_path, *extra) -> dict[int, str | None]:
-    return dict(spawn_ranks(target, world, (world, str(tmp_path / "rendezvous"), *extra), world, 180.0))
-
-
 @pytest.mark.parametrize("world", [2, 3])
 def test_shared_memory_collectives_give_what_gloo_gives(world, tmp_path):
-    said = _spawn(_check_collectives, world, tmp_path)
+    said = spawn_said(_check_collectives, world, tmp_path)
     assert said == {rank: None for rank in range(world)}, said
 
 
 def test_a_rank_that_cannot_map_the_file_turns_shared_memory_off_everywhere(tmp_path):
-    said = _spawn(_one_rank_cannot_map, 2, tmp_path)
+    said = spawn_said(_one_rank_cannot_map, 2, tmp_path)
     assert said == {0: None, 1: None}, said
 
 
 def test_a_peer_that_exits_makes_the_wait_raise_at_once(tmp_path):
-    said = _spawn(_peer_leaves, 2, tmp_path, "exits")
+    said = spawn_said(_peer_leaves, 2, tmp_path, "exits")
     assert said.get(1) == "left", said
     assert said.get(0, "").startswith("raised after") and "is gone" in said[0], said    # not the timeout
 
 
 def test_a_peer_that_never_calls_makes_the_wait_raise_at_the_timeout(tmp_path):
-    said = _spawn(_peer_leaves, 2, tmp_path, "stays")
+    said = spawn_said(_peer_leaves, 2, tmp_path, "stays")
     assert said.get(1) == "left", said
     # the 2 s timeout (its message), not the peer's leaving at 6 s ("is gone")
     assert said.get(0, "").startswith("raised after") and "timeout of 2 s" in said[0], said

@@ -2,7 +2,8 @@
 expert parallelism (tests/runtime/test_distributed.py, tests/layers/test_moe_expert_parallel.py): a scenario module
 has WORLD_SIZE, SCENARIOS (functions of the rank) and a `run_rank(rank, init_file, queue)` that calls
 `run_scenarios`; the test module's fixture calls `spawn_world` once, and each scenario's test `assert_scenario`.
-`spawn_ranks` starts and collects any such world (the ring all_reduce test's too)."""
+`spawn_ranks` starts and collects any such world; `spawn_said` and `join_reference_communicator` are the
+communicator tests' (ring and shared-memory all_reduce): one message a rank, one reference communicator a rank."""
 
 from __future__ import annotations
 
@@ -76,3 +77,28 @@ def assert_scenario(outcome: dict[str, dict[int, str | None]], scenario: str, wo
     assert sorted(by_rank) == list(range(world)), f"{scenario}: no result from some rank"
     failures = {rank: err for rank, err in by_rank.items() if err}
     assert not failures, "\n".join(f"rank {r}:\n{e}" for r, e in failures.items())
+
+
+def join_reference_communicator(rank: int, world: int, init_file: str, timeout_s: float):
+    """This rank (one thread) in a gloo world of `world` ranks met at `init_file`, every collective bounded by
+    `timeout_s`, and the reference communicator of a "tp" gloo group of all of them: (communicator, group). Shared
+    memory is used or not as REFERENCE_COMM_SHM says when this is called (the ring all_reduce tests set it to 0)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from reference_impl.distributed.communicator import ReferenceCommunicator
+
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timeout)
+    group = dist.new_group(list(range(world)), backend="gloo", timeout=timeout)
+    return ReferenceCommunicator(cpu_group=group, device=torch.device("cpu"), device_group=group,
+                                 unique_name="tp:0"), group
+
+
+def spawn_said(target, world: int, tmp_path, *extra, timeout: float = 180.0) -> dict:
+    """{rank: what it said} from `world` spawned ranks running `target(rank, world, rendezvous file, *extra, queue)`
+    (each puts one (rank, message) on the queue)."""
+    return dict(spawn_ranks(target, world, (world, str(tmp_path / "rendezvous"), *extra), world, timeout))
