@@ -1337,45 +1337,48 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   const bool amx = ForwardTask<T, kD>::takes_amx(cache, lanes);   // the bf16 path: lanes in blocks of 16
   const int64_t lane_block = amx ? 16 : kLanes, padded = (lanes + lane_block - 1) / lane_block * lane_block;
   const bool may_tile = lanes >= kTileLanes;
+  // every task takes the AMX path where the cache is kept in pairs: no fp32 query lanes or scores, no packed spans
+  const bool all_amx = amx && paired_layout(cache, true);
+  // The scratch every task writes before it reads is not zeroed (on a small decode zeroing it per call cost a
+  // tenth of the call); REFERENCE_CPU_POISON_SCRATCH=1 fills it with NaN instead (float NaN, bf16 NaN bits), so
+  // that a read before a write shows in the output (tests/kernels/test_attention_cpu.py runs cases so).
+  const char* poison_env = std::getenv("REFERENCE_CPU_POISON_SCRATCH");
+  const bool poison = poison_env != nullptr && poison_env[0] == '1';
+  const auto take = [poison](auto& v, int64_t n) {
+    using E = typename std::decay_t<decltype(v)>::value_type;
+    v.resize(n);
+    if (!poison) return;
+    if constexpr (std::is_same_v<E, float>) {
+      std::fill(v.begin(), v.end(), std::numeric_limits<float>::quiet_NaN());
+    } else {
+      std::fill(v.begin(), v.end(), E{0x7FC1});   // a bf16 NaN
+    }
+  };
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
-    // every task takes the AMX path where the cache is kept in pairs: no fp32 query lanes or scores then
-    const bool all_amx = amx && paired_layout(cache, true);
-    // The scratch every task writes before it reads (not zeroed: on a small decode zeroing it per call cost a
-    // tenth of the call); REFERENCE_CPU_POISON_SCRATCH=1 fills it with NaN instead, so that a read before a write
-    // shows in the output (tests/kernels/test_attention_cpu.py runs cases so).
-    const char* poison_env = std::getenv("REFERENCE_CPU_POISON_SCRATCH");
-    const bool poison = poison_env != nullptr && poison_env[0] == '1';
-    const auto scratch = [poison](int64_t n) {
-      UninitVec<float> v(n);
-      if (poison) std::fill(v.begin(), v.end(), std::numeric_limits<float>::quiet_NaN());
-      return v;
-    };
     std::vector<float> q(D), m(padded), l(padded);
-    UninitVec<float> acc = scratch(padded * D), qi = scratch(all_amx ? 0 : padded * D),
-                     s_all = scratch(all_amx ? 0 : padded * (std::max({N, kTile, may_tile ? kSpanKeys : 0}) + kF));
-    UninitVec<float> kbuf = scratch(fp8 ? N * D : 0), vbuf = scratch(fp8 ? N * D : 0);
+    UninitVec<float> acc, qi, s_all, kbuf, vbuf, kt, vt;
+    take(acc, padded * D);
+    take(qi, all_amx ? 0 : padded * D);
+    take(s_all, all_amx ? 0 : padded * (std::max({N, kTile, may_tile ? kSpanKeys : 0}) + kF));
+    take(kbuf, fp8 ? N * D : 0);
+    take(vbuf, fp8 ? N * D : 0);
     const int64_t span_keys = std::max(N, kSpanKeys);   // a tiled task's keys per span (ForwardTask::run)
     const int64_t tiled_keys = (span_keys + kTile - 1) / kTile * kTile, tiled_dims = (D + kTile - 1) / kTile * kTile;
-    UninitVec<float> kt = scratch(may_tile ? tiled_keys * D : 0), vt = scratch(may_tile ? tiled_dims * span_keys : 0);
+    take(kt, may_tile ? tiled_keys * D : 0);
+    take(vt, may_tile ? tiled_dims * span_keys : 0);
     std::vector<int64_t> ra(max_rows), re(max_rows), glo(padded / kLanes), ghi(padded / kLanes);
     AmxScratch amx_scratch;
     if (amx) {
       const int64_t ks = (std::max(N, kSpanKeys) + 31) / 32 * 32;
       amx_scratch.ks = ks;
-      amx_scratch.qa.resize(padded * D);
-      if (!paired_layout(cache, true)) {  // the packed spans (paired caches are read in place)
+      if (!all_amx) {  // the packed spans (paired caches are read in place)
         amx_scratch.kp.assign(D * ks, 0);
         amx_scratch.vp.assign(ks * D, 0);
       }
-      amx_scratch.pa.resize(padded * ks);
-      amx_scratch.vtail.resize(32 * D);
-      amx_scratch.sa.resize(padded * ks);
-      if (poison) {
-        std::fill(amx_scratch.qa.begin(), amx_scratch.qa.end(), uint16_t{0x7FC1});
-        std::fill(amx_scratch.pa.begin(), amx_scratch.pa.end(), uint16_t{0x7FC1});
-        std::fill(amx_scratch.vtail.begin(), amx_scratch.vtail.end(), uint16_t{0x7FC1});
-        std::fill(amx_scratch.sa.begin(), amx_scratch.sa.end(), std::numeric_limits<float>::quiet_NaN());
-      }
+      take(amx_scratch.qa, padded * D);
+      take(amx_scratch.pa, padded * ks);
+      take(amx_scratch.vtail, 32 * D);
+      take(amx_scratch.sa, padded * ks);
       amx_scratch.blo.assign(padded / 16, 0);
       amx_scratch.bhi.assign(padded / 16, 0);
     }
