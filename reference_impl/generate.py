@@ -12,9 +12,9 @@ extra, models/tokenizer.py). `--dtype` defaults to the checkpoint config's dtype
 --random). `--tp N` spawns N ranks on torch.distributed (gloo on the CPU, nccl on CUDA) that each
 load their shard; rank 0 prints. On the CPU each rank computes on its share of the cores (this process's cores
 over N, at least one thread; OMP_NUM_THREADS, where set, instead), as vLLM's CPU workers split them: N ranks of
-all the cores' threads each oversubscribe the machine (a TP-2 decode on 2 cores ran 5x slower so). A batch file holds one prompt per line: a JSON list of token ids,
-an object with "prompt_ids" or "prompt" (text), or a JSON string (text). Bad arguments: one
-`error:` line and exit status 2. Nothing is ever downloaded.
+all the cores' threads each oversubscribe the machine (a TP-2 decode on 2 cores ran 5x slower so). A batch file
+holds one prompt per line: a JSON list of token ids, an object with "prompt_ids" or "prompt" (text), or a JSON
+string (text). Bad arguments: one `error:` line and exit status 2. Nothing is ever downloaded.
 """
 
 from __future__ import annotations
@@ -272,7 +272,8 @@ def run(args: argparse.Namespace, prompts: list[list[int]], rank: int = 0) -> di
     tokenizer = getattr(args, "tokenizer", None)
     report = {
         "platform": platform_name(args, platform), "device": device, "dtype": str(dtype).removeprefix("torch."),
-        "tp": args.tp, "threads": torch.get_num_threads(), "compiled": bool(args.compile), "tokens": result.tokens, "stop_token_ids": sorted(stop_ids),
+        "tp": args.tp, "threads": torch.get_num_threads(), "compiled": bool(args.compile), "tokens": result.tokens,
+        "stop_token_ids": sorted(stop_ids),
         "prompt_text": [tokenizer.decode(p) for p in prompts] if tokenizer else None,
         "text": [tokenizer.decode(t) for t in result.tokens] if tokenizer else None,
         "ir_providers": {k: sorted(v) for k, v in sorted(providers.items())},
