@@ -594,6 +594,20 @@ inline float exp_to_bf16(const float* s, int64_t n, float m, uint16_t* dst, floa
 }
 #endif
 
+// A lane's running max after a block of n scores sc whose max is block_max (NaN where a score is, or with the NaN
+// scores passed over). std::max keeps the old max over a NaN, so a lane whose scores so far are all -inf or NaN
+// (a NaN query element makes every score of its row NaN) stayed at -inf, was taken for one that sees no key and
+// wrote zeros. It gets NaN instead, and so does its output, as the softmax of a NaN score is; where the block has
+// other scores, a NaN score's exponential is NaN (fast_exp2), which does the same.
+inline float next_max(float m_old, float block_max, const float* sc, int64_t n) {
+  const float m_new = std::max(m_old, block_max);
+  if (m_new != kNegInf) return m_new;
+  for (int64_t j = 0; j < n; ++j) {
+    if (std::isnan(sc[j])) return sc[j];
+  }
+  return m_new;
+}
+
 // ----- the forward -------------------------------------------------------------------------------
 // One request's key range for the query at position p: [lo, hi] (inclusive).
 struct KeyRange {
@@ -715,7 +729,7 @@ struct ForwardTask {
   bool softmax_update(int64_t idx, float* sc, int64_t n, int64_t h, int64_t dist0, uint16_t* bf16_out = nullptr,
                       float raw_scale = 1.f) {
     const float m_old = m[idx];
-    const float m_new = std::max(m_old, adjust_scores(sc, n, h, dist0) * raw_scale);
+    const float m_new = next_max(m_old, adjust_scores(sc, n, h, dist0) * raw_scale, sc, n);
     if (m_new == kNegInf) return false;
 #if defined(REFERENCE_CPU_ATTENTION_AMX)
     const float psum = bf16_out ? exp_to_bf16(sc, n, m_new, bf16_out, raw_scale) : exp_shifted(sc, n, m_new);
@@ -785,7 +799,7 @@ struct ForwardTask {
       float bm = nv > 0 ? reduce_max(mx[l]) : kNegInf;
       for (int64_t j = nv; j < n; ++j) bm = nan_max(bm, sc0[l * ld + j]);
       m_old[l] = m[idx0 + l];
-      m_new[l] = std::max(m_old[l], bm);
+      m_new[l] = next_max(m_old[l], bm, sc0 + l * ld, n);
       if (m_new[l] != kNegInf) live |= 1u << l;
     }
     if (live == 0) return 0;
@@ -852,7 +866,7 @@ struct ForwardTask {
     unsigned live = 0;
     for (int l = 0; l < 4; ++l) {
       m_old[l] = m[idx0 + l];
-      m_new[l] = std::max(m_old[l], block_max[l] * scale);
+      m_new[l] = next_max(m_old[l], block_max[l] * scale, sc0 + l * ld, n);
       if (m_new[l] != kNegInf) live |= 1u << l;
     }
     if (live == 0) return 0;

@@ -419,8 +419,9 @@ REFERENCE_CPU_INLINE fVec fast_erf(const fVec& x0) {
 // f = w - n (exact, |f| <= 1/2), 2^f by a polynomial of degree kDegree (coefficients fitted for
 // minimax relative error on [-1/2, 1/2]: degree 5: 2.4e-7, about 2 fp32 ulp; 4: 2.7e-6, for fp16
 // outputs, whose rounding step is 2^-11; 3: 7.5e-5, for bf16 outputs, whose rounding step is
-// 2^-8: 1/50 of it), scaled by 2^n. A NaN w gives some finite or infinite value: the callers
-// multiply the result into the NaN input, which keeps the NaN.
+// 2^-8: 1/50 of it), scaled by 2^n. A NaN w gives NaN (the attention's softmax needs it: a NaN score's
+// exponential was 2^129 = inf on AVX512 and a finite 2^127 on AVX2, where the activations multiply it into
+// their NaN input anyway): the clamps keep a NaN (min/max return their second operand where one is NaN).
 // AVX512: w clamped to [-150, 129], scaled with vscalefps (saturating to 0 and inf).
 // AVX2: n is rounded by adding 1.5 * 2^23 (its low bits then hold n, so shifting them into the
 // exponent field gives 2^n with no conversion), and w is clamped to [-125, 127] so that 2^n p
@@ -456,16 +457,20 @@ REFERENCE_CPU_INLINE fVec exp2_poly(const fVec& f) {
 template <int kDegree>
 REFERENCE_CPU_INLINE fVec fast_exp2(const fVec& w) {
 #if defined(CPU_CAPABILITY_AVX512)
-  const __m512 wc = _mm512_max_ps(_mm512_min_ps(w, _mm512_set1_ps(129.0f)), _mm512_set1_ps(-150.0f));
+  const __m512 wc = _mm512_max_ps(_mm512_set1_ps(-150.0f), _mm512_min_ps(_mm512_set1_ps(129.0f), w));
   const __m512 n = _mm512_roundscale_ps(wc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  return _mm512_scalef_ps(exp2_poly<kDegree>(_mm512_sub_ps(wc, n)), n);
+  return _mm512_scalef_ps(exp2_poly<kDegree>(_mm512_sub_ps(wc, n)), n);   // NaN stays NaN throughout
 #elif defined(CPU_CAPABILITY_AVX2)
-  const __m256 wc = _mm256_max_ps(_mm256_min_ps(w, _mm256_set1_ps(127.0f)), _mm256_set1_ps(-125.0f));
+  const __m256 wc = _mm256_max_ps(_mm256_set1_ps(-125.0f), _mm256_min_ps(_mm256_set1_ps(127.0f), w));
   const __m256 magic = _mm256_set1_ps(12582912.0f);  // 1.5 * 2^23
   const __m256 t = _mm256_add_ps(wc, magic);
   const __m256 p = exp2_poly<kDegree>(_mm256_sub_ps(wc, _mm256_sub_ps(t, magic)));
   const __m256i scale = _mm256_slli_epi32(_mm256_castps_si256(t), 23);
-  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), scale));
+  // a NaN's payload bits, shifted into the exponent, could make a number of it: the default quiet NaN there
+  // instead (whose low 16 bits are zero, as the bf16 store below expects of a NaN)
+  const __m256 is_nan = _mm256_cmp_ps(w, w, _CMP_UNORD_Q);
+  return _mm256_blendv_ps(_mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), scale)),
+                          _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), is_nan);
 #else
   return w.exp2();
 #endif

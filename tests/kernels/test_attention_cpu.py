@@ -444,3 +444,31 @@ def test_bf16_error_against_float64(ops, block):
     assert err.max().item() <= 1e-2, err.max().item()
     assert err.mean().item() <= 4e-4, err.mean().item()
     assert (err - rounding).max().item() <= 5e-3, (err - rounding).max().item()
+
+
+@pytest.mark.parametrize("block", [16, 32])
+@pytest.mark.parametrize("feature", ["plain", "sinks", "softcap_alibi"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_nan_reaches_exactly_the_outputs_whose_softmax_it_enters(ops, dtype, feature, block):
+    """A NaN query element makes every score of its (token, head) NaN, and so its whole output row; a NaN key
+    element makes NaN the rows of its kv head's query heads that see that position, and no other. Every other row
+    matches the float64 reference. (A lane whose scores were all NaN once kept -inf as its running max and wrote
+    zeros; a NaN beside finite scores came out finite from the AVX2 exponential, whose clamp made it 2^127.)"""
+    batch = Batch([(0, 40), (37, 1), (70, 20), (block, 1)], heads=8, kv_heads=2, head=64, block=block, dtype=dtype,
+                  seed=5)
+    nan = float("nan")
+    batch.q[3, 5, 7] = nan        # request 0 (a prefill), token 3, head 5
+    batch.q[40, 2, 0] = nan       # request 1 (a decode), head 2
+    batch.k[0][30, 0, 3] = nan    # request 0, position 30, kv head 0: rows 30..39 of heads 0..3
+    batch.k[2][50, 1, 9] = nan    # request 2, a context position, kv head 1: all 20 rows of heads 4..7
+    out, ref, _ = run_case(ops, batch, **_features(feature, 8))
+    t = ref.shape[0]
+    expected = torch.isnan(ref).any(-1)
+    assert expected.sum().item() == 1 + 1 + 10 * 4 + 20 * 4   # the float64 reference agrees with the docstring
+    got = torch.isnan(out[:t])
+    assert torch.equal(got.any(-1), expected), (
+        f"NaN rows (token, head) expected {expected.nonzero().tolist()}, got {got.any(-1).nonzero().tolist()}")
+    assert got[expected].all(), "a row with a NaN score is NaN only in part"
+    keep = ~expected[..., None].expand_as(ref)
+    err = (out[:t].double() - ref)[keep].abs().max().item()
+    assert err <= ATOL[dtype], f"max abs error {err:.3g} on the rows without NaN"
