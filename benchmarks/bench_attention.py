@@ -6,7 +6,9 @@ bf16. Only the forward is timed: each implementation's cache is filled once by i
 `cpu_attn_reshape_and_cache` packs its own layout) and its per-batch metadata (vLLM's scheduler metadata, the
 reference builder's lists) is built once, as a model runner builds it once per step for all layers. Timing is
 the best of interleaved rounds (every implementation once per round, in a new order each round:
-benchmarks/_timing.py). tokens/s counts new (query) tokens; KV
+benchmarks/_timing.py); "cpp speed-up" is the ratio of the best times, "per round" the median and quartiles of
+each round's ratio (two blocks timed back to back), which shows how far the VM's drift moves it. tokens/s counts
+new (query) tokens; KV
 GB/s counts each request's keys and values read once per KV head (seq_len * KVH * 2 * D * element size).
 Every implementation's output is checked against ours before timing (max abs difference printed).
 
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     rounds = args.rounds or (3 if args.quick else 7)
     from _isa import follow_torch_isa   # beside this script (its folder is on sys.path when it runs)
-    from _timing import best_times
+    from _timing import ratio_spread, round_times
 
     isa = follow_torch_isa()
     vllm_problem = ("skipped (--no-vllm)" if args.no_vllm else
@@ -199,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine(isa)}; timing: {'thread CPU time' if args.cpu_time else 'wall clock'}", file=sys.stderr)
     print(f"H={HEADS} KVH={KV_HEADS} D={HEAD} block={args.block_size}; "
           f"vLLM: {vllm_problem or 'vLLM 0.32 CPU_ATTN kernels'}", file=sys.stderr)
-    headers = ["case", "dtype", "impl", "ms", "tok/s", "KV GB/s", "cpp speed-up", "max |diff| vs cpp"]
+    headers = ["case", "dtype", "impl", "ms", "tok/s", "KV GB/s", "cpp speed-up", "per round [quartiles]",
+               "max |diff| vs cpp"]
     rows = []
     for dtype_name in args.dtypes.split(","):
         dtype = DTYPES[dtype_name]
@@ -213,11 +216,13 @@ def main(argv: list[str] | None = None) -> int:
                 fn()
             ref_out = built["cpp"][1].double()
             diffs = {name: (out.double() - ref_out).abs().max().item() for name, (_, out) in built.items()}
-            times = best_times(fns, rounds, args.min_time, time.thread_time if args.cpu_time else time.perf_counter)
+            per_round = round_times(fns, rounds, args.min_time, time.thread_time if args.cpu_time else time.perf_counter)
+            times = {name: min(ts) for name, ts in per_round.items()}
             for name, t in times.items():
+                median, q1, q3 = ratio_spread(per_round, name, "cpp")
                 rows.append([label, dtype_name, name, f"{t * 1e3:.3f}", f"{p.tokens / t:,.0f}",
                              f"{p.kv_bytes() / t / 1e9:.2f}", f"{t / times['cpp']:.2f}x",
-                             f"{diffs[name]:.1e}"])
+                             f"{median:.2f}x [{q1:.2f}, {q3:.2f}]", f"{diffs[name]:.1e}"])
             print(f"  done: {label} {dtype_name}", file=sys.stderr, flush=True)
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     for r in [headers, ["-" * w for w in widths], *rows]:

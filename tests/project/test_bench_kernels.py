@@ -101,3 +101,20 @@ def test_cpu_timing_varies_each_functions_predecessor_and_warms_each_block():
     predecessors = {name: {before for (before, _), (after, _) in zip(timed, timed[1:]) if after == name}
                     for name in fns}
     assert all(len(p) >= 2 for p in predecessors.values()), predecessors
+
+
+def test_ratio_spread_compares_each_rounds_blocks():
+    """_timing.ratio_spread: the median and quartiles of the rounds' own ratios, not the ratio of the best blocks
+    (which can come from different rounds, minutes apart on a drifting VM)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_timing_under_test", SCRIPT.parent / "_timing.py")
+    timing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timing)
+    # the machine slows by 2x half-way; "b" is 10% slower than "a" in every round
+    times = {"a": [1.0, 1.0, 2.0, 2.0, 2.0], "b": [1.1, 1.1, 2.2, 2.2, 2.2]}
+    median, q1, q3 = timing.ratio_spread(times, "b", "a")
+    assert median == pytest.approx(1.1) and q1 == pytest.approx(1.1) and q3 == pytest.approx(1.1)
+    times = {"a": [1.0, 1.0, 1.0, 1.0], "b": [0.9, 1.0, 1.2, 1.3]}
+    assert timing.ratio_spread(times, "b", "a") == pytest.approx((1.1, 0.975, 1.225))
+    assert timing.ratio_spread({"a": [2.0], "b": [3.0]}, "b", "a") == (1.5, 1.5, 1.5)
