@@ -395,8 +395,8 @@ __attribute__((noinline)) void group_accumulate_tile(float* __restrict acc, int6
 // a time: scores = Q K (16 lanes x 32 keys a call, over D),
 // then, after the online-softmax update, acc += P V (16 lanes x 32 head dims a call, over the keys). Products
 // of bf16 are exact and summed in fp32; the query is not scaled (the scale multiplies the scores) and the
-// probabilities are rounded to bf16 (their sum is of the rounded values, so a row's weights still add up to
-// one). vdpbf16ps (AVX512_BF16 without AMX) was tried in place of the widening FMAs and was slower on the
+// probabilities are rounded to bf16 (their sum is of the unrounded values, exp_bf16_step says why). vdpbf16ps
+// (AVX512_BF16 without AMX) was tried in place of the widening FMAs and was slower on the
 // development VM (csrc/README.md).
 #if defined(REFERENCE_CPU_ATTENTION_AMX)
 
@@ -568,16 +568,20 @@ inline float exp_shifted(float* s, int64_t n, float m) {
 }
 
 #if defined(REFERENCE_CPU_ATTENTION_AMX)
-// The scores s[j] (j < 16, the lanes of mask k) to bf16 probabilities dst[j] = bf16(2^(s[j] l2e - mv)), their
-// rounded values added to sum. The exponential's polynomial is of degree 3: its relative error (7e-5) is a 27th of
-// the bf16 rounding that follows (half an ulp, 2^-9), and degree 5 cost the bf16 prefill 3-5% of its time.
+// The scores s[j] (j < 16, the lanes of mask k) to bf16 probabilities dst[j] = bf16(2^(s[j] l2e - mv)), their fp32
+// values added to sum (lanes past k add exp(-inf) = 0). mv is the running max (times l2e), so the exponent is at most
+// a rounding above 0 and only its lower clamp is needed (it keeps a NaN: vmaxps returns its second operand). The
+// polynomial is of degree 3: its relative error (7e-5) is a 27th of the bf16 rounding that follows (half an ulp,
+// 2^-9). The sum is of the unrounded values, as vLLM's kernel sums them: a row's rounded weights then add up to one
+// within that rounding. Degree 5, both clamps and a sum of the rounded values cost the bf16 prefill 8-10% of its time.
 REFERENCE_CPU_INLINE void exp_bf16_step(const float* s, uint16_t* dst, __mmask16 k, const fVec& l2e, const fVec& mv,
                                         __m512& sum) {
-  const fVec x(_mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), k, s));
-  const __m512 e = fast_exp2<3>(at::vec::fmsub(x, l2e, mv));
-  const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e));
-  _mm256_mask_storeu_epi16(dst, k, h);
-  sum = _mm512_mask_add_ps(sum, k, sum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), k, s);
+  const __m512 w = _mm512_max_ps(_mm512_set1_ps(-150.0f), _mm512_fmsub_ps(x, l2e, mv));
+  const __m512 n = _mm512_roundscale_ps(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 e = _mm512_scalef_ps(exp2_poly<3>(_mm512_sub_ps(w, n)), n);
+  _mm256_mask_storeu_epi16(dst, k, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+  sum = _mm512_add_ps(sum, e);
 }
 
 inline __mmask16 tail_mask(int64_t left) {
@@ -723,7 +727,7 @@ struct ForwardTask {
   // Lane idx's online-softmax update over n scores sc of head h (the first key `dist0` positions before the
   // query): soft cap / ALiBi, the running max and sum, acc rescaled when the max moves; the scores become
   // probabilities in place. False: every logit so far is -inf, nothing to add (sc is left as it is).
-  // bf16_out: the probabilities rounded to bf16 there instead (the AMX path; their sum is the rounded values').
+  // bf16_out: the probabilities rounded to bf16 there instead (the AMX path; their sum is of the unrounded values).
   // raw_scale (the AMX path without soft cap or ALiBi, > 0): the scores are still to be multiplied by it, which the
   // max and the exponent do (a positive factor keeps the max where it is).
   bool softmax_update(int64_t idx, float* sc, int64_t n, int64_t h, int64_t dist0, uint16_t* bf16_out = nullptr,
@@ -874,7 +878,14 @@ struct ForwardTask {
       const fVec l2e(kLog2e * scale);
       const fVec mv0(m_new[0] * kLog2e), mv1(m_new[1] * kLog2e), mv2(m_new[2] * kLog2e), mv3(m_new[3] * kLog2e);
       __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-      for (int64_t j = 0; j < n; j += kF) {
+      int64_t j = 0;
+      for (; j + kF <= n; j += kF) {   // whole vectors: plain loads (a constant mask)
+        exp_bf16_step(x0 + j, p0 + j, 0xFFFF, l2e, mv0, s0);
+        exp_bf16_step(x1 + j, p1 + j, 0xFFFF, l2e, mv1, s1);
+        exp_bf16_step(x2 + j, p2 + j, 0xFFFF, l2e, mv2, s2);
+        exp_bf16_step(x3 + j, p3 + j, 0xFFFF, l2e, mv3, s3);
+      }
+      if (j < n) {
         const __mmask16 k = tail_mask(n - j);
         exp_bf16_step(x0 + j, p0 + j, k, l2e, mv0, s0);
         exp_bf16_step(x1 + j, p1 + j, k, l2e, mv1, s1);
