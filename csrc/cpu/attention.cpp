@@ -853,8 +853,8 @@ struct ForwardTask {
     uint16_t* p2 = pr0 + 2 * ld;
     uint16_t* p3 = pr0 + 3 * ld;
     // The block max leaves NaN scores out (vmaxps keeps its second operand, the running max, where either is NaN),
-    // as lane by lane does (std::max drops a NaN block max); a NaN score's exponential is inf (fast_exp2's clamp),
-    // which makes its lane's output NaN either way.
+    // as lane by lane does (std::max drops a NaN block max); a NaN score's exponential is NaN (exp_bf16_step's clamp
+    // keeps it), and a lane whose scores are all NaN gets a NaN max (next_max): its output is NaN either way.
     const __m512 ninf = _mm512_set1_ps(kNegInf);
     __m512 mx0 = ninf, mx1 = ninf, mx2 = ninf, mx3 = ninf;
     for (int64_t j = 0; j < n; j += kF) {
