@@ -6,9 +6,9 @@ drifts from favouring one function, the best block drops the blocks in which oth
 the changing order keeps any one function from always following the same one: on a 300 MB-L3 Xeon an in-place
 kernel timed right after a plain copy (whose 268 MB evicted its buffers) ran 25% slower than one timed after another
 kernel on the same buffers, so with a fixed order the first kernel lost, whichever it was (0.78 of vLLM's in-place
-fp32 rows where both run at parity). A rotated order would keep every function's predecessor. `ratio_spread` gives the rounds' ratios of two functions
-(each round's two blocks timed back to back): their median and quartiles say how far one run's best-block ratio can
-be trusted on a machine whose speed drifts.
+fp32 rows where both run at parity). A rotated order would keep every function's predecessor. `ratio_spread` gives
+the rounds' ratios of two functions (each round's two blocks timed back to back): their median and quartiles say how
+far one run's best-block ratio can be trusted on a machine whose speed drifts.
 """
 
 from __future__ import annotations

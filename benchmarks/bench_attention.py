@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
                 fn()
             ref_out = built["cpp"][1].double()
             diffs = {name: (out.double() - ref_out).abs().max().item() for name, (_, out) in built.items()}
-            per_round = round_times(fns, rounds, args.min_time, time.thread_time if args.cpu_time else time.perf_counter)
+            clock = time.thread_time if args.cpu_time else time.perf_counter
+            per_round = round_times(fns, rounds, args.min_time, clock)
             times = {name: min(ts) for name, ts in per_round.items()}
             for name, t in times.items():
                 median, q1, q3 = ratio_spread(per_round, name, "cpp")

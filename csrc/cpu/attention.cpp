@@ -577,9 +577,7 @@ inline float exp_shifted(float* s, int64_t n, float m) {
 REFERENCE_CPU_INLINE void exp_bf16_step(const float* s, uint16_t* dst, __mmask16 k, const fVec& l2e, const fVec& mv,
                                         __m512& sum) {
   const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), k, s);
-  const __m512 w = _mm512_max_ps(_mm512_set1_ps(-150.0f), _mm512_fmsub_ps(x, l2e, mv));
-  const __m512 n = _mm512_roundscale_ps(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 e = _mm512_scalef_ps(exp2_poly<3>(_mm512_sub_ps(w, n)), n);
+  const __m512 e = fast_exp2<3, false>(_mm512_fmsub_ps(x, l2e, mv));
   _mm256_mask_storeu_epi16(dst, k, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
   sum = _mm512_add_ps(sum, e);
 }
@@ -878,20 +876,15 @@ struct ForwardTask {
       const fVec l2e(kLog2e * scale);
       const fVec mv0(m_new[0] * kLog2e), mv1(m_new[1] * kLog2e), mv2(m_new[2] * kLog2e), mv3(m_new[3] * kLog2e);
       __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-      int64_t j = 0;
-      for (; j + kF <= n; j += kF) {   // whole vectors: plain loads (a constant mask)
-        exp_bf16_step(x0 + j, p0 + j, 0xFFFF, l2e, mv0, s0);
-        exp_bf16_step(x1 + j, p1 + j, 0xFFFF, l2e, mv1, s1);
-        exp_bf16_step(x2 + j, p2 + j, 0xFFFF, l2e, mv2, s2);
-        exp_bf16_step(x3 + j, p3 + j, 0xFFFF, l2e, mv3, s3);
-      }
-      if (j < n) {
-        const __mmask16 k = tail_mask(n - j);
+      const auto four = [&](int64_t j, __mmask16 k) {
         exp_bf16_step(x0 + j, p0 + j, k, l2e, mv0, s0);
         exp_bf16_step(x1 + j, p1 + j, k, l2e, mv1, s1);
         exp_bf16_step(x2 + j, p2 + j, k, l2e, mv2, s2);
         exp_bf16_step(x3 + j, p3 + j, k, l2e, mv3, s3);
-      }
+      };
+      int64_t j = 0;
+      for (; j + kF <= n; j += kF) four(j, 0xFFFF);   // whole vectors: plain loads (a constant mask)
+      if (j < n) four(j, tail_mask(n - j));
       total[0] = _mm512_reduce_add_ps(s0);
       total[1] = _mm512_reduce_add_ps(s1);
       total[2] = _mm512_reduce_add_ps(s2);

@@ -422,7 +422,8 @@ REFERENCE_CPU_INLINE fVec fast_erf(const fVec& x0) {
 // 2^-8: 1/50 of it), scaled by 2^n. A NaN w gives NaN (the attention's softmax needs it: a NaN score's
 // exponential was 2^129 = inf on AVX512 and a finite 2^127 on AVX2, where the activations multiply it into
 // their NaN input anyway): the clamps keep a NaN (min/max return their second operand where one is NaN).
-// AVX512: w clamped to [-150, 129], scaled with vscalefps (saturating to 0 and inf).
+// AVX512: w clamped to [-150, 129], scaled with vscalefps (saturating to 0 and inf); kClampAbove = false
+// leaves out the upper clamp, for callers whose w is at most a rounding above 0 (a softmax's exponent).
 // AVX2: n is rounded by adding 1.5 * 2^23 (its low bits then hold n, so shifting them into the
 // exponent field gives 2^n with no conversion), and w is clamped to [-125, 127] so that 2^n p
 // stays a normal float: beyond, the result is 2^-125 or 2^127 instead of 0 or inf (callers add 1
@@ -454,10 +455,11 @@ REFERENCE_CPU_INLINE fVec exp2_poly(const fVec& f) {
   return p;
 }
 
-template <int kDegree>
+template <int kDegree, bool kClampAbove = true>
 REFERENCE_CPU_INLINE fVec fast_exp2(const fVec& w) {
 #if defined(CPU_CAPABILITY_AVX512)
-  const __m512 wc = _mm512_max_ps(_mm512_set1_ps(-150.0f), _mm512_min_ps(_mm512_set1_ps(129.0f), w));
+  const __m512 below = kClampAbove ? _mm512_min_ps(_mm512_set1_ps(129.0f), w) : __m512(w);
+  const __m512 wc = _mm512_max_ps(_mm512_set1_ps(-150.0f), below);
   const __m512 n = _mm512_roundscale_ps(wc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   return _mm512_scalef_ps(exp2_poly<kDegree>(_mm512_sub_ps(wc, n)), n);   // NaN stays NaN throughout
 #elif defined(CPU_CAPABILITY_AVX2)
