@@ -6,8 +6,9 @@
 // multiply; this kernel multiplies in fp32 and rounds once, at the store: closer to float64, and
 // without that 16-bit round trip 10-15% faster in fp16 and bf16 on AVX2.
 // One row per step of at::parallel_for; a row is read twice (the second read hits cache).
-// Loops take two chunks (64 bytes of a 16-bit row) a step: fewer loop and prefetch instructions,
-// more independent work in flight.
+// Loops take two chunks (64 bytes of a 16-bit row) a step: fewer loop instructions, more
+// independent work in flight. In-place fp32 rows go through 256-bit loops on AVX-512 builds
+// (vec_common.h, REFERENCE_CPU_IN_PLACE_F32X8).
 #include <vector>
 
 #include "vec_common.h"
@@ -73,17 +74,37 @@ inline float sum_squares(const T* __restrict x, int64_t n) {
 
 // The first pass of fused_add_rms_norm over elements [j0, j1) of a row: s = x + r in fp32,
 // r = cast(s), s kept in fp32 at `s_out` (the residual row itself for fp32, whose cast is exact),
-// and (kAccumulate) the sum of s^2 added to `acc`. `next_x` / `next_r` (or null): the same span of
-// the next row, prefetched one 64-byte line a step.
+// and (kAccumulate) the sum of s^2 added to `acc`.
 template <typename T, bool kAccumulate>
 inline void add_span(const T* __restrict x, T* __restrict r, float* __restrict s_out, int64_t j0, int64_t j1,
-                     fVec* acc, const T* next_x, const T* next_r) {
+                     fVec* acc) {
   int64_t j = j0;
-  for (; j + 2 * kChunk <= j1; j += 2 * kChunk) {
-    if (next_x != nullptr) {
-      prefetch_bytes<true>(next_x + j, 2 * kChunk * sizeof(T));
-      prefetch_bytes<true>(next_r + j, 2 * kChunk * sizeof(T));
+#if defined(REFERENCE_CPU_IN_PLACE_F32X8)
+  if constexpr (std::is_same_v<T, float>) {  // 32 elements a step, 256 bits at a time; the rest below
+    __m256 q0 = _mm256_setzero_ps(), q1 = q0, q2 = q0, q3 = q0;
+    for (; j + 32 <= j1; j += 32) {
+      const __m256 a = _mm256_add_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(r + j));
+      const __m256 b = _mm256_add_ps(_mm256_loadu_ps(x + j + 8), _mm256_loadu_ps(r + j + 8));
+      const __m256 c = _mm256_add_ps(_mm256_loadu_ps(x + j + 16), _mm256_loadu_ps(r + j + 16));
+      const __m256 d = _mm256_add_ps(_mm256_loadu_ps(x + j + 24), _mm256_loadu_ps(r + j + 24));
+      _mm256_storeu_ps(r + j, a);
+      _mm256_storeu_ps(r + j + 8, b);
+      _mm256_storeu_ps(r + j + 16, c);
+      _mm256_storeu_ps(r + j + 24, d);
+      if constexpr (kAccumulate) {
+        q0 = _mm256_fmadd_ps(a, a, q0);
+        q1 = _mm256_fmadd_ps(b, b, q1);
+        q2 = _mm256_fmadd_ps(c, c, q2);
+        q3 = _mm256_fmadd_ps(d, d, q3);
+      }
     }
+    if constexpr (kAccumulate) {  // into the low half of acc[0] (zero_extend: the upper half adds zeros)
+      const __m256 q = _mm256_add_ps(_mm256_add_ps(q0, q1), _mm256_add_ps(q2, q3));
+      acc[0] = acc[0] + fVec(_mm512_zextps256_ps512(q));
+    }
+  }
+#endif
+  for (; j + 2 * kChunk <= j1; j += 2 * kChunk) {
     fVec a, b, c, d, ra, rb, rc, rd;
     Io<T>::load(x + j, a, b);
     Io<T>::load(x + j + kChunk, c, d);
@@ -129,10 +150,11 @@ inline void add_span(const T* __restrict x, T* __restrict r, float* __restrict s
 
 // One output row: o = cast(v * inv * w) from the fp32 values v (kFromFloat: an fp32 row
 // `vf`) or from the row `v` of T. `next_in` / `next_o` (or null): lines of the next row to
-// prefetch, one 64-byte line of each a step.
+// prefetch, one 64-byte line of each a step (rms_norm_rows says where); `stream`: non-temporal
+// stores (store_out), and the output's lines are not prefetched.
 template <typename T, bool kWeight, bool kFromFloat, typename In>
 inline void normalize_row(const In* __restrict v, const float* __restrict w, T* __restrict o, int64_t hidden,
-                          const fVec& inv, const T* next_in, const T* next_o) {
+                          const fVec& inv, const T* next_in, const T* next_o, bool stream = false) {
   static_assert(std::is_same_v<In, std::conditional_t<kFromFloat, float, T>>);
   auto load = [&](int64_t j, fVec& a, fVec& b) {
     if constexpr (kFromFloat) {
@@ -143,52 +165,79 @@ inline void normalize_row(const In* __restrict v, const float* __restrict w, T* 
     }
   };
   int64_t j = 0;
+#if defined(REFERENCE_CPU_IN_PLACE_F32X8)
+  if constexpr (std::is_same_v<T, float> && kFromFloat) {  // fused_add_rms_norm's fp32 x, written in place
+    const __m256 iv = _mm512_castps512_ps256(inv);
+    for (; j + 32 <= hidden; j += 32) {
+#pragma GCC unroll 4
+      for (int64_t q = 0; q < 32; q += 8) {
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(v + j + q), iv);
+        if constexpr (kWeight) a = _mm256_mul_ps(a, _mm256_loadu_ps(w + j + q));
+        _mm256_storeu_ps(o + j + q, a);
+      }
+    }
+  }
+#endif
   for (; j + 2 * kChunk <= hidden; j += 2 * kChunk) {
     if (next_in != nullptr) {
       prefetch_bytes(next_in + j, 2 * kChunk * sizeof(T));
-      prefetch_bytes<true>(next_o + j, 2 * kChunk * sizeof(T));
+      if (!stream) prefetch_bytes<true>(next_o + j, 2 * kChunk * sizeof(T));
     }
     fVec a, b, c, d;
     load(j, a, b);
     load(j + kChunk, c, d);
     scale_chunk<kWeight>(a, b, inv, w + j);
     scale_chunk<kWeight>(c, d, inv, w + j + kChunk);
-    Io<T>::store(o + j, a, b);
-    Io<T>::store(o + j + kChunk, c, d);
+    store_out(o + j, kChunk, stream, a, b);
+    store_out(o + j + kChunk, kChunk, stream, c, d);
   }
   for (; j < hidden; j += kChunk) {
     const int64_t len = std::min<int64_t>(kChunk, hidden - j);
     fVec a, b;
-    if constexpr (kFromFloat) {
-      load(j, a, b);  // the scratch row is padded to whole chunks
+    if constexpr (kFromFloat && !std::is_same_v<T, float>) {
+      load(j, a, b);  // the scratch row: padded to whole chunks, in Io<T>'s lane order
     } else {
-      load_n(v + j, len, a, b);
+      load_n(v + j, len, a, b);  // a row of T, or fp32's residual row itself (not padded)
     }
     scale_chunk<kWeight>(a, b, inv, w + j);
-    store_n(o + j, len, a, b);
+    store_out(o + j, len, stream, a, b);
   }
 }
 
+// Whether rms_norm prefetches the next row while it writes this one: for fp32 rows, which it moved
+// from 1.03 to 1.09 of vLLM's speed (one thread; 1.00 -> 1.05 on two); 16-bit rows ran 10-15%
+// slower with it (0.99 -> 1.13 of vLLM's without, one thread; 0.83 -> 1.01 on two). Both on a 2-core
+// AVX-512 EPYC (Zen 4), paired rounds; the AVX2 build there agreed (bf16 1.05 -> 1.08).
+template <typename T>
+constexpr bool kPrefetchNextRow = std::is_same_v<T, float>;
+
+// fp32 outputs of 16 MB and more are streamed (vec_common.h, store_out), as the activations' are:
+// 1.10 -> 1.75 of vLLM's speed one thread and 1.04 -> 1.50 two (AVX2 build 0.99 -> 1.50), 4096 x 4096,
+// on the Zen 4 EPYC above.
 template <typename T, bool kWeight>
 void rms_norm_rows(const T* x, RowIndex x_rows, const T* weight, T* out, int64_t rows, int64_t hidden,
                    int64_t n_var, float eps) {
+  const bool stream_all = stream_output<T>(rows * hidden * static_cast<int64_t>(sizeof(T)));
   at::parallel_for(0, rows, row_grain(hidden), [=](int64_t begin, int64_t end) {
     const std::vector<float> w = widen_weight(kWeight ? weight : nullptr, hidden);
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + x_rows(r);
-      const bool more = r + 1 < end;
+      const bool more = kPrefetchNextRow<T> && r + 1 < end;
       const fVec inv(inv_rms(sum_squares(xr, n_var), n_var, eps));
-      normalize_row<T, kWeight, false>(xr, w.data(), out + r * hidden, hidden, inv,
-                                       more ? x + x_rows(r + 1) : nullptr, out + (r + 1) * hidden);
+      T* o = out + r * hidden;
+      normalize_row<T, kWeight, false>(xr, w.data(), o, hidden, inv, more ? x + x_rows(r + 1) : nullptr,
+                                       o + hidden, stream_all && aligned64(o));
     }
+    stream_fence();
   });
 }
 
 // fused_add_rms_norm, per row: one pass forms s = x + r (r = cast(s), s kept in fp32, its sum of
 // squares over the first n_var elements), a second pass writes x = normalized s from the fp32
 // copy, which for 16-bit rows is a per-task scratch row (cache-resident) instead of reloading and
-// re-adding x and r. The next row is prefetched for 16-bit rows only: for fp32 the hardware
-// prefetchers keep up, and the extra instructions cost 3-4% (AVX2 EPYC, 3 interleaved runs).
+// re-adding x and r. Nothing is prefetched: for fp32 the hardware prefetchers keep up and the
+// extra instructions cost 3-4% (AVX2 EPYC, 3 interleaved runs); for 16-bit rows prefetching the
+// next row's x and r cost 3% on an AVX-512 EPYC (Zen 4; 1 and 2 threads, paired rounds).
 template <typename T, bool kWeight>
 void fused_add_rms_norm_rows(T* x, RowIndex x_rows, T* residual, RowIndex res_rows, const T* weight,
                              int64_t rows, int64_t hidden, int64_t n_var, float eps) {
@@ -199,9 +248,6 @@ void fused_add_rms_norm_rows(T* x, RowIndex x_rows, T* residual, RowIndex res_ro
     for (int64_t r = begin; r < end; ++r) {
       T* xr = x + x_rows(r);
       T* rr = residual + res_rows(r);
-      const bool more = r + 1 < end;
-      const T* next_x = more && !kFloat ? x + x_rows(r + 1) : nullptr;
-      const T* next_r = more && !kFloat ? residual + res_rows(r + 1) : nullptr;
       // Spans start on chunk boundaries (the scratch row holds whole chunks in Io<T>'s lane
       // order): the sum over the chunks before n_var in the pass, the few elements of n_var's own
       // chunk before it here, from the inputs, before the pass overwrites r.
@@ -212,8 +258,8 @@ void fused_add_rms_norm_rows(T* x, RowIndex x_rows, T* residual, RowIndex res_ro
         partial += v * v;
       }
       fVec acc[4] = {fVec(0.f), fVec(0.f), fVec(0.f), fVec(0.f)};
-      add_span<T, true>(xr, rr, scratch.data(), 0, n0, acc, next_x, next_r);
-      add_span<T, false>(xr, rr, scratch.data(), n0, hidden, acc, next_x, next_r);
+      add_span<T, true>(xr, rr, scratch.data(), 0, n0, acc);
+      add_span<T, false>(xr, rr, scratch.data(), n0, hidden, acc);
       const float sum_sq = reduce_add((acc[0] + acc[1]) + (acc[2] + acc[3])) + partial;
       const fVec inv(inv_rms(sum_sq, n_var, eps));
       if constexpr (kFloat) {

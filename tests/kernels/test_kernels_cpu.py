@@ -225,14 +225,16 @@ def test_group_quant_division_is_exact_over_wide_magnitudes(ops, group_size):
 
 @needs_build
 @pytest.mark.parametrize("name,extra", [("gelu_new", ()), ("quick_gelu", ()), ("relu2", ()),
-                                        ("silu_and_mul", ()), ("fatrelu_and_mul", (0.1,))])
+                                        ("silu_and_mul", ()), ("fatrelu_and_mul", (0.1,)), ("rms_norm", "weight")])
 @pytest.mark.parametrize("shape", [(1024, 4096), (1025, 4095)], ids=["aligned_rows", "unaligned_rows"])
 def test_large_fp32_outputs_match_native(ops, name, extra, shape):
-    """fp32 outputs of 16 MB and more take non-temporal stores (64-byte aligned rows only), element-wise and
-    gated (whose input is twice as wide)."""
+    """fp32 outputs of 16 MB and more take non-temporal stores (64-byte aligned rows only), element-wise,
+    gated (whose input is twice as wide) and rms_norm."""
     op = getattr(ir.ops, name)
     gated = name.endswith("_and_mul")
     x = torch.randn(shape[0], shape[1] * (2 if gated else 1), generator=torch.Generator().manual_seed(3)) * 4
+    if extra == "weight":
+        extra = (torch.randn(shape[1], generator=torch.Generator().manual_seed(4)), 1e-6)
     assert shape[0] * shape[1] * 4 >= 16 << 20   # the output: 16 MB and more
     atol, rtol = op.get_tolerance(torch.float32)
     torch.testing.assert_close(op.impls[PROVIDER].impl_fn(x, *extra), op.native_fn(x, *extra), atol=atol, rtol=rtol)
