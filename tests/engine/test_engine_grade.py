@@ -343,8 +343,11 @@ def test_the_bfloat16_tolerance_is_the_measured_noise_times_its_margin():
 @pytest.mark.parametrize("name", ["llama", "gemma2", "gpt_oss"])
 def test_the_bfloat16_noise_table_is_what_the_script_measures(name, tmp_path):
     """The table's `own` column is what scripts/measure_engine_bf16_noise.py measures today on the family's own
-    checkpoint and prompts (within 10%: the CPU's reduction order may differ with its thread count); a model, request
-    or runtime change that moves the noise makes the table stale, and this fails until it is regenerated."""
+    checkpoint and prompts; a model, request or runtime change that moves the noise makes the table stale, and this
+    fails until it is regenerated. The window is one-sided: the table was measured on an AMX Xeon, and the CPU's bf16
+    GEMMs accumulate in another order elsewhere (an AVX-512 EPYC without AMX measured llama 0.0639 and gpt_oss 0.2034
+    against the table's 0.0757 and 0.2481, gemma2 within 1%). Less noise than the table leaves the tolerance a valid
+    bound; more than 10% above it would fail correct runs, and under 0.7 of it the table is stale."""
     import importlib.util
 
     from conformance.checks.engine.oracle import BF16_NOISE
@@ -354,4 +357,5 @@ def test_the_bfloat16_noise_table_is_what_the_script_measures(name, tmp_path):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     own = max(script.measure(name, 0, block, tmp_path)[0] for block in script.BLOCKS)
-    assert own == pytest.approx(BF16_NOISE[name].own, rel=0.1)
+    table = BF16_NOISE[name].own
+    assert 0.7 * table <= own <= 1.1 * table, f"{name}: measured {own:.4f}, the table says {table:.4f}"
