@@ -347,7 +347,7 @@ def test_the_bfloat16_noise_table_is_what_the_script_measures(name, tmp_path):
     fails until it is regenerated. The window is one-sided: the table was measured on an AMX Xeon, and the CPU's bf16
     GEMMs accumulate in another order elsewhere (an AVX-512 EPYC without AMX measured llama 0.0639 and gpt_oss 0.2034
     against the table's 0.0757 and 0.2481, gemma2 within 1%). Less noise than the table leaves the tolerance a valid
-    bound; more than 10% above it would fail correct runs, and under 0.7 of it the table is stale."""
+    bound; more than 10% above it would fail correct runs, and under 0.6 of it the table is stale."""
     import importlib.util
 
     from conformance.checks.engine.oracle import BF16_NOISE
@@ -358,4 +358,4 @@ def test_the_bfloat16_noise_table_is_what_the_script_measures(name, tmp_path):
     spec.loader.exec_module(script)
     own = max(script.measure(name, 0, block, tmp_path)[0] for block in script.BLOCKS)
     table = BF16_NOISE[name].own
-    assert 0.7 * table <= own <= 1.1 * table, f"{name}: measured {own:.4f}, the table says {table:.4f}"
+    assert 0.6 * table <= own <= 1.1 * table, f"{name}: measured {own:.4f}, the table says {table:.4f}"
