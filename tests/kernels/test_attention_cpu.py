@@ -207,6 +207,18 @@ def test_features(ops, feature, dtype):
     assert_close(out, ref, dtype, batch.pad)
 
 
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_features_of_an_fp32_prefill_over_blocks_of_128(ops, feature):
+    """Blocks of kSpanKeys (128) keys or more are not gathered: an fp32 prefill reads them in place in AVX-512 builds
+    on AMD CPUs and through key and value tiles elsewhere (reads_fp32_blocks_in_place, csrc/cpu/attention.cpp);
+    whichever this machine takes, every feature over prefills that cross blocks, on and off their diagonal."""
+    block = 128
+    batch = Batch([(0, 1), (130, 70), (0, 200), (2 * block + 3, 1)], heads=8, kv_heads=2, head=64, block=block,
+                  dtype=torch.float32)
+    out, ref, _ = run_case(ops, batch, **_features(feature, 8))
+    assert_close(out, ref, torch.float32, batch.pad)
+
+
 @pytest.mark.parametrize("heads,kv_heads,head,block", [
     (14, 2, 128, 16), (9, 3, 80, 32), (8, 8, 48, 128), (7, 1, 96, 16), (4, 2, 256, 32), (6, 3, 40, 16),
     (3, 1, 5, 4), (8, 1, 64, 48),
