@@ -715,6 +715,13 @@ struct ForwardTask {
 #endif
   }
 
+  // Whether a task of `lanes` query lanes copies its blocks into key and value tiles: a prefill's lanes, unless it
+  // reads fp32 blocks in place (reads_fp32_blocks_in_place). The task and forward_impl, which sizes the tiles, ask
+  // this one place.
+  static bool takes_tiles(const PagedCache& c, int64_t lanes) {
+    return lanes >= kTileLanes && !reads_fp32_blocks_in_place<T>(c);
+  }
+
   // Soft cap and ALiBi on n scores of head h whose first key is `dist0` positions before the query;
   // returns their max.
   float adjust_scores(float* sc, int64_t n, int64_t h, int64_t dist0) const {
@@ -1295,7 +1302,7 @@ struct ForwardTask {
     const int32_t* table = batch.block_table + t.seq * batch.block_table_stride;
 
     const int64_t lanes = rows * G, padded_lanes = (lanes + kLanes - 1) / kLanes * kLanes;
-    const bool tiled = lanes >= kTileLanes && !reads_fp32_blocks_in_place<T>(cache);
+    const bool tiled = takes_tiles(cache, lanes);
     const bool use_amx = takes_amx(cache, lanes);   // the bf16 path: 16 lanes at a time
     // the rows the tiles read: a task of fewer than 16 lanes (a decode's GQA group) configures only its lanes' rows
     const int64_t amx_lanes = lanes < 16 ? lanes : (lanes + 15) / 16 * 16;
@@ -1445,7 +1452,7 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
   const int64_t lanes = max_rows * G;
   const bool amx = ForwardTask<T, kD>::takes_amx(cache, lanes);   // the bf16 path: lanes in blocks of 16
   const int64_t lane_block = amx ? 16 : kLanes, padded = (lanes + lane_block - 1) / lane_block * lane_block;
-  const bool may_tile = lanes >= kTileLanes;
+  const bool may_tile = ForwardTask<T, kD>::takes_tiles(cache, lanes);   // the largest task: any task may tile
   // every task takes the AMX path where the cache is kept in pairs: no fp32 query lanes or scores, no packed spans
   const bool all_amx = amx && paired_layout(cache, true);
   // The scratch every task writes before it reads is not zeroed (on a small decode zeroing it per call cost a
