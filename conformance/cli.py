@@ -249,7 +249,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(ExitCode.USAGE_ERROR, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = "repro") -> argparse.ArgumentParser:
+    """The parser of every subcommand; `repro --help` lists the check names, which imports every check family (and
+    torch, about 1.3 s), so they are listed only when `command` is repro (the other commands start without torch)."""
     common = {"epilog": exit_code_table(), "formatter_class": argparse.RawDescriptionHelpFormatter}
     parser = _Parser(prog="conformance", description="platform conformance harness tools", **common)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -258,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "outcome. Every result's `repro` field is such a command.", **common)
     repro.add_argument("--platform", required=True, help="built-in platform or platform-plugin entry-point name")
     repro.add_argument("--check", required=True, metavar="FAMILY.CHECK",
-                       help="the check to run, one of: " + ", ".join(check_names()))
+                       help="the check to run" + (", one of: " + ", ".join(check_names()) if command == "repro"
+                                                  else " (`conformance repro --help` lists them)"))
     repro.add_argument("--op", help="IR op name, or the CustomOp's registered name, as in the result")
     repro.add_argument("--provider", help="IR provider name, or the replacement class name, as in the result")
     repro.add_argument("--dtype", help="dtype name, e.g. float32 or bfloat16")
@@ -322,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(next((w for w in words if not w.startswith("-")), None)).parse_args(argv)
     try:
         return int(args.fn(args))
     except UsageError as exc:

@@ -11,7 +11,10 @@ heatmap and worst cases all show this number, printed by `ratio_text`.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # tensors in, tensors' own methods only: the reports that print ratio_text start without torch
+    import torch
 
 
 def element_ratios(diff: torch.Tensor, native: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:

@@ -156,3 +156,24 @@ def test_repro_with_unknown_value_names_it_in_one_line(tmp_path, flag, value, fr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "valid:" in lines[0], proc.stderr
     assert proc.stdout == ""
+
+
+def test_the_file_commands_start_without_torch(tmp_path):
+    """report, validate and compare read results files: a CI step that runs them pays no torch import (1.3 s of the
+    1.5 s they took). Only repro, which runs checks, and its help, which lists every family's checks, import it."""
+    doc = {"schema_version": 1, "platform": {"name": "p", "class": "m.P", "device_type": "cpu"},
+           "environment": {"python": "3.11", "torch": "2.13.0", "reference_impl": "0.1.0", "seed": 1},
+           "run": RunInfo("quick", 1, expected_results=0).to_json(0, True),
+           "results": [], "summary": {}, "verdict": "CONFORMANT"}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    probe = "import sys; from conformance.cli import main; print([main(a) for a in {}], 'torch' in sys.modules)"
+    commands = [["validate", str(path)], ["report", str(path), "-o", str(tmp_path / "r.html")],
+                ["report", str(path)], ["compare", str(path), str(path)]]
+    proc = subprocess.run([sys.executable, "-c", probe.format(commands)], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.splitlines()[-1] == "[0, 0, 0, 0] False", proc.stdout + proc.stderr
+    assert (tmp_path / "r.html").stat().st_size > 0
+    proc = subprocess.run([sys.executable, "-c", "import sys; from conformance.cli import main\ntry: main(['repro', "
+                           "'--help'])\nexcept SystemExit: print('torch' in sys.modules)"], capture_output=True,
+                          text=True, timeout=120)
+    assert "numerics.ir_case" in proc.stdout and proc.stdout.splitlines()[-1] == "True", proc.stdout + proc.stderr
