@@ -48,6 +48,29 @@ def round_times(fns: dict[str, Callable[[], object]], rounds: int, block_s: floa
     return times
 
 
+def cold_round_times(fns: dict[str, Callable[[], object]], rounds: int, calls: int, evict: Callable[[], object],
+                     clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """round_times for data that comes from memory: every call timed alone right after `evict()` (which pushes the
+    functions' inputs out of the caches, untimed); a round's time of a function is the median of its `calls` calls.
+    A hot block of repeated calls keeps a few-MB input in L2 or L3, which a model's step (one layer after another)
+    never finds there."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    order, shuffle = list(fns), random.Random(0).shuffle
+    for fn in fns.values():   # warm up: first-call allocations and code out of the timings
+        fn()
+    for _ in range(rounds):
+        shuffle(order)
+        for name in order:
+            fn, took = fns[name], []
+            for _ in range(calls):
+                evict()
+                start = clock()
+                fn()
+                took.append(clock() - start)
+            times[name].append(statistics.median(took))
+    return times
+
+
 def best_times(fns: dict[str, Callable[[], object]], rounds: int, block_s: float,
                clock: Callable[[], float] = time.perf_counter, min_total_s: float = 0.0) -> dict[str, float]:
     """Seconds per call of each function: the best of its blocks in round_times."""

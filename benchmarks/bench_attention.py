@@ -17,6 +17,7 @@ Every implementation's output is checked against ours before timing (max abs dif
     python benchmarks/bench_attention.py --no-vllm --no-reference
     python benchmarks/bench_attention.py --threads 1 --cases prefill   # one row, one thread
     python benchmarks/bench_attention.py --block-size 16 --no-vllm     # the runtime's block size
+    python benchmarks/bench_attention.py --cold-cache    # each call after the caches are evicted, as in a model
 
 `--block-size` changes the KV-cache block size (default 128). vLLM's column needs a multiple of 32, the block
 sizes its CPU attention backend declares; at any other size it is skipped, with that reason.
@@ -156,6 +157,23 @@ def vllm_cpu(p: Problem) -> tuple[Callable[[], None], torch.Tensor]:
 
 
 # ----- machine ---------------------------------------------------------------------------------------------------
+COLD_CALLS = 25   # calls per implementation per round under --cold-cache, each after an eviction
+
+
+def cache_evictor() -> Callable[[], None]:
+    """A function that writes a buffer of four times this machine's largest cache (64 MB where sysfs says nothing),
+    pushing every implementation's cache and metadata out of L1, L2 and L3."""
+    import glob
+
+    largest = 0
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        text = open(path).read().strip()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        largest = max(largest, int(text.rstrip("KMG")) * scale)
+    junk = torch.zeros(max(4 * largest, 64 << 20) // 4)
+    return lambda: junk.add_(1.0)
+
+
 def machine(isa: str) -> str:
     from _isa import cpu_model   # beside this script (its folder is on sys.path when it runs)
 
@@ -177,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", help="only the cases whose label contains this text (e.g. 'prefill', 'b=8')")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time the thread's CPU time, not the wall clock (needs --threads 1)")
+    parser.add_argument("--cold-cache", action="store_true",
+                        help="time each call alone after evicting the caches (a buffer of 4x the L3 written), as "
+                             "in a model's step, where each layer's keys and values come from memory; by default "
+                             "blocks of repeated calls, whose cache of a few MB stays in L2 or L3")
     args = parser.parse_args(argv)
     if args.cpu_time and args.threads != 1:
         parser.error("--cpu-time needs --threads 1 (other threads' CPU time would not be counted)")
@@ -186,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     rounds = args.rounds or (3 if args.quick else 7)
     from _isa import follow_torch_isa   # beside this script (its folder is on sys.path when it runs)
-    from _timing import ratio_spread, round_times
+    from _timing import cold_round_times, ratio_spread, round_times
 
     isa = follow_torch_isa()
     vllm_problem = ("skipped (--no-vllm)" if args.no_vllm else
@@ -198,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         impls["reference"] = reference
     if vllm_problem is None:
         impls["vllm"] = vllm_cpu
-    print(f"machine: {machine(isa)}; timing: {'thread CPU time' if args.cpu_time else 'wall clock'}", file=sys.stderr)
+    evict = cache_evictor() if args.cold_cache else None
+    print(f"machine: {machine(isa)}; timing: {'thread CPU time' if args.cpu_time else 'wall clock'}"
+          f"{', each call alone after evicting the caches' if evict else ''}", file=sys.stderr)
     print(f"H={HEADS} KVH={KV_HEADS} D={HEAD} block={args.block_size}; "
           f"vLLM: {vllm_problem or 'vLLM 0.32 CPU_ATTN kernels'}", file=sys.stderr)
     headers = ["case", "dtype", "impl", "ms", "tok/s", "KV GB/s", "cpp speed-up", "per round [quartiles]",
@@ -217,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             ref_out = built["cpp"][1].double()
             diffs = {name: (out.double() - ref_out).abs().max().item() for name, (_, out) in built.items()}
             clock = time.thread_time if args.cpu_time else time.perf_counter
-            per_round = round_times(fns, rounds, args.min_time, clock)
+            per_round = (cold_round_times(fns, rounds, COLD_CALLS, evict, clock) if evict
+                         else round_times(fns, rounds, args.min_time, clock))
             times = {name: min(ts) for name, ts in per_round.items()}
             for name, t in times.items():
                 median, q1, q3 = ratio_spread(per_round, name, "cpp")

@@ -45,3 +45,13 @@ def test_block_size_option_runs_the_runtimes_blocks_and_says_why_vllm_is_skipped
     bad = subprocess.run([sys.executable, str(SCRIPT), "--block-size", "0"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "--block-size must be a positive number of tokens, got 0" in bad.stderr
+
+
+@pytest.mark.skipif(not cpp_backend.available(), reason="C++ CPU kernels cannot be built here")
+def test_cold_cache_times_each_call_after_an_eviction_and_says_so():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--dtypes", "float32", "--cases", "b=1 ctx=512",
+                           "--rounds", "1", "--cold-cache", "--no-vllm"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [[c.strip() for c in line.split("|")] for line in proc.stdout.splitlines()[2:]]
+    assert [r[2] for r in rows] == ["cpp", "reference"] and float(rows[1][-1]) <= 1e-4
+    assert "each call alone after evicting the caches" in proc.stderr

@@ -118,3 +118,27 @@ def test_ratio_spread_compares_each_rounds_blocks():
     times = {"a": [1.0, 1.0, 1.0, 1.0], "b": [0.9, 1.0, 1.2, 1.3]}
     assert timing.ratio_spread(times, "b", "a") == pytest.approx((1.1, 0.975, 1.225))
     assert timing.ratio_spread({"a": [2.0], "b": [3.0]}, "b", "a") == (1.5, 1.5, 1.5)
+
+
+def test_cold_timing_evicts_before_every_call_and_times_only_the_call():
+    """_timing.cold_round_times (bench_attention --cold-cache): each timed call follows an eviction, the eviction's
+    time is not counted, and a round's time is the median of its calls."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_timing_under_test", SCRIPT.parent / "_timing.py")
+    timing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timing)
+    now, events = [0.0], []
+
+    def tick(seconds, what):
+        def step():
+            events.append(what)
+            now[0] += seconds
+        return step
+
+    fns = {"a": tick(1.0, "a"), "b": tick(3.0, "b")}
+    times = timing.cold_round_times(fns, rounds=3, calls=4, evict=tick(100.0, "evict"), clock=lambda: now[0])
+    assert times == {"a": [1.0] * 3, "b": [3.0] * 3}
+    timed = events[2:]   # after one warm-up call of each
+    assert timed.count("a") == timed.count("b") == 12 and timed.count("evict") == 24
+    assert all(before == "evict" for before, after in zip(timed, timed[1:]) if after in fns)
