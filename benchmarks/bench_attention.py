@@ -163,11 +163,11 @@ COLD_CALLS = 25   # calls per implementation per round under --cold-cache, each 
 def cache_evictor() -> Callable[[], None]:
     """A function that writes a buffer of four times this machine's largest cache (64 MB where sysfs says nothing),
     pushing every implementation's cache and metadata out of L1, L2 and L3."""
-    import glob
+    from pathlib import Path
 
     largest = 0
-    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
-        text = open(path).read().strip()
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip()
         scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
         largest = max(largest, int(text.rstrip("KMG")) * scale)
     junk = torch.zeros(max(4 * largest, 64 << 20) // 4)
