@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing
 import os
 import platform
 import queue as queue_mod
@@ -17,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import _runtime_tp
+from _rank_world import rank_context, rank_process
 from reference_impl.models import (
     DecoderConfig,
     Sampler,
@@ -339,9 +339,9 @@ def test_tp2_on_gloo_equals_tp1(tmp_path):
                    "moe": str(write_random_checkpoint(tmp_path / "moe", MOE, seed=22)),
                    "gemma2": str(write_random_checkpoint(tmp_path / "gemma2", GEMMA2, seed=23)),
                    "gpt_oss": str(write_random_checkpoint(tmp_path / "gpt_oss", GPT_OSS, seed=24))}
-    ctx = multiprocessing.get_context("spawn")
+    ctx = rank_context()
     results = ctx.Queue()
-    procs = [ctx.Process(target=_runtime_tp.run_rank, args=(r, 2, str(tmp_path / "store"), directories, results))
+    procs = [rank_process(ctx, _runtime_tp.run_rank, (r, 2, str(tmp_path / "store"), directories, results))
              for r in range(2)]
     for p in procs:
         p.start()
