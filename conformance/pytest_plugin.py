@@ -33,7 +33,7 @@ from conformance import scratch_dirs
 from conformance.run import collection_plan, options
 from conformance.run.options import MAX_TIMEOUT_S
 from conformance.run.run_dir import WORKERINPUT_KEY, ZYGOTE_KEY, RunDir
-from conformance.run.zygote import die_with_parent
+from conformance.run.zygote import ZYGOTE_ENV, die_with_parent
 from conformance.run.scope import (configuration_notes, gate_description, is_empty_parameter_set, selection_of,
                                    unit_of, unused_baseline_notes, unused_waiver_notes)
 
@@ -119,7 +119,10 @@ class ConformanceRun:
         self.plan_written = False
         self.worker = None
         self.zygote = None   # the controller's, when xdist workers will start kernel workers (conformance.run.zygote)
-        self.zygote_path = (workerinput or {}).get(ZYGOTE_KEY)
+        # where this process's kernel workers fork from: an xdist worker's, the controller's zygote; a single
+        # process's, a zygote its caller keeps warm across runs (ZYGOTE_ENV), if any; else they start from scratch
+        self.zygote_path = (workerinput.get(ZYGOTE_KEY) if workerinput is not None
+                            else os.environ.get(ZYGOTE_ENV) or None)
         if not self.is_xdist_worker and not config.option.collectonly:
             self._start_kernel_processes(_xdist_workers(config))
         self.inventory = None

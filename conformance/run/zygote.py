@@ -10,10 +10,11 @@ child, never in the zygote. The zygote runs nothing but imports: it never opens 
 break.
 
 Protocol on the zygote's Unix socket, one connection per kernel worker: the client sends one length-prefixed
-JSON request (the worker's argv and environment) with three descriptors attached (the worker's stdin, stdout and
-stderr). The zygote answers `pid N` once it has forked, and `exit RC` when the child ends (RC as Popen's
-returncode: negative for a signal), then closes the connection. A client that finds no zygote launches its worker
-the usual way (conformance.run.worker).
+JSON request (the worker's argv, environment and working directory) with three descriptors attached (the worker's
+stdin, stdout and stderr). The zygote answers `pid N` once it has forked, and `exit RC` when the child ends (RC as
+Popen's returncode: negative for a signal), then closes the connection. A client that finds no zygote launches its
+worker the usual way (conformance.run.worker). A run without xdist starts no zygote, but forks its kernel workers
+from one its caller names (ZYGOTE_ENV), if any.
 
 Lifetime (Linux): the zygote dies with the controller that started it, and each forked worker with the zygote
 (PR_SET_PDEATHSIG, `die_with_parent`); a worker whose client closes the connection (the xdist worker that asked
@@ -36,6 +37,11 @@ import time
 from typing import Any, NoReturn
 
 SOCKET_NAME = "zygote.sock"
+# a single-process run's kernel workers fork from the zygote at this socket, one its caller keeps warm across runs
+# (the project's test suite does, tests/support/warm_python.py): it must answer this protocol and give each worker
+# the environment and working directory the request asks for, with the sys.path and imports a fresh interpreter
+# would have under them
+ZYGOTE_ENV = "CONFORMANCE_ZYGOTE"
 # the pid of the process that started this one, for `die_with_parent` (set by the starter: the zygote's controller,
 # a kernel worker's pytest process)
 PARENT_ENV = "CONFORMANCE_PARENT_PID"
@@ -80,11 +86,13 @@ def preload() -> None:
     registry()
 
 
-def serve(listener: socket.socket) -> NoReturn:
+def serve(listener: socket.socket, imports=preload, become=None) -> NoReturn:
     """Fork on requests to `listener` (bound by the controller, so clients can connect before these imports are
-    done, and wait), report exits; end when stdin (a pipe from the controller) closes."""
+    done, and wait), report exits; end when stdin (a pipe from the controller) closes. `imports` and `become` (what
+    a forked child does with its request, returning its exit status: `_become_worker`) let another process of the
+    caller's speak this protocol (tests/support/warm_python.py, which ZYGOTE_ENV hands to runs)."""
     try:
-        preload()
+        imports()
     except Exception:  # noqa: BLE001 - each forked worker imports what is missing and reports the failure itself
         import traceback
 
@@ -106,7 +114,7 @@ def serve(listener: socket.socket) -> NoReturn:
                 _check_client(conn, clients[conn], abandoned)
         if listener in readable:
             conn, _ = listener.accept()
-            _fork_child(listener, conn, children)
+            _fork_child(listener, conn, children, become or _become_worker)
     listener.close()
     deadline = time.monotonic() + 5.0   # the clients close their workers before the controller ends
     while children and time.monotonic() < deadline:
@@ -166,7 +174,7 @@ def _receive_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return json.loads(data[_HEADER.size:_HEADER.size + n]), list(fds)
 
 
-def _fork_child(listener: socket.socket, conn: socket.socket, children: dict[int, socket.socket]) -> None:
+def _fork_child(listener: socket.socket, conn: socket.socket, children: dict[int, socket.socket], become) -> None:
     try:
         request, fds = _receive_request(conn)
     except (OSError, EOFError, ValueError):
@@ -187,7 +195,7 @@ def _fork_child(listener: socket.socket, conn: socket.socket, children: dict[int
             for other in children.values():
                 other.close()
             conn.close()
-            code = _become_worker(request, fds)
+            code = become(request, fds)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
         except BaseException:  # noqa: BLE001 - printed to the worker's log, which its client reads
@@ -205,9 +213,9 @@ def _fork_child(listener: socket.socket, conn: socket.socket, children: dict[int
     children[pid] = conn
 
 
-def _become_worker(request: dict[str, Any], fds: list[int]) -> int:
+def take_request(request: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: its own session (the client kills it by process group), the client's descriptors as
-    fds 0-2, the client's environment, and the signal dispositions a fresh interpreter has."""
+    fds 0-2, the signal dispositions a fresh interpreter has, the client's environment and working directory."""
     os.setsid()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -219,6 +227,12 @@ def _become_worker(request: dict[str, Any], fds: list[int]) -> int:
     os.environ.clear()
     os.environ.update(request["env"])
     os.environ.pop(PARENT_ENV, None)   # its client's pid: this process follows the zygote, its parent, since the fork
+    os.chdir(request.get("cwd", os.getcwd()))   # the client's, as a worker started from scratch would have
+
+
+def _become_worker(request: dict[str, Any], fds: list[int]) -> int:
+    """In the forked child: the request taken (`take_request`), its `python -m` command run."""
+    take_request(request, fds)
     import runpy
 
     module, *args = request["argv"]   # run as `python -m module args` runs it
@@ -362,16 +376,17 @@ class ForkedProcess:
             pass
 
 
-def fork_worker(path: str, argv: list[str], env: dict[str, str], stderr_fd: int) -> ForkedProcess:
-    """Ask the zygote at `path` for a process running `python -m <argv>` (argv[0] the module) with this environment
-    and stderr; OSError when there is no zygote."""
+def fork_worker(path: str, argv: list[str], env: dict[str, str], stderr_fd: int,
+                cwd: str | None = None) -> ForkedProcess:
+    """Ask the zygote at `path` for a process running `python -m <argv>` (argv[0] the module) with this environment,
+    stderr and working directory (this process's when None); OSError when there is no zygote."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
         child_stdin, parent_stdin = os.pipe()
         parent_stdout, child_stdout = os.pipe()
         try:
-            data = json.dumps({"argv": argv, "env": env}).encode()
+            data = json.dumps({"argv": argv, "env": env, "cwd": cwd or os.getcwd()}).encode()
             message = _HEADER.pack(len(data)) + data
             sent = socket.send_fds(conn, [message], [child_stdin, child_stdout, stderr_fd])
             conn.sendall(message[sent:])

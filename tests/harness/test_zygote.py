@@ -4,6 +4,7 @@ starts its worker from scratch."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,8 +14,8 @@ import pytest
 
 from conformance.collect.units import DEFAULT_SEED, Unit
 from conformance.run.worker import KernelWorker, WorkerStartError, worker_environment
-from conformance.run.zygote import ForkedProcess, Zygote
-from harness_runner import run_harness
+from conformance.run.zygote import ZYGOTE_ENV, ForkedProcess, Zygote
+from harness_runner import harness_env, kernel_worker_probe, run_harness
 
 UNIT = Unit("dispatch", "defaults", "rms_norm", "cpp")
 
@@ -85,6 +86,22 @@ def test_without_a_zygote_the_worker_starts_from_scratch(tmp_path, zygote):
             assert isinstance(worker.proc, subprocess.Popen)
         finally:
             worker.close()
+
+
+def test_a_single_process_run_forks_its_kernel_workers_from_the_zygote_its_caller_names(tmp_path):
+    """CONFORMANCE_ZYGOTE: a zygote its caller keeps across runs (the tests' warm_python template is one); the
+    worker takes the run's working directory. A fresh controller here (WARM_ENV=0), the harness's own zygote."""
+    z = Zygote.start(str(tmp_path), worker_environment(harness_env(), 1))
+    try:
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        probe, seen = kernel_worker_probe(run_dir)
+        run = run_harness(run_dir, "cpu", "-p", probe, "-k", "numerics and rms_norm and float32 and ir_case",
+                          env={ZYGOTE_ENV: z.path, "WARM_ENV": "0"})
+        assert run.returncode == 0, run.output[-2000:]
+        assert json.loads(seen.read_text()) == {"kind": "ForkedProcess", "parent": z.proc.pid, "cwd": str(run_dir)}
+    finally:
+        z.close()
 
 
 def test_a_crash_under_xdist_reads_as_in_one_process(tmp_path):

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import warm_python
+
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 
 
@@ -93,12 +95,15 @@ def harness_command(platform: str, out: Path, level: str, *args: str) -> list[st
 
 def run_harness(tmp_path: Path, platform: str, *args: str, dist: str | Path | None = None,
                 level: str = "quick", timeout: float = 300, env: dict[str, str] | None = None) -> HarnessRun:
-    """`python -m pytest --platform=... --conformance-json=...` from `tmp_path` (not the project root);
-    `env` adds variables (e.g. REFERENCE_IMPL_PLUGINS) to the cleaned environment."""
+    """`python -m pytest --platform=... --conformance-json=...` from `tmp_path` (not the project root), forked from a
+    warm interpreter where that is safe (warm_python); `env` adds variables (e.g. REFERENCE_IMPL_PLUGINS) to the
+    cleaned environment."""
     out = tmp_path / f"{platform}.json"
     cmd = harness_command(platform, out, level, *args)
-    proc = subprocess.run(cmd, cwd=tmp_path, env=harness_env(dist, **(env or {})), capture_output=True, text=True,
-                          timeout=timeout)
+    run_env = harness_env(dist, **(env or {}))
+    proc = warm_python.run(cmd[2:], tmp_path, run_env, timeout, template_env=harness_env())
+    if proc is None:   # a run that may not fork from the warm template (warm_python says which)
+        proc = subprocess.run(cmd, cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=timeout)
     doc = json.loads(out.read_text()) if out.exists() else None
     return HarnessRun(proc.returncode, proc.stdout + proc.stderr, doc)
 
@@ -135,3 +140,23 @@ def entry_points_of(dist_info: Path) -> dict[str, dict[str, str]]:
     parser.optionxform = str
     parser.read(dist_info / "entry_points.txt")
     return {s: dict(parser[s]) for s in parser.sections()}
+
+
+_KERNEL_WORKER_PROBE = """
+import json, os
+def pytest_runtest_teardown(item):
+    from conformance.pytest_plugin import _state
+    proc = _state(item.config).worker.proc
+    with open(f"/proc/{proc.pid}/stat") as fh:
+        parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+    with open("kernel_worker_probe.json", "w") as fh:
+        json.dump({"kind": type(proc).__name__, "parent": parent, "cwd": os.readlink(f"/proc/{proc.pid}/cwd")}, fh)
+"""
+
+
+def kernel_worker_probe(cwd: Path) -> tuple[str, Path]:
+    """A pytest plugin for a single-process harness run from `cwd` (on its sys.path): after each check it writes what
+    the run's kernel worker is (the type of its process handle), whose child, in which directory. Returns the `-p`
+    name and the JSON file it writes."""
+    (cwd / "kernel_worker_probe.py").write_text(_KERNEL_WORKER_PROBE)
+    return "kernel_worker_probe", cwd / "kernel_worker_probe.json"
