@@ -68,8 +68,19 @@ def test_only_what_nothing_imported_ahead_reads_may_differ(tmp_path):
         f"{backend} brings a torch.backends entry point"
 
 
+@pytest.fixture
+def own_template(monkeypatch):
+    """A template of this test's own, importing under this process's environment of the moment (the process's
+    template started under an earlier test's, which later imports in this process may have added to)."""
+    monkeypatch.setattr(warm_python, "_template", None)
+    yield
+    if warm_python._template is not None:
+        warm_python._template.proc.kill()
+        warm_python._template.proc.wait()
+
+
 @pytest.mark.parametrize("extra, warm", [({}, True), ({"WARM_PROBE_ELSEWHERE": "1"}, False)], ids=["warm", "cold"])
-def test_a_run_ends_as_a_fresh_interpreter_would(tmp_path, extra, warm):
+def test_a_run_ends_as_a_fresh_interpreter_would(tmp_path, own_template, extra, warm):
     """Forked warm, or (a variable the template cannot vouch for) exec'd from scratch: the same ending either way."""
     root = _module(tmp_path)
     cwd = tmp_path / "cwd"

@@ -41,8 +41,12 @@ WARM_ENV = "WARM_ENV"
 # variables a warm request may set differently from the template's: nothing imported ahead reads them at import
 MAY_DIFFER = {"PYTHONPATH", "TMPDIR", "TORCH_EXTENSIONS_DIR", "PYTHONFAULTHANDLER", WARM_ENV,
               "HYPOTHESIS_STORAGE_DIRECTORY",   # set by the harness (tool_state); hypothesis is not imported ahead
-              "PYTEST_VERSION", "PYTEST_CURRENT_TEST"}   # set by pytest as it runs (the test's, the controller's)
-MAY_DIFFER_PREFIXES = ("CONFORMANCE_", "REFERENCE_IMPL_", "REFERENCE_", "VLLM_")
+              "PYTEST_VERSION", "PYTEST_CURRENT_TEST",   # set by pytest as it runs (the test's, the controller's)
+              # Inductor's: its cache directory, read (and set where unset) when it first needs it, and a pointer it
+              # sets in the process that loads a compiled module, just before the module reads it
+              "TORCHINDUCTOR_CACHE_DIR", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"}
+# AITER_: set by vLLM's import (in a test process that imported it) for AMD's AITER, which nothing here imports
+MAY_DIFFER_PREFIXES = ("CONFORMANCE_", "REFERENCE_IMPL_", "REFERENCE_", "VLLM_", "AITER_")
 
 
 # ----- what may fork warm ----------------------------------------------------------------------------------------
