@@ -78,14 +78,6 @@ def plugin_roots(dist: str | Path) -> list[Path]:
 def harness_env(dist: str | Path | None = None, **extra: str) -> dict[str, str]:
     """The environment of a harness subprocess: no inherited allowlist or xdist state, `dist` on PYTHONPATH."""
     env = dict(os.environ)
-    # the loader path this process started with: OpenCV's import (through vLLM's, in a test process that imported it)
-    # adds its own library directory, which a run's own imports add again for themselves, and which would keep the
-    # run from forking warm (warm_python: it decides what a fresh process loads)
-    started = _started_with("LD_LIBRARY_PATH")
-    if started is not None:
-        env["LD_LIBRARY_PATH"] = started
-    elif os.path.exists("/proc/self/environ"):
-        env.pop("LD_LIBRARY_PATH", None)
     env.pop("REFERENCE_IMPL_PLUGINS", None)
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
@@ -94,18 +86,6 @@ def harness_env(dist: str | Path | None = None, **extra: str) -> dict[str, str]:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [*roots, env.get("PYTHONPATH")]))
     env.update(extra)
     return env
-
-
-def _started_with(name: str) -> str | None:
-    """The value of `name` in the environment this process was started with (/proc/self/environ), None where it had
-    none or there is no /proc."""
-    try:
-        with open("/proc/self/environ", "rb") as fh:
-            entries = fh.read().split(b"\0")
-    except OSError:
-        return None
-    prefix = name.encode() + b"="
-    return next((e[len(prefix):].decode(errors="surrogateescape") for e in entries if e.startswith(prefix)), None)
 
 
 def harness_command(platform: str, out: Path, level: str, *args: str) -> list[str]:
