@@ -53,11 +53,12 @@ MAY_DIFFER_PREFIXES = ("CONFORMANCE_", "REFERENCE_IMPL_", "REFERENCE_", "VLLM_",
 def cold_reason(env: dict[str, str], template_env: dict[str, str]) -> str | None:
     """Why a request with `env` may not fork from a template that imported under `template_env` (module docstring),
     None when it may."""
+    worker_settings = _worker_settings()
     for key in sorted(set(env) | set(template_env)):
         ours, theirs = template_env.get(key), env.get(key)
         if ours == theirs or key in MAY_DIFFER or key.startswith(MAY_DIFFER_PREFIXES):
             continue
-        if theirs is None and key in _worker_settings():   # a controller, which compiles and computes nothing
+        if theirs is None and key in worker_settings:   # a controller, which compiles and computes nothing
             continue
         return f"{key} is {theirs!r}, {ours!r} in the template"
     template_roots = set(template_env.get("PYTHONPATH", "").split(os.pathsep))
