@@ -70,13 +70,12 @@ def test_only_what_nothing_imported_ahead_reads_may_differ(tmp_path):
 
 @pytest.fixture
 def own_template(monkeypatch):
-    """A template of this test's own, importing under this process's environment of the moment (the process's
-    template started under an earlier test's, which later imports in this process may have added to)."""
-    monkeypatch.setattr(warm_python, "_template", None)
+    """Templates of this test's own, importing under this process's environment of the moment (the process's
+    templates started under earlier tests' environments)."""
+    monkeypatch.setattr(warm_python, "_templates", {})
     yield
-    if warm_python._template is not None:
-        warm_python._template.proc.kill()
-        warm_python._template.proc.wait()
+    for template in warm_python._templates.values():
+        template.stop()
 
 
 @pytest.mark.parametrize("extra, warm", [({}, True), ({"WARM_PROBE_ELSEWHERE": "1"}, False)], ids=["warm", "cold"])
@@ -97,6 +96,30 @@ def test_a_run_ends_as_a_fresh_interpreter_would(tmp_path, own_template, extra, 
     assert warm_python.run(["warm_probe", "0"], cwd, env, 120, template_env=harness_env()).returncode == 0
 
 
+def test_a_run_under_another_environment_forks_from_a_template_of_its_own(tmp_path, own_template, monkeypatch):
+    """A test process's environment changes as it runs (vLLM's import adds its LD_PRELOAD): a run under an environment
+    no live template imported under gets a template of its own and forks warm from it; past KEEP templates the least
+    recently used one ends."""
+    monkeypatch.setattr(warm_python, "KEEP", 1)
+    root = _module(tmp_path)
+    seen = tmp_path / "seen.json"
+
+    def run_under(value: str) -> warm_python._Template:
+        extra = {"WARM_PROBE_ELSEWHERE": value}
+        env = harness_env(root, CONFORMANCE_TEST_SEEN_FILE=str(seen), CONFORMANCE_TEST_DONE_FILE=str(tmp_path / "done"),
+                          **extra)
+        assert warm_python.run(["warm_probe", "0"], tmp_path, env, 120, template_env=harness_env(**extra)).returncode == 0
+        assert json.loads(seen.read_text())["warm"] is True
+        return warm_python.template(harness_env(**extra))
+
+    first = run_under("1")
+    assert run_under("1") is first
+    second = run_under("2")
+    assert second is not first and second.proc.poll() is None
+    assert first.proc.poll() is not None   # KEEP is 1: the other one ended
+    assert list(warm_python._templates.values()) == [second]
+
+
 def test_a_run_past_its_limit_is_killed_and_raises_as_subprocess_does(tmp_path):
     root = _module(tmp_path, "import sys, time\nprint('started', flush=True)\ntime.sleep(120)\n")
     with pytest.raises(subprocess.TimeoutExpired) as caught:
@@ -110,5 +133,5 @@ def test_a_harness_runs_kernel_worker_forks_from_the_template(tmp_path):
     probe, seen = kernel_worker_probe(tmp_path)
     run = run_harness(tmp_path, "demo", "-p", probe, "-k", "numerics and rms_norm and float32", dist="demo")
     assert run.returncode == 0, run.output[-2000:]
-    assert json.loads(seen.read_text()) == {"kind": "ForkedProcess", "parent": warm_python._template.proc.pid,
-                                            "cwd": str(tmp_path)}
+    parent = warm_python.template(harness_env()).proc.pid
+    assert json.loads(seen.read_text()) == {"kind": "ForkedProcess", "parent": parent, "cwd": str(tmp_path)}

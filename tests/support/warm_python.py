@@ -2,8 +2,8 @@
 
 A fresh harness controller spends about 2 CPU-seconds importing torch, pytest and the harness before it reads its
 arguments, and its kernel worker about 4.5 more (torch, Dynamo, the checks); the suite starts dozens of runs on a
-2-core CI machine. `run` hands a run to a template process (one per test process, started on first use) that has
-imported all of that once. The template forks a child per run, which takes the run's working directory, environment,
+2-core CI machine. `run` hands a run to a template process that has imported all of that once (started on first use;
+one for each environment its imports could have read differently, at most KEEP of them per test process). The template forks a child per run, which takes the run's working directory, environment,
 sys.path (built from PYTHONPATH as a fresh interpreter builds it), argv and output files, runs `python -m <module>`
 and exits the way that interpreter would (its atexit handlers run, its threads are joined). The run gets the
 template's socket as its zygote (conformance.run.zygote.ZYGOTE_ENV), so its kernel workers fork from the template
@@ -50,13 +50,23 @@ MAY_DIFFER_PREFIXES = ("CONFORMANCE_", "REFERENCE_IMPL_", "REFERENCE_", "VLLM_",
 
 
 # ----- what may fork warm ----------------------------------------------------------------------------------------
+def may_differ(key: str) -> bool:
+    """Whether a request's `key` may differ from its template's: nothing imported ahead reads it."""
+    return key in MAY_DIFFER or key.startswith(MAY_DIFFER_PREFIXES)
+
+
+def import_key(env: dict[str, str]) -> tuple:
+    """What of `env` a template's imports may have read: templates that imported under the same key are alike."""
+    return tuple(sorted((k, v) for k, v in env.items() if not may_differ(k)))
+
+
 def cold_reason(env: dict[str, str], template_env: dict[str, str]) -> str | None:
     """Why a request with `env` may not fork from a template that imported under `template_env` (module docstring),
     None when it may."""
     worker_settings = _worker_settings()
     for key in sorted(set(env) | set(template_env)):
         ours, theirs = template_env.get(key), env.get(key)
-        if ours == theirs or key in MAY_DIFFER or key.startswith(MAY_DIFFER_PREFIXES):
+        if ours == theirs or may_differ(key):
             continue
         if theirs is None and key in worker_settings:   # a controller, which compiles and computes nothing
             continue
@@ -181,7 +191,7 @@ def main(argv: list[str]) -> None:
 
 # ----- the client ------------------------------------------------------------------------------------------------
 class _Template:
-    """This test process's template: its socket path and process."""
+    """One template: its socket path and process."""
 
     def __init__(self, directory: str, env: dict[str, str]):
         from conformance.run.worker import worker_environment
@@ -199,26 +209,45 @@ class _Template:
                                          stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=[fd],
                                          start_new_session=True)
 
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
 
-_template: _Template | None = None
+
+# This test process's templates by import_key, the most recently used last. A test process's environment changes as it
+# runs: importing vLLM adds its LD_PRELOAD and loader path for good, and a test may set a variable for its own runs.
+# A run whose environment no live template imported under gets a template of its own rather than a start from scratch
+# (a template's imports cost what one run's controller and worker do); the least recently used one beyond KEEP ends.
+_templates: dict[tuple, _Template] = {}
+KEEP = 2
+
+
+def template(template_env: dict[str, str]) -> _Template:
+    """The live template that imported under `template_env` (by import_key), started now if there is none."""
+    key = import_key(template_env)
+    found = _templates.pop(key, None)
+    if found is None or found.proc.poll() is not None:
+        while len(_templates) >= KEEP:
+            _templates.pop(next(iter(_templates))).stop()
+        found = _Template(tempfile.mkdtemp(prefix="warm-python-"), template_env)
+    _templates[key] = found
+    return found
 
 
 def run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float,
         template_env: dict[str, str]) -> subprocess.CompletedProcess | None:
-    """`python -m argv...` in `cwd` with `env`, through this process's template (started on first use, importing
-    under `template_env`), its kernel workers through it too: the completed process (stdout and stderr as text),
+    """`python -m argv...` in `cwd` with `env`, through this process's template that imported under `template_env`
+    (started on first use), its kernel workers through it too: the completed process (stdout and stderr as text),
     subprocess.TimeoutExpired past `timeout` s (the run's process group killed), or None where WARM_ENV=0 or the
     template could not be reached (the caller starts the run itself)."""
-    global _template
     from conformance.run.zygote import ZYGOTE_ENV, fork_worker
 
     if env.get(WARM_ENV, "1") == "0" or not sys.platform.startswith("linux"):
         return None
-    if _template is None or _template.proc.poll() is not None:
-        _template = _Template(tempfile.mkdtemp(prefix="warm-python-"), template_env)
+    warm = template(template_env)
     with tempfile.TemporaryFile() as err:
         try:
-            proc = fork_worker(_template.path, argv, {**env, ZYGOTE_ENV: _template.path}, err.fileno(), str(cwd))
+            proc = fork_worker(warm.path, argv, {**env, ZYGOTE_ENV: warm.path}, err.fileno(), str(cwd))
         except OSError:
             return None
         proc.stdin.close()
@@ -240,7 +269,7 @@ def run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float,
     if timed_out:
         raise subprocess.TimeoutExpired(cmd, timeout, output=stdout, stderr=stderr)
     if rc is None:
-        log = os.path.join(os.path.dirname(_template.path), "template.log")
+        log = os.path.join(os.path.dirname(warm.path), "template.log")
         raise RuntimeError(f"the warm-python template went away during a run (its log: {log})")
     return subprocess.CompletedProcess(cmd, rc, stdout, stderr)
 
