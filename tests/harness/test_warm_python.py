@@ -108,7 +108,8 @@ def test_a_run_under_another_environment_forks_from_a_template_of_its_own(tmp_pa
         extra = {"WARM_PROBE_ELSEWHERE": value}
         env = harness_env(root, CONFORMANCE_TEST_SEEN_FILE=str(seen), CONFORMANCE_TEST_DONE_FILE=str(tmp_path / "done"),
                           **extra)
-        assert warm_python.run(["warm_probe", "0"], tmp_path, env, 120, template_env=harness_env(**extra)).returncode == 0
+        proc = warm_python.run(["warm_probe", "0"], tmp_path, env, 120, template_env=harness_env(**extra))
+        assert proc.returncode == 0
         assert json.loads(seen.read_text())["warm"] is True
         return warm_python.template(harness_env(**extra))
 

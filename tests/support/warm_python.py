@@ -3,9 +3,10 @@
 A fresh harness controller spends about 2 CPU-seconds importing torch, pytest and the harness before it reads its
 arguments, and its kernel worker about 4.5 more (torch, Dynamo, the checks); the suite starts dozens of runs on a
 2-core CI machine. `run` hands a run to a template process that has imported all of that once (started on first use;
-one for each environment its imports could have read differently, at most KEEP of them per test process). The template forks a child per run, which takes the run's working directory, environment,
-sys.path (built from PYTHONPATH as a fresh interpreter builds it), argv and output files, runs `python -m <module>`
-and exits the way that interpreter would (its atexit handlers run, its threads are joined). The run gets the
+one for each environment its imports could have read differently, at most KEEP of them per test process). The
+template forks a child per run, which takes the run's working directory, environment, sys.path (built from PYTHONPATH
+as a fresh interpreter builds it), argv and output files, runs `python -m <module>` and exits the way that
+interpreter would (its atexit handlers run, its threads are joined). The run gets the
 template's socket as its zygote (conformance.run.zygote.ZYGOTE_ENV), so its kernel workers fork from the template
 the same way, through the harness's own zygote client; what else the run starts (ranks, vLLM's engine, compilers)
 it starts itself.
