@@ -72,12 +72,11 @@ inline float sum_squares(const T* __restrict x, int64_t n) {
   return reduce_add((acc0 + acc1) + (acc2 + acc3));
 }
 
-// The first pass of fused_add_rms_norm over elements [j0, j1) of a row: s = x + r in fp32,
-// r = cast(s), s kept in fp32 at `s_out` (the residual row itself for fp32, whose cast is exact),
-// and (kAccumulate) the sum of s^2 added to `acc`.
+// The first pass of fused_add_rms_norm over elements [j0, j1) of a row: s = x + r in fp32 and (kAccumulate) the
+// sum of s^2 added to `acc`. An fp32 row keeps s in r (its cast is exact) for the second pass to read; a 16-bit
+// row writes nothing here (add_normalize_row forms s again).
 template <typename T, bool kAccumulate>
-inline void add_span(const T* __restrict x, T* __restrict r, float* __restrict s_out, int64_t j0, int64_t j1,
-                     fVec* acc) {
+inline void add_span(const T* __restrict x, T* __restrict r, int64_t j0, int64_t j1, fVec* acc) {
   int64_t j = j0;
 #if defined(REFERENCE_CPU_IN_PLACE_F32X8)
   if constexpr (std::is_same_v<T, float>) {  // 32 elements a step, 256 bits at a time; the rest below
@@ -114,13 +113,9 @@ inline void add_span(const T* __restrict x, T* __restrict r, float* __restrict s
     b = b + rb;
     c = c + rc;
     d = d + rd;
-    Io<T>::store(r + j, a, b);
-    Io<T>::store(r + j + kChunk, c, d);
-    if constexpr (!std::is_same_v<T, float>) {
-      a.store(s_out + j);
-      b.store(s_out + j + kF);
-      c.store(s_out + j + kChunk);
-      d.store(s_out + j + kChunk + kF);
+    if constexpr (std::is_same_v<T, float>) {
+      Io<T>::store(r + j, a, b);
+      Io<T>::store(r + j + kChunk, c, d);
     }
     if constexpr (kAccumulate) {
       acc[0] = at::vec::fmadd(a, a, acc[0]);
@@ -136,11 +131,7 @@ inline void add_span(const T* __restrict x, T* __restrict r, float* __restrict s
     load_n(r + j, len, ra, rb);
     a = a + ra;
     b = b + rb;
-    store_n(r + j, len, a, b);
-    if constexpr (!std::is_same_v<T, float>) {  // whole chunks: the scratch row is padded
-      a.store(s_out + j);
-      b.store(s_out + j + kF);
-    }
+    if constexpr (std::is_same_v<T, float>) store_n(r + j, len, a, b);
     if constexpr (kAccumulate) {
       acc[0] = at::vec::fmadd(a, a, acc[0]);
       acc[1] = at::vec::fmadd(b, b, acc[1]);
@@ -148,25 +139,17 @@ inline void add_span(const T* __restrict x, T* __restrict r, float* __restrict s
   }
 }
 
-// One output row: o = cast(v * inv * w) from the fp32 values v (kFromFloat: an fp32 row
-// `vf`) or from the row `v` of T. `next_in` / `next_o` (or null): lines of the next row to
-// prefetch, one 64-byte line of each a step (rms_norm_rows says where); `stream`: non-temporal
-// stores (store_out), and the output's lines are not prefetched.
-template <typename T, bool kWeight, bool kFromFloat, typename In>
-inline void normalize_row(const In* __restrict v, const float* __restrict w, T* __restrict o, int64_t hidden,
+// One output row: o = cast(v * inv * w) from the row `v` of T. `next_in` / `next_o` (or null): lines of the next
+// row to prefetch, one 64-byte line of each a step (rms_norm_rows says where); `stream`: non-temporal stores
+// (store_out), and the output's lines are not prefetched. kInPlace: fused_add_rms_norm's fp32 row (v the sums s
+// in the residual row, o the row x rewritten in place), through 256-bit loops in AVX-512 builds.
+template <typename T, bool kWeight, bool kInPlace = false>
+inline void normalize_row(const T* __restrict v, const float* __restrict w, T* __restrict o, int64_t hidden,
                           const fVec& inv, const T* next_in, const T* next_o, bool stream = false) {
-  static_assert(std::is_same_v<In, std::conditional_t<kFromFloat, float, T>>);
-  auto load = [&](int64_t j, fVec& a, fVec& b) {
-    if constexpr (kFromFloat) {
-      a = fVec::loadu(v + j);
-      b = fVec::loadu(v + j + kF);
-    } else {
-      Io<T>::load(v + j, a, b);
-    }
-  };
+  static_assert(!kInPlace || std::is_same_v<T, float>);
   int64_t j = 0;
 #if defined(REFERENCE_CPU_IN_PLACE_F32X8)
-  if constexpr (std::is_same_v<T, float> && kFromFloat) {  // fused_add_rms_norm's fp32 x, written in place
+  if constexpr (kInPlace) {
     const __m256 iv = _mm512_castps512_ps256(inv);
     for (; j + 32 <= hidden; j += 32) {
 #pragma GCC unroll 4
@@ -184,8 +167,8 @@ inline void normalize_row(const In* __restrict v, const float* __restrict w, T* 
       if (!stream) prefetch_bytes<true>(next_o + j, 2 * kChunk * sizeof(T));
     }
     fVec a, b, c, d;
-    load(j, a, b);
-    load(j + kChunk, c, d);
+    Io<T>::load(v + j, a, b);
+    Io<T>::load(v + j + kChunk, c, d);
     scale_chunk<kWeight>(a, b, inv, w + j);
     scale_chunk<kWeight>(c, d, inv, w + j + kChunk);
     store_out(o + j, kChunk, stream, a, b);
@@ -194,11 +177,7 @@ inline void normalize_row(const In* __restrict v, const float* __restrict w, T* 
   for (; j < hidden; j += kChunk) {
     const int64_t len = std::min<int64_t>(kChunk, hidden - j);
     fVec a, b;
-    if constexpr (kFromFloat && !std::is_same_v<T, float>) {
-      load(j, a, b);  // the scratch row: padded to whole chunks, in Io<T>'s lane order
-    } else {
-      load_n(v + j, len, a, b);  // a row of T, or fp32's residual row itself (not padded)
-    }
+    load_n(v + j, len, a, b);
     scale_chunk<kWeight>(a, b, inv, w + j);
     store_out(o + j, len, stream, a, b);
   }
@@ -225,32 +204,63 @@ void rms_norm_rows(const T* x, RowIndex x_rows, const T* weight, T* out, int64_t
       const bool more = kPrefetchNextRow<T> && r + 1 < end;
       const fVec inv(inv_rms(sum_squares(xr, n_var), n_var, eps));
       T* o = out + r * hidden;
-      normalize_row<T, kWeight, false>(xr, w.data(), o, hidden, inv, more ? x + x_rows(r + 1) : nullptr,
-                                       o + hidden, stream_all && aligned64(o));
+      normalize_row<T, kWeight>(xr, w.data(), o, hidden, inv, more ? x + x_rows(r + 1) : nullptr, o + hidden,
+                                stream_all && aligned64(o));
     }
     stream_fence();
   });
 }
 
-// fused_add_rms_norm, per row: one pass forms s = x + r (r = cast(s), s kept in fp32, its sum of
-// squares over the first n_var elements), a second pass writes x = normalized s from the fp32
-// copy, which for 16-bit rows is a per-task scratch row (cache-resident) instead of reloading and
-// re-adding x and r. Nothing is prefetched: for fp32 the hardware prefetchers keep up and the
-// extra instructions cost 3-4% (AVX2 EPYC, 3 interleaved runs); for 16-bit rows prefetching the
-// next row's x and r cost 3% on an AVX-512 EPYC (Zen 4; 1 and 2 threads, paired rounds).
+// The second pass of a 16-bit row: s = x + r formed again (the same fp32 sums as the first pass; the row is still
+// in cache), r = cast(s) and x = cast(s * inv * w).
+template <typename T, bool kWeight>
+inline void add_normalize_row(T* __restrict x, T* __restrict r, const float* __restrict w, int64_t hidden,
+                              const fVec& inv) {
+  int64_t j = 0;
+  for (; j + kChunk <= hidden; j += kChunk) {
+    fVec a, b, ra, rb;
+    Io<T>::load(x + j, a, b);
+    Io<T>::load(r + j, ra, rb);
+    a = a + ra;
+    b = b + rb;
+    Io<T>::store(r + j, a, b);
+    scale_chunk<kWeight>(a, b, inv, w + j);
+    Io<T>::store(x + j, a, b);
+  }
+  if (j < hidden) {
+    const int64_t len = hidden - j;
+    fVec a, b, ra, rb;
+    load_n(x + j, len, a, b);
+    load_n(r + j, len, ra, rb);
+    a = a + ra;
+    b = b + rb;
+    store_n(r + j, len, a, b);
+    scale_chunk<kWeight>(a, b, inv, w + j);
+    store_n(x + j, len, a, b);
+  }
+}
+
+// fused_add_rms_norm, per row: a first pass forms s = x + r in fp32 and its sum of squares over the first n_var
+// elements; a second pass writes x = normalized s. An fp32 row keeps s in r during the first pass (its cast is
+// exact) and the second reads it back; a 16-bit row writes nothing in the first pass and the second forms s again
+// from x and r, writing r = cast(s) and x. Until 2026-12-07 the 16-bit first pass also wrote r, and an fp32 copy
+// of s into a scratch row that the second pass read (16 KB written and read again for a 4096-wide row, which with
+// x and r filled a 32 KB L1): bf16 was 2-30% slower so (1 and 2 threads; AVX-512 and AVX2 builds on a Zen 4 EPYC,
+// alternating processes; csrc/README.md), fp16 about even.
+// Nothing is prefetched: for fp32 the hardware prefetchers keep up and the extra instructions cost 3-4% (AVX2
+// EPYC, 3 interleaved runs); for 16-bit rows prefetching the next row's x and r cost 3% on an AVX-512 EPYC (Zen 4;
+// 1 and 2 threads, paired rounds).
 template <typename T, bool kWeight>
 void fused_add_rms_norm_rows(T* x, RowIndex x_rows, T* residual, RowIndex res_rows, const T* weight,
                              int64_t rows, int64_t hidden, int64_t n_var, float eps) {
   constexpr bool kFloat = std::is_same_v<T, float>;
   at::parallel_for(0, rows, row_grain(hidden), [=](int64_t begin, int64_t end) {
     const std::vector<float> w = widen_weight(kWeight ? weight : nullptr, hidden);
-    std::vector<float> scratch(kFloat ? 0 : (hidden + kChunk - 1) / kChunk * kChunk);
     for (int64_t r = begin; r < end; ++r) {
       T* xr = x + x_rows(r);
       T* rr = residual + res_rows(r);
-      // Spans start on chunk boundaries (the scratch row holds whole chunks in Io<T>'s lane
-      // order): the sum over the chunks before n_var in the pass, the few elements of n_var's own
-      // chunk before it here, from the inputs, before the pass overwrites r.
+      // The vector pass sums whole chunks, those before n_var's own chunk; that chunk's few elements before
+      // n_var are summed here, from the inputs, before an fp32 pass overwrites r.
       const int64_t n0 = n_var / kChunk * kChunk;
       float partial = 0.f;
       for (int64_t i = n0; i < n_var; ++i) {
@@ -258,14 +268,14 @@ void fused_add_rms_norm_rows(T* x, RowIndex x_rows, T* residual, RowIndex res_ro
         partial += v * v;
       }
       fVec acc[4] = {fVec(0.f), fVec(0.f), fVec(0.f), fVec(0.f)};
-      add_span<T, true>(xr, rr, scratch.data(), 0, n0, acc);
-      add_span<T, false>(xr, rr, scratch.data(), n0, hidden, acc);
+      add_span<T, true>(xr, rr, 0, n0, acc);
+      if constexpr (kFloat) add_span<T, false>(xr, rr, n0, hidden, acc);   // s for the rest of the row
       const float sum_sq = reduce_add((acc[0] + acc[1]) + (acc[2] + acc[3])) + partial;
       const fVec inv(inv_rms(sum_sq, n_var, eps));
       if constexpr (kFloat) {
         normalize_row<T, kWeight, true>(rr, w.data(), xr, hidden, inv, nullptr, nullptr);
       } else {
-        normalize_row<T, kWeight, true>(scratch.data(), w.data(), xr, hidden, inv, nullptr, nullptr);
+        add_normalize_row<T, kWeight>(xr, rr, w.data(), hidden, inv);
       }
     }
   });
