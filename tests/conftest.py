@@ -27,6 +27,15 @@ if str(SUPPORT) not in sys.path:
 SLOW_FOLDERS_FIRST = ("vllm_bridge", "engine", "harness", "collective")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _warm_templates_in_the_session_tmp(tmp_path_factory):
+    """The warm-python templates' sockets and logs go under this session's base temporary directory, which pytest
+    removes after a few later sessions, not into the system's temporary directory for good."""
+    import warm_python
+
+    warm_python.keep_templates_under(tmp_path_factory.getbasetemp())
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     """`-n N` without `--dist`: work stealing, not xdist's default `load`. `load` gives each worker a quarter of its

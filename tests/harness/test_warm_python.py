@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -119,6 +120,21 @@ def test_a_run_under_another_environment_forks_from_a_template_of_its_own(tmp_pa
     assert second is not first and second.proc.poll() is None
     assert first.proc.poll() is not None   # KEEP is 1: the other one ended
     assert list(warm_python._templates.values()) == [second]
+
+
+def test_a_template_keeps_its_socket_and_log_in_the_sessions_temporary_directory(tmp_path_factory, monkeypatch):
+    """Under the test session's base temporary directory (which pytest removes after a few later sessions), not in
+    the system's for good; in the system's where a socket path under the session's would pass AF_UNIX's limit."""
+    base = tmp_path_factory.getbasetemp()
+    assert warm_python._base_dir == str(base)   # set for the session by tests/conftest.py
+    made = Path(warm_python._template_directory())
+    assert made.parent == base and made.name.startswith("warm-python-")
+    made.rmdir()
+    deep = base / ("d" * (warm_python.SOCKET_PATH_LIMIT - len(str(base))))
+    monkeypatch.setattr(warm_python, "_base_dir", str(deep))
+    made = Path(warm_python._template_directory())
+    assert made.parent == Path(tempfile.gettempdir())
+    made.rmdir()
 
 
 def test_a_run_past_its_limit_is_killed_and_raises_as_subprocess_does(tmp_path):

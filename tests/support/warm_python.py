@@ -221,6 +221,25 @@ class _Template:
 # (a template's imports cost what one run's controller and worker do); the least recently used one beyond KEEP ends.
 _templates: dict[tuple, _Template] = {}
 KEEP = 2
+# Where a template's directory (its socket and log) goes: the test session's base temporary directory
+# (tests/conftest.py sets it), which pytest removes after a few later sessions as it does every test's tmp_path; the
+# system's temporary directory where none is set or a socket path there would pass AF_UNIX's limit.
+_base_dir: str | None = None
+SOCKET_PATH_LIMIT = 100   # bytes; AF_UNIX's sun_path holds 108 on Linux
+
+
+def keep_templates_under(directory: str | os.PathLike) -> None:
+    """Templates started from now on keep their socket and log in a directory under `directory`."""
+    global _base_dir
+    _base_dir = os.fspath(directory)
+
+
+def _template_directory() -> str:
+    base = _base_dir
+    # mkdtemp's name is the prefix and 8 characters
+    if base is None or len(os.fsencode(os.path.join(base, "warm-python-12345678", "warm.sock"))) > SOCKET_PATH_LIMIT:
+        base = None
+    return tempfile.mkdtemp(prefix="warm-python-", dir=base)
 
 
 def template(template_env: dict[str, str]) -> _Template:
@@ -230,7 +249,7 @@ def template(template_env: dict[str, str]) -> _Template:
     if found is None or found.proc.poll() is not None:
         while len(_templates) >= KEEP:
             _templates.pop(next(iter(_templates))).stop()
-        found = _Template(tempfile.mkdtemp(prefix="warm-python-"), template_env)
+        found = _Template(_template_directory(), template_env)
     _templates[key] = found
     return found
 
