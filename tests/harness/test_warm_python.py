@@ -128,7 +128,7 @@ def test_a_template_keeps_its_socket_and_log_in_the_sessions_temporary_directory
     base = tmp_path_factory.getbasetemp()
     assert warm_python._base_dir == str(base)   # set for the session by tests/conftest.py
     made = Path(warm_python._template_directory())
-    assert made.parent == base and made.name.startswith("warm-python-")
+    assert made.parent == base and made.name.startswith(warm_python.DIRECTORY_PREFIX)
     made.rmdir()
     deep = base / ("d" * (warm_python.SOCKET_PATH_LIMIT - len(str(base))))
     monkeypatch.setattr(warm_python, "_base_dir", str(deep))

@@ -191,18 +191,23 @@ def main(argv: list[str]) -> None:
 
 
 # ----- the client ------------------------------------------------------------------------------------------------
+# a template's directory: DIRECTORY_PREFIX and mkdtemp's 8 characters, holding its socket and its log
+DIRECTORY_PREFIX, SOCKET_NAME, LOG_NAME = "warm-python-", "warm.sock", "template.log"
+
+
 class _Template:
-    """One template: its socket path and process."""
+    """One template: its socket path, log and process."""
 
     def __init__(self, directory: str, env: dict[str, str]):
         from conformance.run.worker import worker_environment
         from conformance.run.zygote import PARENT_ENV
 
-        self.path = os.path.join(directory, "warm.sock")
+        self.path = os.path.join(directory, SOCKET_NAME)
+        self.log = os.path.join(directory, LOG_NAME)
         # the environment a kernel worker of these runs gets (they inherit this test process's xdist worker count)
         env = worker_environment(env, int(env.get("PYTEST_XDIST_WORKER_COUNT") or 1))
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener, \
-                open(os.path.join(directory, "template.log"), "wb") as log:
+                open(self.log, "wb") as log:
             listener.bind(self.path)
             listener.listen(16)
             fd = listener.fileno()
@@ -236,10 +241,10 @@ def keep_templates_under(directory: str | os.PathLike) -> None:
 
 def _template_directory() -> str:
     base = _base_dir
-    # mkdtemp's name is the prefix and 8 characters
-    if base is None or len(os.fsencode(os.path.join(base, "warm-python-12345678", "warm.sock"))) > SOCKET_PATH_LIMIT:
+    socket_path = os.path.join(base or "", DIRECTORY_PREFIX + "12345678", SOCKET_NAME)
+    if base is None or len(os.fsencode(socket_path)) > SOCKET_PATH_LIMIT:
         base = None
-    return tempfile.mkdtemp(prefix="warm-python-", dir=base)
+    return tempfile.mkdtemp(prefix=DIRECTORY_PREFIX, dir=base)
 
 
 def template(template_env: dict[str, str]) -> _Template:
@@ -289,8 +294,7 @@ def run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float,
     if timed_out:
         raise subprocess.TimeoutExpired(cmd, timeout, output=stdout, stderr=stderr)
     if rc is None:
-        log = os.path.join(os.path.dirname(warm.path), "template.log")
-        raise RuntimeError(f"the warm-python template went away during a run (its log: {log})")
+        raise RuntimeError(f"the warm-python template went away during a run (its log: {warm.log})")
     return subprocess.CompletedProcess(cmd, rc, stdout, stderr)
 
 
