@@ -138,9 +138,13 @@ def test_a_template_keeps_its_socket_and_log_in_the_sessions_temporary_directory
 
 
 def test_a_run_past_its_limit_is_killed_and_raises_as_subprocess_does(tmp_path):
-    root = _module(tmp_path, "import sys, time\nprint('started', flush=True)\ntime.sleep(120)\n")
+    """The limit counts from the request, and a template started for a request imports before it forks: under load
+    that took longer than the 3 s limit (the run was killed before it printed), so a short run brings it up first."""
+    root = _module(tmp_path, "import sys, time\nprint('started', flush=True)\ntime.sleep(float(sys.argv[1]))\n")
+    assert warm_python.run(["warm_probe", "0"], tmp_path, harness_env(root), 120,
+                           template_env=harness_env()).stdout == "started\n"
     with pytest.raises(subprocess.TimeoutExpired) as caught:
-        warm_python.run(["warm_probe"], tmp_path, harness_env(root), 3, template_env=harness_env())
+        warm_python.run(["warm_probe", "120"], tmp_path, harness_env(root), 3, template_env=harness_env())
     assert caught.value.output == "started\n"
 
 
