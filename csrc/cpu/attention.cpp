@@ -24,6 +24,10 @@
 #include <cstdlib>
 #include <vector>
 
+#if defined(__linux__)
+#include <unistd.h>  // sysconf: the L1 data cache's size
+#endif
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #endif
@@ -217,6 +221,55 @@ REFERENCE_CPU_INLINE void tile_row_to_float(const C* src, float* dst, int64_t n)
   }
 }
 
+// The queries of one lane group, scaled and interleaved: qg[d * kLanes + l] = scale * rows[l][d] for d < D, and zero
+// for a lane whose row is null (past the task's lanes). The same products as widening a row and scaling it; whole
+// vectors go through registers (a 4 x kF transpose), where element by element the stores waited on each row's
+// loads: 4-5% of an fp32 512-on-1024 prefill (Zen 5 EPYC, one thread).
+static_assert(kLanes == 4, "interleave_queries transposes four rows");
+template <typename C>
+REFERENCE_CPU_INLINE void interleave_queries(const C* const* rows, int64_t D, float scale, float* __restrict qg) {
+  int64_t d = 0;
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  const fVec sv(scale);
+  for (; d + kF <= D; d += kF) {
+    fVec x[kLanes];
+    for (int64_t l = 0; l < kLanes; ++l) x[l] = rows[l] ? load_f32x1(rows[l] + d, kF) * sv : fVec(0.f);
+    // per 128-bit lane i: u_e = (x0, x1, x2, x3) of element 4i + e
+#if defined(CPU_CAPABILITY_AVX512)
+    const __m512 t0 = _mm512_unpacklo_ps(x[0], x[1]), t1 = _mm512_unpackhi_ps(x[0], x[1]);
+    const __m512 t2 = _mm512_unpacklo_ps(x[2], x[3]), t3 = _mm512_unpackhi_ps(x[2], x[3]);
+    const __m512 u0 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+    const __m512 u1 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+    const __m512 u2 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
+    const __m512 u3 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
+    // output vector i: the u_e's 128-bit lane i, e = 0..3
+    const __m512 v0 = _mm512_shuffle_f32x4(u0, u1, 0x44), v1 = _mm512_shuffle_f32x4(u2, u3, 0x44);
+    const __m512 v2 = _mm512_shuffle_f32x4(u0, u1, 0xEE), v3 = _mm512_shuffle_f32x4(u2, u3, 0xEE);
+    float* o = qg + d * kLanes;
+    _mm512_storeu_ps(o, _mm512_shuffle_f32x4(v0, v1, 0x88));
+    _mm512_storeu_ps(o + kF, _mm512_shuffle_f32x4(v0, v1, 0xDD));
+    _mm512_storeu_ps(o + 2 * kF, _mm512_shuffle_f32x4(v2, v3, 0x88));
+    _mm512_storeu_ps(o + 3 * kF, _mm512_shuffle_f32x4(v2, v3, 0xDD));
+#else
+    const __m256 t0 = _mm256_unpacklo_ps(x[0], x[1]), t1 = _mm256_unpackhi_ps(x[0], x[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(x[2], x[3]), t3 = _mm256_unpackhi_ps(x[2], x[3]);
+    const __m256 u0 = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t0), _mm256_castps_pd(t2)));
+    const __m256 u1 = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t0), _mm256_castps_pd(t2)));
+    const __m256 u2 = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t1), _mm256_castps_pd(t3)));
+    const __m256 u3 = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t1), _mm256_castps_pd(t3)));
+    float* o = qg + d * kLanes;
+    _mm256_storeu_ps(o, _mm256_permute2f128_ps(u0, u1, 0x20));
+    _mm256_storeu_ps(o + kF, _mm256_permute2f128_ps(u2, u3, 0x20));
+    _mm256_storeu_ps(o + 2 * kF, _mm256_permute2f128_ps(u0, u1, 0x31));
+    _mm256_storeu_ps(o + 3 * kF, _mm256_permute2f128_ps(u2, u3, 0x31));
+#endif
+  }
+#endif
+  for (; d < D; ++d) {
+    for (int64_t l = 0; l < kLanes; ++l) qg[d * kLanes + l] = rows[l] ? static_cast<float>(rows[l][d]) * scale : 0.f;
+  }
+}
+
 // Bytes a decode reads next, prefetched into L2 by the score loop, one or two lines an iteration (iteration
 // i: from p + i * step). A decode reads a block in place in column strips (a tile of keys, then of head dims,
 // across all its rows); AMD Zen 3's prefetchers do not follow that, and a one-thread fp32 decode read its
@@ -268,82 +321,70 @@ inline Prefetch prefetch_over(const void* region, int64_t bytes, int64_t iters) 
 }
 
 // s[l * s_ld + v * kF + i] = q_l . (key i of vector v) for the kLanes lanes of a group (qi[d * kLanes + l])
-// and nvec (<= kTileVecs) vectors of kF keys, element d of vector v's keys at vec[v] + d * ld (C = float or the
-// model's 16-bit type, widened in registers); the last vector holds `last` keys. Per head-dim element one
-// broadcast query value times vectors of keys, no reductions. The vectors may come from different blocks
-// (a decode over small blocks).
+// and kNV vectors of kF keys, element d of vector v's keys at vec[v] + d * ld (C = float or the model's 16-bit
+// type, widened in registers); kMasked: the last vector holds `last` keys (loaded and stored masked). Per
+// head-dim element one broadcast query value times vectors of keys, no reductions; every score sums over d in
+// the same order whatever kNV is. The vectors may come from different blocks (a decode over small blocks).
+template <int kNV, bool kMasked, int kD, typename C>
+REFERENCE_CPU_INLINE void dot_vectors(const float* __restrict qi, const C* const* vec, int64_t last, int64_t ld,
+                                      HeadDim<kD> hd, float* __restrict s, int64_t s_ld, Prefetch pf) {
+  const int64_t D = hd.size();
+  const auto width = [last](int64_t v) { return kMasked && v + 1 == kNV ? last : kF; };
+  fVec a[kLanes][kNV];
+#pragma GCC unroll 16
+  for (int64_t l = 0; l < kLanes; ++l) {
+#pragma GCC unroll 4
+    for (int64_t v = 0; v < kNV; ++v) a[l][v] = fVec(0.f);
+  }
+  for (int64_t d = 0; d < D; ++d) {
+    pf.at(d);
+    fVec k[kNV];
+#pragma GCC unroll 4
+    for (int64_t v = 0; v < kNV; ++v) {
+      k[v] = load_f32x1(vec[v] + d * ld, width(v));
+      in_register(k[v]);
+    }
+#pragma GCC unroll 4
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const fVec qd(qi[d * kLanes + l]);
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < kNV; ++v) a[l][v] = at::vec::fmadd(qd, k[v], a[l][v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int64_t l = 0; l < kLanes; ++l) {
+#pragma GCC unroll 4
+    for (int64_t v = 0; v < kNV; ++v) a[l][v].store(s + l * s_ld + v * kF, width(v));
+  }
+}
+
+// dot_vectors over nvec (<= kTileVecs) vectors, the last of `last` keys: a whole tile, or a part of one (a causal
+// prefill's lane group on its diagonal, a decode's last keys) with all its vectors' accumulators side by side
+// (vector by vector, four accumulators waited on the FMA latency: the diagonal tiles ran at half the rate).
 // Not inlined: a call does 4 x 64 x D FMAs, and on its own the register allocator keeps its pointers in
 // registers (inlined into the block loop it shuttled them through vector registers and the stack).
 template <int kD, typename C>
 __attribute__((noinline)) void group_dot_vectors(const float* __restrict qi, const C* const* vec, int64_t nvec,
                                             int64_t last, int64_t ld, HeadDim<kD> hd, float* __restrict s,
                                             int64_t s_ld, Prefetch pf = {}) {
-  const int64_t D = hd.size();
-  if (nvec == kTileVecs && last == kF) {
-    fVec a[kLanes][kTileVecs];
-#pragma GCC unroll 16
-    for (int64_t l = 0; l < kLanes; ++l) {
-#pragma GCC unroll 4
-      for (int64_t v = 0; v < kTileVecs; ++v) a[l][v] = fVec(0.f);
-    }
-    for (int64_t d = 0; d < D; ++d) {
-      pf.at(d);
-      fVec k[kTileVecs];
-#pragma GCC unroll 4
-      for (int64_t v = 0; v < kTileVecs; ++v) {
-        k[v] = load_f32x1(vec[v] + d * ld, kF);
-        in_register(k[v]);
-      }
-#pragma GCC unroll 4
-      for (int64_t l = 0; l < kLanes; ++l) {
-        const fVec qd(qi[d * kLanes + l]);
-#pragma GCC unroll 4
-        for (int64_t v = 0; v < kTileVecs; ++v) a[l][v] = at::vec::fmadd(qd, k[v], a[l][v]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int64_t l = 0; l < kLanes; ++l) {
-#pragma GCC unroll 4
-      for (int64_t v = 0; v < kTileVecs; ++v) a[l][v].store(s + l * s_ld + v * kF);
-    }
-    return;
-  }
-  for (int64_t v = 0; v < nvec; ++v) {
-    const int64_t m = v + 1 == nvec ? last : kF;
-    fVec a[kLanes];
-#pragma GCC unroll 4
-    for (int64_t l = 0; l < kLanes; ++l) a[l] = fVec(0.f);
-    for (int64_t d = 0; d < D; ++d) {
-      if (v == 0) pf.at(d);
-      const fVec x = load_f32x1(vec[v] + d * ld, m);
-#pragma GCC unroll 4
-      for (int64_t l = 0; l < kLanes; ++l) a[l] = at::vec::fmadd(fVec(qi[d * kLanes + l]), x, a[l]);
-    }
-#pragma GCC unroll 4
-    for (int64_t l = 0; l < kLanes; ++l) a[l].store(s + l * s_ld + v * kF, m);
-  }
-}
-
-// The same for n keys of a transposed key block kt ([D, ld], key j in column j), a tile at a time.
-template <int kD, typename C>
-REFERENCE_CPU_INLINE void group_dot_transposed(const float* __restrict qi, const C* __restrict kt, int64_t ld,
-                                               int64_t n, HeadDim<kD> hd, float* __restrict s, int64_t s_ld,
-                                               Prefetch pf = {}) {
-  for (int64_t j = 0; j < n; j += kTile) {
-    const int64_t keys = std::min<int64_t>(kTile, n - j), nvec = (keys + kF - 1) / kF;
-    std::array<const C*, kTileVecs> vec;
-    for (int64_t v = 0; v < nvec; ++v) vec[v] = kt + j + v * kF;
-    group_dot_vectors<kD>(qi, vec.data(), nvec, keys - (nvec - 1) * kF, ld, hd, s + j, s_ld,
-                          pf.after(j / kTile * hd.size()));
+  if (nvec == kTileVecs && last == kF) return dot_vectors<kTileVecs, false>(qi, vec, last, ld, hd, s, s_ld, pf);
+  switch (nvec) {
+    case 1: return dot_vectors<1, true>(qi, vec, last, ld, hd, s, s_ld, pf);
+    case 2: return dot_vectors<2, true>(qi, vec, last, ld, hd, s, s_ld, pf);
+#if defined(CPU_CAPABILITY_AVX512)
+    case 3: return dot_vectors<3, true>(qi, vec, last, ld, hd, s, s_ld, pf);
+    case 4: return dot_vectors<4, true>(qi, vec, last, ld, hd, s, s_ld, pf);
+#endif
+    default: TORCH_CHECK(false, "group_dot_vectors: ", nvec, " vectors of keys, more than a tile's ", kTileVecs);
   }
 }
 
 // acc_l[d0, d0 + dims) += sum_j p[l * p_ld + j] * v_j[0, dims) for the kLanes lanes of a group (acc_l =
 // acc + l * acc_ld), dims <= kTile: one tile of the head dim; v is float or the model's 16-bit type.
 template <typename C>
-__attribute__((noinline)) void group_accumulate_tile(float* __restrict acc, int64_t acc_ld, int64_t d0,
-                                                const float* __restrict p, int64_t p_ld, const C* __restrict v,
-                                                int64_t v_stride, int64_t n, int64_t dims) {
+REFERENCE_CPU_INLINE void accumulate_tile(float* __restrict acc, int64_t acc_ld, int64_t d0, const float* __restrict p,
+                                          int64_t p_ld, const C* __restrict v, int64_t v_stride, int64_t n,
+                                          int64_t dims) {
   if (dims == kTile) {
     fVec a[kLanes][kTileVecs];
 #pragma GCC unroll 4
@@ -384,6 +425,64 @@ __attribute__((noinline)) void group_accumulate_tile(float* __restrict acc, int6
     }
 #pragma GCC unroll 4
     for (int64_t l = 0; l < kLanes; ++l) a[l].store(acc + l * acc_ld + d0 + t, m);
+  }
+}
+
+// accumulate_tile for one lane group, not inlined (a decode's few groups: see group_dot_vectors).
+template <typename C>
+__attribute__((noinline)) void group_accumulate_tile(float* __restrict acc, int64_t acc_ld, int64_t d0,
+                                                const float* __restrict p, int64_t p_ld, const C* __restrict v,
+                                                int64_t v_stride, int64_t n, int64_t dims) {
+  accumulate_tile(acc, acc_ld, d0, p, p_ld, v, v_stride, n, dims);
+}
+
+// The lane groups of a task (a prefill's many), as a block's scores and values pass over them: group k's queries
+// at qi + k * kLanes * D (interleaved), its scores or probabilities at s + k * kLanes * s_ld (a row a lane), its
+// accumulators at acc + k * kLanes * D (a row a lane), and [glo[k], ghi[k]] the block's keys some lane of it sees
+// (relative to the block's first key; none where glo > ghi).
+struct LaneGroups {
+  const float* qi;
+  float* s;
+  float* acc;
+  int64_t s_ld, D, count;
+  const int64_t* glo;
+  const int64_t* ghi;
+};
+
+// The scores of every group over the keys [jt, jt + nt) of a key tile (nt <= kTile; key jt + i at tile[i], element d
+// ld apart): each group up to its last key. One call a tile, the group loop inside: a call a group cost the prefill
+// its calls' set-up, a few percent of it (fp32 512-on-1024, Zen 5). `pf` is the first group's prefetch.
+template <int kD, typename C>
+__attribute__((noinline)) void score_groups(const LaneGroups& g, const C* tile, int64_t ld, int64_t jt, int64_t nt,
+                                       HeadDim<kD> hd, Prefetch pf) {
+  const int64_t D = hd.size();
+  for (int64_t k = 0; k < g.count; ++k, pf = Prefetch{}) {
+    if (g.glo[k] >= jt + nt || g.ghi[k] < jt) continue;  // scores no lane of the group reads
+    // up to the group's last key: a causal prefill's group stops inside the tile it is on the diagonal of
+    // (the keys past it, up to 63 of a 64-key tile, were scored and never read: +0.5-0.9%, fp32 prefill)
+    const int64_t keys = std::min(nt, g.ghi[k] - jt + 1), nvec = (keys + kF - 1) / kF;
+    const float* q = g.qi + k * kLanes * D;
+    float* sk = g.s + k * kLanes * g.s_ld + jt;
+    std::array<const C*, kTileVecs> vec;
+    for (int64_t v = 0; v < kTileVecs; ++v) vec[v] = tile + v * kF;
+    if (keys == kTile) {
+      dot_vectors<kTileVecs, false>(q, vec.data(), kF, ld, hd, sk, g.s_ld, pf);
+    } else {
+      group_dot_vectors<kD>(q, vec.data(), nvec, keys - (nvec - 1) * kF, ld, hd, sk, g.s_ld, pf);
+    }
+  }
+}
+
+// acc += P V over head dims [d0, d0 + dims) (dims <= kTile) for every group, each over the keys its lanes see: key
+// j's values (the tile's dims) at values + j * v_stride. One call a tile, as score_groups.
+template <typename C>
+__attribute__((noinline)) void accumulate_groups(const LaneGroups& g, int64_t d0, int64_t dims, const C* values,
+                                            int64_t v_stride) {
+  for (int64_t k = 0; k < g.count; ++k) {
+    const int64_t lo = g.glo[k], n = g.ghi[k] - g.glo[k] + 1;
+    if (n <= 0) continue;
+    accumulate_tile(g.acc + k * kLanes * g.D, g.D, d0, g.s + k * kLanes * g.s_ld + lo, g.s_ld, values + lo * v_stride,
+                    v_stride, n, dims);
   }
 }
 
@@ -652,22 +751,43 @@ struct Task {
   int64_t seq, kv_head, row0, row1;  // rows relative to the request's first query row
 };
 
+// This CPU's L1 data cache in bytes, as the C library reads it from CPUID (0 where it does not say). Read once.
+inline long l1_data_cache_bytes() {
+  static const long bytes = [] {
+#if defined(__linux__) && defined(_SC_LEVEL1_DCACHE_SIZE)
+    return std::max<long>(0, sysconf(_SC_LEVEL1_DCACHE_SIZE));
+#else
+    return 0L;
+#endif
+  }();
+  return bytes;
+}
+
 // Whether a task of many lanes (a prefill) reads an fp32 cache's blocks in place rather than copying them into
-// key and value tiles: in AVX-512 builds where the decode's software prefetch is on (AMD), for blocks of
-// kSpanKeys keys or more (smaller ones are gathered into tiles). On a Zen 4 EPYC the fp32 512-on-1024 prefill
-// ran 1.3-1.6% faster so (1 and 2 threads); the AVX2 build there ran 7% slower so, and an Intel CPU (no software
-// prefetch) was not measured: both keep the tiles.
+// key and value tiles: in AVX-512 builds where the decode's software prefetch is on (AMD) and the L1 data cache is
+// under 48 KB, for blocks of kSpanKeys keys or more (smaller ones are gathered into tiles). Read in place, a 64-key
+// tile's rows lie a block row (512 bytes at N = 128) apart and fill half of L1's sets; copied, a 32 KB tile (D =
+// 128) stays in an L1 of 48 KB beside the queries and scores, not in one of 32 KB. Measured, fp32 512-on-1024
+// prefill: on a Zen 4 EPYC (32 KB L1) in place ran 1.3-1.6% faster (1 and 2 threads); on a Zen 5 EPYC (48 KB) 3-6%
+// slower (one thread). The AVX2 build on the Zen 4 ran 7% slower in place, and an Intel CPU (no software prefetch,
+// 48 KB L1 on recent Xeons) was not measured in place: both keep the tiles. REFERENCE_CPU_PREFILL_TILES=1 or 0
+// forces the tiles or (where the build and cache allow) reading in place (A/B measurements, and the tests run both
+// paths on any machine): read on every call, the machine's choice once.
 template <typename T>
 bool reads_fp32_blocks_in_place(const PagedCache& cache) {
 #if defined(CPU_CAPABILITY_AVX512)
-  return std::is_same_v<T, float> && cache.format == KvFormat::kAuto && cache.block_size >= kSpanKeys &&
-         software_prefetch();
+  static const bool machine_in_place = [] {
+    const long l1 = l1_data_cache_bytes();
+    return software_prefetch() && (l1 == 0 || l1 < 48 * 1024);
+  }();
+  const char* forced = std::getenv("REFERENCE_CPU_PREFILL_TILES");
+  const bool in_place = forced != nullptr && forced[0] != '\0' ? forced[0] == '0' : machine_in_place;
+  return in_place && std::is_same_v<T, float> && cache.format == KvFormat::kAuto && cache.block_size >= kSpanKeys;
 #else
   (void)cache;
   return false;
 #endif
 }
-
 
 template <typename T, int kD>
 struct ForwardTask {
@@ -678,7 +798,6 @@ struct ForwardTask {
   const AttentionFeatures& f;
   int64_t group;
   // scratch, reused across the tasks of one thread
-  std::vector<float>& q;    // one query row, widened and scaled on its way into qi
   UninitVec<float>& acc;
   UninitVec<float>& kbuf;
   UninitVec<float>& vbuf;
@@ -1090,22 +1209,15 @@ struct ForwardTask {
     const Prefetch next_ahead = prefetch_over(next, first ? next_bytes / 2 : next_bytes, (tiles - first) * D);
     // 1. scores of every lane over the block's keys [ja, jb]: key tiles outer, so a tile stays in L1 while
     //    every lane group passes over it
+    const LaneGroups groups{qi.data(), s.data(), acc.data(), s_ld, D, padded_lanes / kLanes, glo.data(), ghi.data()};
     for (int64_t jt = 0; jt < nb; jt += kTile) {
       const int64_t nt = std::min<int64_t>(kTile, nb - jt);
-      for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
-        if (glo[k] >= jt + nt || ghi[k] < jt) continue;  // scores no lane of the group reads
-        // up to the group's last key: a causal prefill's group stops inside the tile it is on the diagonal of
-        // (the keys past it, up to 63 of a 64-key tile, were scored and never read: +0.5-0.9%, fp32 prefill)
-        const int64_t keys = std::min(nt, ghi[k] - jt + 1);
-        float* sk = s.data() + k * kLanes * s_ld + jt;
-        if (tiled) {
-          group_dot_transposed<kD>(qi.data() + k * kLanes * D, kt.data() + jt * D, kTile, keys, hd, sk, s_ld);
-        } else {
-          group_dot_transposed<kD>(qi.data() + k * kLanes * D, kb + jt, N, keys, hd, sk, s_ld,
-                                   k > 0                ? Prefetch{}
-                                   : jt / kTile < first ? values_ahead.after(jt / kTile * D)
-                                                        : next_ahead.after((jt / kTile - first) * D));
-        }
+      if (tiled) {
+        score_groups<kD>(groups, kt.data() + jt * D, kTile, jt, nt, hd, Prefetch{});
+      } else {
+        score_groups<kD>(groups, kb + jt, N, jt, nt, hd,
+                         jt / kTile < first ? values_ahead.after(jt / kTile * D)
+                                            : next_ahead.after((jt / kTile - first) * D));
       }
     }
     // 2. per lane: soft cap / ALiBi, the online-softmax update (acc rescaled); its scores become its
@@ -1132,16 +1244,10 @@ struct ForwardTask {
     // 3. acc += P V: head-dim tiles outer, so a tile of the block's values stays in L1 across groups
     for (int64_t d0 = 0; d0 < D; d0 += kTile) {
       const int64_t dims = std::min<int64_t>(kTile, D - d0);
-      for (int64_t k = 0; k < padded_lanes / kLanes; ++k) {
-        const int64_t lo = glo[k], n = ghi[k] - glo[k] + 1;
-        if (n <= 0) continue;
-        float* a = acc.data() + k * kLanes * D;
-        const float* p = s.data() + k * kLanes * s_ld + lo;
-        if (tiled) {
-          group_accumulate_tile(a, D, d0, p, s_ld, vt.data() + d0 * span_keys + lo * kTile, kTile, n, dims);
-        } else {
-          group_accumulate_tile(a, D, d0, p, s_ld, vb + (ja - j0 + lo) * D + d0, D, n, dims);
-        }
+      if (tiled) {
+        accumulate_groups(groups, d0, dims, vt.data() + d0 * span_keys, kTile);
+      } else {
+        accumulate_groups(groups, d0, dims, vb + (ja - j0) * D + d0, D);
       }
     }
   }
@@ -1309,8 +1415,6 @@ struct ForwardTask {
     std::fill(acc.begin(), acc.begin() + (use_amx ? amx_lanes : padded_lanes) * D, 0.f);
     if (use_amx) {
       std::fill(amx.qa.begin() + lanes * D, amx.qa.begin() + amx_lanes * D, uint16_t{0});
-    } else {
-      std::fill(qi.begin(), qi.begin() + padded_lanes * D, 0.f);
     }
     // a decode over blocks smaller than a key tile: kTile / N blocks at a time
     const int64_t span = !use_amx && cache.format == KvFormat::kAuto && rows == 1 && !tiled && N < kTile &&
@@ -1322,18 +1426,20 @@ struct ForwardTask {
         const int64_t h = t.kv_head * G + g, idx = r * G + g;
         if (use_amx) {  // the lane's row as it is: the scale multiplies the scores
           std::memcpy(amx.qa.data() + idx * D, qrow + h * query.stride_head, D * sizeof(T));
-        } else {
-          float* qf = q.data();
-          row_to_float(qrow + h * query.stride_head, qf, D);
-          float* qg = qi.data() + (idx / kLanes) * kLanes * D + idx % kLanes;
-          for (int64_t d = 0; d < D; ++d) {
-            qf[d] *= f.scale;  // s = (scale q) . k
-            qg[d * kLanes] = qf[d];
-          }
         }
         m[idx] = f.sinks ? f.sinks[h] : kNegInf;  // a sink is a key with logit sinks[h] and value 0
         l_sum[idx] = m[idx] == kNegInf ? 0.f : 1.f;  // e^(sink - m) with m = sink
       }
+    }
+    // the fp32 path's queries, scaled (s = (scale q) . k), kLanes lanes interleaved a group; zero past the lanes
+    for (int64_t k = 0; !use_amx && k < padded_lanes / kLanes; ++k) {
+      const T* lane_rows[kLanes];
+      for (int64_t l = 0; l < kLanes; ++l) {
+        const int64_t idx = k * kLanes + l, r = idx / G, h = t.kv_head * G + idx % G;
+        lane_rows[l] = idx < lanes ? query.data + (q_begin + t.row0 + r) * query.stride_token + h * query.stride_head
+                                   : nullptr;
+      }
+      interleave_queries(lane_rows, D, f.scale, qi.data() + k * kLanes * D);
     }
     const KeyRange first = key_range(context + t.row0, seq_len, f);
     const KeyRange last = key_range(context + t.row1 - 1, seq_len, f);
@@ -1379,13 +1485,13 @@ struct ForwardTask {
     for (int64_t lb0 = lo / N; !span && !use_amx && lb0 <= hi / N && hi >= lo; lb0 += per_span) {
       const int64_t lb1 = std::min(lb0 + per_span - 1, hi / N);
       const int64_t j0 = lb0 * N, ja = std::max(j0, lo), jb = std::min((lb1 + 1) * N - 1, hi);
+      // the next block's keys and values (this head's, contiguous: 16-bit or fp32 elements, or fp8 codes)
+      const int64_t elem = cache.format == KvFormat::kAuto ? sizeof(T) : 1;
+      const void* next =
+          lb1 + 1 > hi / N || per_span > 1 ? nullptr
+                           : static_cast<const char*>(cache.data) +
+                                 (table[lb1 + 1] * cache.stride_block + t.kv_head * cache.stride_head) * elem;
       if (!st.tiled) {
-        // the next block's keys and values (this head's, contiguous: 16-bit or fp32 elements, or fp8 codes)
-        const int64_t elem = cache.format == KvFormat::kAuto ? sizeof(T) : 1;
-        const void* next =
-            lb0 + 1 > hi / N ? nullptr
-                             : static_cast<const char*>(cache.data) +
-                                   (table[lb0 + 1] * cache.stride_block + t.kv_head * cache.stride_head) * elem;
         with_block(lb0, ja, jb, [&](const auto* keys, const auto* values) {
           attend_block(st, keys, values, j0, ja, jb, N, next, 2 * N * D * elem);
         });
@@ -1397,7 +1503,7 @@ struct ForwardTask {
           tile_keys(keys, values, lb * N, ka, kb, ka - ja, span_keys);
         });
       }
-      attend_block<float>(st, nullptr, nullptr, j0, ja, jb, span_keys);
+      attend_block<float>(st, nullptr, nullptr, j0, ja, jb, span_keys, next, 2 * N * D * elem);
     }
     for (int64_t r = 0; r < rows; ++r) {
       T* orow = out.data + (q_begin + t.row0 + r) * out.stride_token;
@@ -1471,7 +1577,7 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
     }
   };
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> q(D), m(padded), l(padded);
+    std::vector<float> m(padded), l(padded);
     UninitVec<float> acc, qi, s_all, kbuf, vbuf, kt, vt;
     take(acc, padded * D);
     take(qi, all_amx ? 0 : padded * D);
@@ -1498,7 +1604,7 @@ void forward_impl(HeadRows<T> out, HeadRows<const T> query, const PagedCache& ca
       amx_scratch.blo.assign(padded / 16, 0);
       amx_scratch.bhi.assign(padded / 16, 0);
     }
-    ForwardTask<T, kD> runner{out, query, cache, batch, f, G, q, acc, kbuf, vbuf,
+    ForwardTask<T, kD> runner{out, query, cache, batch, f, G, acc, kbuf, vbuf,
                               kt, s_all, m, l, qi, vt, ra, re, glo, ghi, amx_scratch};
     for (int64_t w = begin; w < end; ++w) {
       for (int64_t i = next.fetch_add(1); i < n_tasks; i = next.fetch_add(1)) runner.run(tasks[order[i]]);

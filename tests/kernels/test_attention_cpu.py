@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from reference_impl.attention.cpp_backend import as_token_rows
+from reference_impl.kernels import _cpp_build
 
 FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
@@ -404,6 +405,25 @@ def test_scratch_is_written_before_it_is_read(ops, monkeypatch, kv_cache_dtype, 
     assert_close(out, ref, dtype, batch.pad)
 
 
+@pytest.mark.parametrize("window", [-1, 200])
+def test_fp32_prefill_reads_blocks_in_place_or_through_tiles_with_the_same_bits(ops, monkeypatch, window):
+    """An fp32 prefill over blocks of 128 keys either copies each block into key and value tiles or (AVX-512 builds,
+    chosen by the CPU's L1 size and vendor) reads it in place; REFERENCE_CPU_PREFILL_TILES=1 / 0 forces either. Both
+    are right, their scores and sums run in the same order, so in AVX-512 builds they agree bit for bit (the AVX2
+    build has only the tiles). Scratch poisoned: neither reads a tile or score before writing it."""
+    monkeypatch.setenv("REFERENCE_CPU_POISON_SCRATCH", "1")
+    batch = Batch([(300, 70), (0, 200), (128, 1), (5, 130)], heads=8, kv_heads=2, head=128, block=128,
+                  dtype=torch.float32, seed=7)
+    outs = {}
+    for tiles in ("1", "0"):
+        monkeypatch.setenv("REFERENCE_CPU_PREFILL_TILES", tiles)
+        outs[tiles], ref, _ = run_case(ops, batch, window=window)
+        assert_close(outs[tiles], ref, torch.float32, batch.pad)
+    if _cpp_build.isa().startswith("AVX512"):   # the rows written (the padded ones are left NaN)
+        rows = sum(batch.query_lens)
+        assert torch.equal(outs["1"][:rows], outs["0"][:rows])
+
+
 def test_bf16_paired_layout_round_trip(ops):
     """The writer's slots read back as token rows (as_token_rows follows the paired layout where it is used),
     and the paired layout is [D/2, N, 2] keys then [N/2, D, 2] values inside each (block, head)."""
@@ -432,8 +452,6 @@ def test_the_paired_layout_is_used_exactly_where_the_cpu_has_amx_bf16(ops):
     """What the machine has decides, not what the kernels report of themselves: AMX-BF16 in the CPU's flags, a build
     for AVX512_BF16 and the path not turned off (REFERENCE_CPU_NO_AMX) mean pairs; anything else, the usual layout."""
     import os
-
-    from reference_impl.kernels import _cpp_build
 
     with open("/proc/cpuinfo") as f:
         flags = {flag for line in f if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
