@@ -1485,13 +1485,13 @@ struct ForwardTask {
     for (int64_t lb0 = lo / N; !span && !use_amx && lb0 <= hi / N && hi >= lo; lb0 += per_span) {
       const int64_t lb1 = std::min(lb0 + per_span - 1, hi / N);
       const int64_t j0 = lb0 * N, ja = std::max(j0, lo), jb = std::min((lb1 + 1) * N - 1, hi);
-      // the next block's keys and values (this head's, contiguous: 16-bit or fp32 elements, or fp8 codes)
-      const int64_t elem = cache.format == KvFormat::kAuto ? sizeof(T) : 1;
-      const void* next =
-          lb1 + 1 > hi / N || per_span > 1 ? nullptr
-                           : static_cast<const char*>(cache.data) +
-                                 (table[lb1 + 1] * cache.stride_block + t.kv_head * cache.stride_head) * elem;
       if (!st.tiled) {
+        // the next block's keys and values (this head's, contiguous: 16-bit or fp32 elements, or fp8 codes)
+        const int64_t elem = cache.format == KvFormat::kAuto ? sizeof(T) : 1;
+        const void* next =
+            lb0 + 1 > hi / N ? nullptr
+                             : static_cast<const char*>(cache.data) +
+                                   (table[lb0 + 1] * cache.stride_block + t.kv_head * cache.stride_head) * elem;
         with_block(lb0, ja, jb, [&](const auto* keys, const auto* values) {
           attend_block(st, keys, values, j0, ja, jb, N, next, 2 * N * D * elem);
         });
@@ -1503,7 +1503,7 @@ struct ForwardTask {
           tile_keys(keys, values, lb * N, ka, kb, ka - ja, span_keys);
         });
       }
-      attend_block<float>(st, nullptr, nullptr, j0, ja, jb, span_keys, next, 2 * N * D * elem);
+      attend_block<float>(st, nullptr, nullptr, j0, ja, jb, span_keys);
     }
     for (int64_t r = 0; r < rows; ++r) {
       T* orow = out.data + (q_begin + t.row0 + r) * out.stride_token;
