@@ -456,6 +456,8 @@ template <int kD, typename C>
 __attribute__((noinline)) void score_groups(const LaneGroups& g, const C* tile, int64_t ld, int64_t jt, int64_t nt,
                                        HeadDim<kD> hd, Prefetch pf) {
   const int64_t D = hd.size();
+  std::array<const C*, kTileVecs> vec;  // the tile's vectors of keys, the same for every group
+  for (int64_t v = 0; v < kTileVecs; ++v) vec[v] = tile + v * kF;
   for (int64_t k = 0; k < g.count; ++k, pf = Prefetch{}) {
     if (g.glo[k] >= jt + nt || g.ghi[k] < jt) continue;  // scores no lane of the group reads
     // up to the group's last key: a causal prefill's group stops inside the tile it is on the diagonal of
@@ -463,8 +465,6 @@ __attribute__((noinline)) void score_groups(const LaneGroups& g, const C* tile, 
     const int64_t keys = std::min(nt, g.ghi[k] - jt + 1), nvec = (keys + kF - 1) / kF;
     const float* q = g.qi + k * kLanes * D;
     float* sk = g.s + k * kLanes * g.s_ld + jt;
-    std::array<const C*, kTileVecs> vec;
-    for (int64_t v = 0; v < kTileVecs; ++v) vec[v] = tile + v * kF;
     if (keys == kTile) {
       dot_vectors<kTileVecs, false>(q, vec.data(), kF, ld, hd, sk, g.s_ld, pf);
     } else {
